@@ -8,22 +8,21 @@ expected acceptance rate, ``c`` the cost of a draft step relative to a target st
 from minispec import theory
 from minispec.sampling import SamplingParams, probs_from_logits, sample
 from minispec.speculative import (
-    DraftTree,
     Verdict,
-    iterative_speculative_sample,
     residual,
     speculative_sample,
     speculative_sample_batch,
     verify,
     verify_batch,
-    verify_tree,
 )
+from minispec.tree import DraftTree, TreeVerdict, iterative_speculative_sample, verify_tree
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DraftTree",
     "SamplingParams",
+    "TreeVerdict",
     "Verdict",
     "iterative_speculative_sample",
     "probs_from_logits",

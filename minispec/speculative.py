@@ -1,0 +1,328 @@
+"""Speculative sampling and verification: the maths, with no model in sight.
+
+Notation (Leviathan et al. 2023): ``p`` is the target distribution, ``q`` the draft distribution,
+both over a vocabulary of ``V`` tokens and both *after* the same sampling adjustments
+(:func:`minispec.sampling.probs_from_logits`). ``k`` (gamma in the paper) is the number of draft
+tokens checked in one round.
+
+The one rule everything here is built from (Leviathan §2.3, Stratos §1):
+
+* draw ``x ~ q``; accept it iff ``u < p(x) / q(x)`` for ``u ~ U[0, 1)``;
+* on rejection, draw from the residual ``norm(max(0, p - q))``.
+
+The accepted-or-resampled token is distributed exactly as ``p`` (Leviathan App. A.1).
+:func:`verify` applies the rule to ``k`` drafts in a row (Algorithm 1), :func:`verify_batch` to a
+batch of rows at once, and ``minispec.tree`` generalises it to several proposals and draft trees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from minispec.sampling import sample
+
+__all__ = [
+    "Verdict",
+    "check_probs",
+    "residual",
+    "speculative_sample",
+    "speculative_sample_batch",
+    "verify",
+    "verify_batch",
+]
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def check_probs(probs: Tensor, name: str, atol: float = 1e-4) -> None:
+    """Raise ``ValueError`` unless ``probs`` ``[..., V]`` holds distributions.
+
+    Checks: floating dtype, no NaN, no negative entry, every row sums to 1 within ``atol``.
+    All conditions are reduced on the device first so a valid input costs a single host sync.
+    """
+    if not torch.is_floating_point(probs):
+        raise ValueError(f"{name} must be a floating-point tensor, got {probs.dtype}")
+    if probs.ndim == 0 or probs.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty vocabulary dimension, got {tuple(probs.shape)}")
+    row_error = (probs.sum(dim=-1) - 1).abs()
+    bad = torch.isnan(probs).any() | (probs < 0).any() | (row_error > atol).any()
+    if not bool(bad):
+        return
+    if torch.isnan(probs).any():
+        raise ValueError(f"{name} contains NaN")
+    if (probs < 0).any():
+        raise ValueError(f"{name} has negative probabilities (min {probs.min().item():.3g})")
+    raise ValueError(
+        f"{name} rows must sum to 1; worst row is off by {row_error.max().item():.3g}"
+    )
+
+
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """The residual distribution ``norm(max(0, p - q))`` used after a rejection.
+
+    Args:
+        p: ``[..., V]`` target probabilities.
+        q: ``[..., V]`` draft probabilities (broadcastable to ``p``).
+
+    Returns:
+        ``[..., V]``: the normalised excess of ``p`` over ``q``. Where ``p == q`` the excess is all
+        zeros; there a rejection has probability 0 (every ``x`` with ``q(x) > 0`` is accepted), so
+        the row is never used and we return ``p`` itself instead of dividing by zero.
+    """
+    excess = (p - q).clamp_min(0)                                     # (..., V)
+    mass = excess.sum(dim=-1, keepdim=True)                           # (..., 1)
+    safe_mass = mass.clamp_min(torch.finfo(excess.dtype).tiny)
+    return torch.where(mass > 0, excess / safe_mass, p.expand_as(excess))
+
+
+def _accepts(u: Tensor, p_x: Tensor, q_x: Tensor) -> Tensor:
+    """The acceptance test ``u < p(x) / q(x)``, strict, written without a division.
+
+    Strictness matters: with ``u = 0`` a token the target gives probability 0 must be rejected.
+    """
+    return u * q_x < p_x
+
+
+def speculative_sample(
+    p: Tensor, q: Tensor, generator: torch.Generator | None = None
+) -> tuple[int, bool]:
+    """One token of speculative sampling: propose from ``q``, keep it or resample (Stratos §1).
+
+    Args:
+        p: ``[V]`` target distribution.
+        q: ``[V]`` draft distribution.
+        generator: random stream (``None``: torch's global one).
+
+    Returns:
+        ``(token, accepted)``: the token is distributed exactly as ``p``; ``accepted`` tells
+        whether it was the draft's proposal. ``P(accepted) = sum_x min(p(x), q(x))``
+        (Leviathan Thm 3.5).
+    """
+    _check_pair(p, q)
+    x = int(sample(q, generator))
+    u = torch.rand((), generator=generator, device=q.device)
+    if _accepts(u, p[x], q[x]):
+        return x, True
+    return int(sample(residual(p, q), generator)), False
+
+
+def speculative_sample_batch(
+    p: Tensor, q: Tensor, num_samples: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """``num_samples`` independent runs of :func:`speculative_sample`, vectorised.
+
+    Used for Monte Carlo checks. Every run draws its residual token up front, and keeps it only on
+    rejection, which leaves the law of each run unchanged.
+
+    Returns:
+        ``(tokens, accepted)``, both ``[num_samples]`` (int64 and bool).
+    """
+    _check_pair(p, q)
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    x = torch.multinomial(q, num_samples, replacement=True, generator=generator)      # (n,)
+    u = torch.rand(num_samples, generator=generator, device=q.device)                 # (n,)
+    accepted = _accepts(u, p[x], q[x])                                                # (n,)
+    fallback = torch.multinomial(residual(p, q), num_samples, replacement=True, generator=generator)
+    return torch.where(accepted, x, fallback), accepted
+
+
+def _check_pair(p: Tensor, q: Tensor) -> None:
+    if p.ndim != 1 or p.shape != q.shape:
+        raise ValueError(f"p and q must both be [V] with the same V, got {tuple(p.shape)} and {tuple(q.shape)}")
+    check_probs(p, "p")
+    check_probs(q, "q")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one row of ``k`` draft tokens.
+
+    Attributes:
+        tokens: the tokens to append, ``num_accepted + 1`` of them: the accepted drafts, then either
+            the correction drawn from the residual (a draft was rejected) or the bonus token drawn
+            from the target at position ``k + 1`` (all drafts accepted).
+        num_accepted: how many drafts were accepted (``0..k``).
+        num_drafts: ``k``.
+        final_probs: ``[V]`` the distribution the last token was drawn from (residual, bonus
+            distribution, or one-hot in greedy mode) -- data for lessons and exactness checks.
+    """
+
+    tokens: list[int]
+    num_accepted: int
+    num_drafts: int
+    final_probs: Tensor
+
+    @property
+    def bonus(self) -> bool:
+        """True when every draft was accepted and the last token is the free bonus token."""
+        return self.num_accepted == self.num_drafts
+
+
+def verify(
+    draft_tokens: Sequence[int] | Tensor,
+    draft_probs: Tensor | None,
+    target_probs: Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    greedy: bool | None = None,
+    uniforms: Tensor | None = None,
+) -> Verdict:
+    """Algorithm 1's accept loop for one sequence (Leviathan et al. 2023, §2.3).
+
+    Args:
+        draft_tokens: ``[k]`` the drafted tokens ``d_1..d_k``.
+        draft_probs: ``[k, V]`` row ``i`` is the distribution ``d_{i+1}`` was drawn from, or
+            ``None`` for a deterministic drafter (n-gram, prompt lookup): then ``q`` is one-hot at
+            each draft, and sampling stays exact.
+        target_probs: ``[k+1, V]`` row ``i`` is ``p(. | context, d_1..d_i)``; the last row gives the
+            bonus token.
+        generator: random stream for the ``u``'s and the final draw.
+        greedy: exact-match mode (accept ``d_i`` iff it is the target's argmax, then append the
+            argmax); ``None`` picks it when every target row is one-hot (temperature 0).
+        uniforms: ``[k]`` optional ``u`` values to use instead of drawing them (for teaching and
+            for exact enumeration in tests).
+
+    Returns:
+        A :class:`Verdict` with ``1..k+1`` tokens.
+    """
+    if not isinstance(draft_tokens, Tensor):
+        draft_tokens = torch.tensor(list(draft_tokens), dtype=torch.long, device=target_probs.device)
+    if draft_tokens.ndim != 1 or target_probs.ndim != 2:
+        raise ValueError(
+            f"verify expects draft_tokens [k] and target_probs [k+1, V], got "
+            f"{tuple(draft_tokens.shape)} and {tuple(target_probs.shape)}"
+        )
+    return verify_batch(
+        draft_tokens[None],
+        None if draft_probs is None else draft_probs[None],
+        target_probs[None],
+        generator,
+        greedy=greedy,
+        uniforms=None if uniforms is None else uniforms[None],
+    )[0]
+
+
+def verify_batch(
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    target_probs: Tensor,
+    generators: Generators = None,
+    *,
+    greedy: bool | Sequence[bool] | None = None,
+    uniforms: Tensor | None = None,
+) -> list[Verdict]:
+    """Algorithm 1's accept loop for ``B`` rows at once, each row with its own acceptance.
+
+    Args:
+        draft_tokens: ``[B, k]`` int64 drafts.
+        draft_probs: ``[B, k, V]`` or ``None`` (one-hot ``q``, deterministic drafters).
+        target_probs: ``[B, k+1, V]``.
+        generators: one generator shared by all rows, one per row (a request keeps its own random
+            stream in a batch), or ``None``.
+        greedy: one flag for all rows, one per row, or ``None`` to detect one-hot target rows.
+        uniforms: ``[B, k]`` optional acceptance uniforms.
+
+    Returns:
+        One :class:`Verdict` per row.
+    """
+    B, k = _check_verify_inputs(draft_tokens, draft_probs, target_probs, uniforms)
+    rows = torch.arange(B, device=target_probs.device)
+
+    # The greedy rows: accept d_i iff it is the target's argmax at position i.
+    if greedy is None:
+        greedy_rows = (target_probs.amax(dim=-1) == 1).all(dim=-1)                # (B,)
+    else:
+        flags = [greedy] * B if isinstance(greedy, bool) else list(greedy)
+        greedy_rows = torch.tensor(flags, dtype=torch.bool, device=target_probs.device)
+    target_argmax = target_probs.argmax(dim=-1)                                   # (B, k+1)
+
+    # The sampled rows: accept d_i iff u_i < p_i(d_i) / q_i(d_i).
+    p_x = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)    # (B, k)
+    if draft_probs is None:
+        q_x = torch.ones_like(p_x)                                                # one-hot q
+    else:
+        q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)        # (B, k)
+        if (q_x[~greedy_rows] == 0).any():
+            raise ValueError("a draft token has q(x) = 0: draft_probs must be the distribution "
+                             "each draft token was actually drawn from")
+    if uniforms is None:
+        uniforms = _draw_uniforms(B, k, generators, target_probs.device)          # (B, k)
+    accepted = torch.where(greedy_rows[:, None], draft_tokens == target_argmax[:, :k],
+                           _accepts(uniforms, p_x, q_x))                          # (B, k)
+    # Accepted drafts form a prefix: stop at the first rejection.
+    num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)                    # (B,)
+
+    # The last token: bonus from p_{k+1} if all accepted, else correction from the residual.
+    p_n = target_probs[rows, num_accepted]                                        # (B, V)
+    if k > 0:
+        stop = num_accepted.clamp(max=k - 1)
+        if draft_probs is None:
+            q_n = torch.zeros_like(p_n).scatter_(-1, draft_tokens[rows, stop][:, None], 1.0)
+        else:
+            q_n = draft_probs[rows, stop]                                         # (B, V)
+        final = torch.where((num_accepted == k)[:, None], p_n, residual(p_n, q_n))
+    else:
+        final = p_n
+    greedy_last = target_argmax[rows, num_accepted]                               # (B,)
+    final = torch.where(greedy_rows[:, None],
+                        torch.zeros_like(final).scatter_(-1, greedy_last[:, None], 1.0), final)
+    last = _draw_last(final, greedy_rows, greedy_last, generators)               # (B,)
+
+    drafts, counts, lasts = draft_tokens.tolist(), num_accepted.tolist(), last.tolist()
+    return [
+        Verdict(tokens=drafts[b][: counts[b]] + [lasts[b]], num_accepted=counts[b],
+                num_drafts=k, final_probs=final[b])
+        for b in range(B)
+    ]
+
+
+def _check_verify_inputs(
+    draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor, uniforms: Tensor | None
+) -> tuple[int, int]:
+    """Validate shapes and distributions of a batched verify; return ``(B, k)``."""
+    if draft_tokens.ndim != 2 or target_probs.ndim != 3:
+        raise ValueError(f"expected draft_tokens [B, k] and target_probs [B, k+1, V], got "
+                         f"{tuple(draft_tokens.shape)} and {tuple(target_probs.shape)}")
+    B, k = draft_tokens.shape
+    V = target_probs.shape[-1]
+    if target_probs.shape[:2] != (B, k + 1):
+        raise ValueError(f"target_probs must be [B, k+1, V] = [{B}, {k + 1}, V], "
+                         f"got {tuple(target_probs.shape)}")
+    if draft_probs is not None and draft_probs.shape != (B, k, V):
+        raise ValueError(f"draft_probs must be [B, k, V] = [{B}, {k}, {V}], got {tuple(draft_probs.shape)}")
+    if uniforms is not None and uniforms.shape != (B, k):
+        raise ValueError(f"uniforms must be [B, k] = [{B}, {k}], got {tuple(uniforms.shape)}")
+    if draft_tokens.dtype != torch.long:
+        raise ValueError(f"draft_tokens must be int64, got {draft_tokens.dtype}")
+    if k > 0 and (draft_tokens.min() < 0 or draft_tokens.max() >= V):
+        raise ValueError(f"draft tokens must lie in [0, {V})")
+    check_probs(target_probs, "target_probs")
+    if draft_probs is not None:
+        check_probs(draft_probs, "draft_probs")
+    return B, k
+
+
+def _draw_uniforms(B: int, k: int, generators: Generators, device: torch.device) -> Tensor:
+    """``[B, k]`` uniforms from one shared generator or from each row's own generator."""
+    if generators is None or isinstance(generators, torch.Generator):
+        return torch.rand(B, k, generator=generators, device=device)
+    return torch.stack([torch.rand(k, generator=g, device=device) for g in generators])
+
+
+def _draw_last(final: Tensor, greedy_rows: Tensor, greedy_last: Tensor, generators: Generators) -> Tensor:
+    """One token per row from ``final`` ``[B, V]``; greedy rows take the argmax, drawing nothing."""
+    if bool(greedy_rows.all()):
+        return greedy_last
+    if generators is None or isinstance(generators, torch.Generator):
+        drawn = sample(final, generators)                                         # (B,)
+    else:
+        drawn = torch.stack([
+            greedy_last[b] if greedy_rows[b] else sample(final[b], g)
+            for b, g in enumerate(generators)
+        ])
+    return torch.where(greedy_rows, greedy_last, drawn)
