@@ -105,7 +105,7 @@ def iterative_speculative_sample(
         raise ValueError(f"got {len(proposals)} proposals for {qs.shape[0]} distributions")
     accept_probs: list[float] = []
     us = _uniform_stream(uniforms, generator, p.device)
-    j, left = _try_proposals(p, list(zip(proposals, qs)), us, accept_probs)
+    j, left = _try_proposals(p, list(zip(proposals, qs, strict=True)), us, accept_probs)
     token = proposals[j] if j is not None else int(sample(left, generator))
     return IterativeResult(token, j, left, accept_probs)
 
@@ -231,7 +231,7 @@ def verify_tree(
     if draft_probs is not None:
         if len(draft_probs) != len(tree.draft_nodes):
             raise ValueError(f"got draft_probs for {len(draft_probs)} drafts, the tree has {len(tree.draft_nodes)}")
-        for j, (q, nodes) in enumerate(zip(draft_probs, tree.draft_nodes)):
+        for j, (q, nodes) in enumerate(zip(draft_probs, tree.draft_nodes, strict=True)):
             if q.shape != (len(nodes), target_probs.shape[1]):
                 raise ValueError(f"draft_probs[{j}] must be [{len(nodes)}, V], got {tuple(q.shape)}")
             check_probs(q, f"draft_probs[{j}]")
