@@ -3,35 +3,63 @@
 Notation used everywhere (code, docstrings, lessons): ``p`` is the target distribution, ``q`` the
 draft distribution, ``k`` (gamma in the papers) the number of draft tokens per round, ``alpha`` the
 expected acceptance rate, ``c`` the cost of a draft step relative to a target step.
+
+The layers, bottom-up (a module imports only from layers below it):
+
+1. maths: :mod:`~minispec.sampling`, :mod:`~minispec.speculative`, :mod:`~minispec.tree`,
+   :mod:`~minispec.theory`, :mod:`~minispec.stats`;
+2. machinery: :mod:`~minispec.model`, :mod:`~minispec.kv_cache`, :mod:`~minispec.loader`;
+3. decoding: :mod:`~minispec.drafters`, :mod:`~minispec.decoding`;
+4. faces: :mod:`~minispec.viz`, :mod:`~minispec.cli`.
 """
 
-from minispec import theory
+from minispec import theory, viz
+from minispec.decoding import GenerationResult, generate, speculative_generate
+from minispec.drafters import Draft, ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.kv_cache import ContiguousKVCache, KVCache
+from minispec.model import Llama, ModelConfig
 from minispec.sampling import SamplingParams, probs_from_logits, sample
 from minispec.speculative import (
     Verdict,
+    check_probs,
     residual,
     speculative_sample,
     speculative_sample_batch,
     verify,
     verify_batch,
 )
+from minispec.stats import SpecStats
 from minispec.tree import DraftTree, TreeVerdict, iterative_speculative_sample, verify_tree
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ContiguousKVCache",
+    "Draft",
     "DraftTree",
+    "GenerationResult",
+    "KVCache",
+    "Llama",
+    "ModelConfig",
+    "ModelDrafter",
+    "NGramDrafter",
+    "PromptLookupDrafter",
     "SamplingParams",
+    "SpecStats",
     "TreeVerdict",
     "Verdict",
+    "check_probs",
+    "generate",
     "iterative_speculative_sample",
     "probs_from_logits",
     "residual",
     "sample",
     "speculative_sample",
     "speculative_sample_batch",
+    "speculative_generate",
     "theory",
     "verify",
     "verify_batch",
     "verify_tree",
+    "viz",
 ]

@@ -1,0 +1,231 @@
+"""mkdocs hooks for the minispec site (registered under ``hooks:`` in mkdocs.yml).
+
+What they do, in build order:
+
+* ``on_config``: the nav entry whose value is the string ``lessons/*.ipynb`` is replaced by one entry
+  per notebook present in ``lessons/`` (title from the notebook's first ``#`` heading), so the nav
+  lists exactly the lessons that exist.
+* ``on_files`` (high priority, so it runs before mkdocs-jupyter wraps notebooks as pages):
+  - adds ``lessons/*.ipynb`` from the repository root; the notebooks stay in ``lessons/``;
+  - generates ``api/<module>.md`` (``# module`` + ``::: module``) for every nav entry of that form
+    that has no hand-written file under ``docs/api/``; a nav entry for a module that does not exist
+    fails the build with a clear message;
+  - generates ``model-card.md`` from ``minispec/zoo/MODEL_CARD.md`` (or a placeholder while that file
+    does not exist yet); images next to the card are copied to ``model-card-assets/``, other relative
+    links (to files of the package) are shown as paths, so the card cannot break the strict build.
+* ``on_page_markdown``: a link to ``lessons/NN_*.ipynb`` (a glob) points at the lesson with that
+  number, or turns into plain text marked "in preparation" when no such notebook exists yet.
+* ``on_post_page``: removes what nbconvert's template injects into notebook pages and this site does
+  not want: the MathJax 2 loader (pointing at a CDN, dead here; MathJax 3 is served by the site) and
+  the Mermaid loader (a CDN import). On API pages it drops the Sphinx role prefixes (``:func:``,
+  ``:class:``, ...) that docstrings use and that mkdocstrings would otherwise print literally.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import re
+from pathlib import Path, PurePosixPath
+
+from mkdocs.exceptions import PluginError
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File, Files
+
+log = logging.getLogger("mkdocs.hooks.minispec_site")
+
+LESSONS_GLOB = "lessons/*.ipynb"
+MODEL_CARD = "minispec/zoo/MODEL_CARD.md"
+MODEL_CARD_PAGE = "model-card.md"
+_API_PAGE = re.compile(r"^api/(?P<module>[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*)\.md$")
+
+
+def _root(config) -> Path:
+    return Path(config["config_file_path"]).resolve().parent
+
+
+def _lessons(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "lessons").glob("*.ipynb") if not p.name.startswith("."))
+
+
+def _lesson_title(path: Path) -> str:
+    """The notebook's first level-1 heading, else a title made from the file name."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        for cell in nb.get("cells", []):
+            if cell.get("cell_type") != "markdown":
+                continue
+            src = cell.get("source", "")
+            src = "".join(src) if isinstance(src, list) else src
+            m = re.search(r"^#\s+(.+?)\s*#*\s*$", src, re.MULTILINE)
+            if m:
+                return re.sub(r"[`*]", "", m.group(1))
+    except (OSError, ValueError):
+        pass  # a notebook being written right now: fall back to its name
+    stem = path.stem
+    num, _, rest = stem.partition("_")
+    return f"{num} {rest.replace('_', ' ')}".strip() if num.isdigit() else stem.replace("_", " ")
+
+
+def _walk_nav(items):
+    """Yield every (key, value) page entry of a nav, depth first."""
+    for item in items or []:
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if isinstance(value, list):
+                    yield from _walk_nav(value)
+                else:
+                    yield key, value
+        elif isinstance(item, str):
+            yield None, item
+
+
+def _expand_lessons(items, lesson_entries):
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            new = {}
+            for key, value in item.items():
+                if value == LESSONS_GLOB:
+                    value = lesson_entries
+                elif isinstance(value, list):
+                    value = _expand_lessons(value, lesson_entries)
+                new[key] = value
+            if any(v == [] for v in new.values()):
+                continue  # no lesson yet: drop the empty section rather than break the nav
+            out.append(new)
+        elif item == LESSONS_GLOB:
+            out.extend(lesson_entries)
+        else:
+            out.append(item)
+    return out
+
+
+def on_config(config):
+    root = _root(config)
+    entries = [{_lesson_title(p): f"lessons/{p.name}"} for p in _lessons(root)]
+    if config["nav"]:
+        config["nav"] = _expand_lessons(config["nav"], entries)
+    return config
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _model_card(root: Path) -> tuple[str, dict[str, Path]]:
+    """The model card page's Markdown, and the images it shows (site path -> file)."""
+    card = root / MODEL_CARD
+    if not card.is_file():
+        text = (
+            "# Model card\n\n"
+            "The model card of the shipped pair (`shakespeare-target`, `shakespeare-draft`) is written "
+            f"next to the weights, in `{MODEL_CARD}`, and appears on this page as soon as that file "
+            "exists. The pair is still being trained.\n"
+        )
+        return text, {}
+    text = card.read_text(encoding="utf-8")
+    assets: dict[str, Path] = {}
+
+    def relative(target: str) -> bool:
+        return not re.match(r"^([a-z][a-z0-9+.-]*:|#|/)", target, re.IGNORECASE)
+
+    # Images beside the card are served from model-card-assets/; a missing one becomes its alt text.
+    def image(m: re.Match) -> str:
+        alt, target = m.group(1), m.group(2).strip()
+        if not relative(target):
+            return m.group(0)
+        path = (card.parent / target).resolve()
+        if not path.is_file():
+            return f"*[{alt or 'image'}: `{target}` not found]*"
+        site_path = f"model-card-assets/{PurePosixPath(target).as_posix().lstrip('./')}"
+        assets[site_path] = path
+        return f"![{alt}]({site_path})"
+
+    # Other relative links point at files in the package, not at site pages: show them as paths.
+    def link(m: re.Match) -> str:
+        label, target = m.group(1), m.group(2).strip()
+        if not relative(target):
+            return m.group(0)
+        return f"{label} (`{PurePosixPath(MODEL_CARD).parent / target}`)"
+
+    text = re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", image, text)
+    text = re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)", link, text)
+    if not re.search(r"^#\s", text, re.MULTILINE):
+        text = "# Model card\n\n" + text
+    return text, assets
+
+
+@event_priority(100)  # before mkdocs-jupyter (priority 0) turns .ipynb files into pages
+def on_files(files: Files, config) -> Files:
+    root = _root(config)
+
+    for nb in _lessons(root):
+        src_uri = f"lessons/{nb.name}"
+        if files.get_file_from_path(src_uri) is None:
+            files.append(
+                File(src_uri, src_dir=str(root), dest_dir=config["site_dir"],
+                     use_directory_urls=config["use_directory_urls"])
+            )
+
+    for _, value in _walk_nav(config["nav"]):
+        m = _API_PAGE.match(str(value))
+        if not m or files.get_file_from_path(value) is not None:
+            continue
+        module = m.group("module")
+        if _module_file(root, module) is None:
+            raise PluginError(
+                f"mkdocs.yml lists the API page {value!r}, but module {module!r} has no source file "
+                f"under {root}. Remove the nav entry or add the module."
+            )
+        files.append(File.generated(config, value, content=f"# `{module}`\n\n::: {module}\n"))
+
+    if files.get_file_from_path(MODEL_CARD_PAGE) is None:
+        text, assets = _model_card(root)
+        files.append(File.generated(config, MODEL_CARD_PAGE, content=text))
+        for site_path, path in assets.items():
+            files.append(File.generated(config, site_path, abs_src_path=str(path)))
+    return files
+
+
+_LESSON_LINK = re.compile(r"\[([^\]]+)\]\((lessons/[^)\s]*\*[^)\s]*\.ipynb)\)")
+
+
+def on_page_markdown(markdown: str, page, config, files: Files) -> str:
+    root = _root(config)
+    present = [f"lessons/{p.name}" for p in _lessons(root)]
+
+    def resolve(m: re.Match) -> str:
+        label, pattern = m.group(1), m.group(2)
+        hits = [p for p in present if fnmatch.fnmatch(p, pattern)]
+        if not hits:
+            return f"{label} *(in preparation)*"
+        target = PurePosixPath(hits[0])
+        here = PurePosixPath(page.file.src_uri).parent
+        rel = Path(*([".."] * len(here.parts)), target) if here.parts else target
+        return f"[{label}]({rel.as_posix()})"
+
+    return _LESSON_LINK.sub(resolve, markdown)
+
+
+_MATHJAX2 = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.DOTALL)
+_MERMAID = re.compile(r"<script type=\"module\">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*?</script>",
+                      re.DOTALL)
+
+
+_SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|exc|obj|const):(?=<code>)")
+
+
+def on_post_page(output: str, page, config) -> str:
+    if page.file.src_uri.startswith("api/"):
+        return _SPHINX_ROLE.sub("", output)
+    if not page.file.src_uri.endswith(".ipynb"):
+        return output
+    output = _MATHJAX2.sub("", output)
+    output = _MERMAID.sub("", output)
+    return output

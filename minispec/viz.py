@@ -1,0 +1,127 @@
+"""Pictures of speculative decoding for lessons and notebooks (layer "faces").
+
+One concept per function. Matplotlib is imported inside the functions that draw, so that
+``import minispec.viz`` stays cheap and the package does not need matplotlib to run.
+
+* :func:`plot_overlap` -- the overlap picture of one position: how much of the draft ``q`` the
+  target ``p`` keeps (``min(p, q)``), how much it throws away (``max(0, q - p)``), and what the
+  residual has to supply after a rejection (``max(0, p - q)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from minispec.theory import acceptance_rate
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from matplotlib.axes import Axes
+
+__all__ = ["OVERLAP_COLORS", "OVERLAP_LABELS", "plot_overlap"]
+
+#: Legend labels of the four layers drawn by :func:`plot_overlap` (tests look bars up by them).
+OVERLAP_LABELS = {
+    "accepted": "accepted: min(p, q)",
+    "excess": "draft excess: max(0, q - p)",
+    "residual": "residual: max(0, p - q)",
+    "target": "target p",
+}
+
+#: Colours of the layers: green is kept, red is thrown away, blue is what the residual adds back.
+OVERLAP_COLORS = {
+    "accepted": "#2ca02c",
+    "excess": "#d62728",
+    "residual": "#1f77b4",
+    "target": "black",
+}
+
+
+def _as_distribution(x: Any, name: str) -> torch.Tensor:
+    t = torch.as_tensor(x, dtype=torch.float64).detach().cpu()
+    if t.ndim != 1 or t.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty [V] distribution, got shape {tuple(t.shape)}")
+    if torch.isnan(t).any() or (t < 0).any():
+        raise ValueError(f"{name} must be non-negative and free of NaN")
+    return t
+
+
+def plot_overlap(
+    p: Any,
+    q: Any,
+    ax: Axes | None = None,
+    labels: Sequence[str] | None = None,
+    top: int | None = None,
+) -> Axes:
+    """Draw the overlap of target ``p`` and draft ``q`` at one position, token by token.
+
+    For every token ``x`` the draft's bar ``q(x)`` is split in two stacked parts:
+
+    * green, ``min(p(x), q(x))`` -- the part of the proposal speculative sampling keeps. A token
+      drawn from ``q`` survives with probability ``min(1, p(x)/q(x))``, i.e. green height over
+      total bar height, and the green areas add up to the acceptance rate
+      ``beta = sum_x min(p(x), q(x))`` (Leviathan Thm 3.5);
+    * red, ``max(0, q(x) - p(x))`` -- where the draft over-proposes; these proposals are rejected.
+
+    On top of ``q`` a hatched blue part ``max(0, p(x) - q(x))`` marks what the draft under-proposes:
+    the residual distribution (after normalisation) that a rejection samples from. The target
+    ``p(x)`` itself is the black outline, so green + blue always reaches the outline: kept
+    proposals plus residual refills rebuild ``p`` exactly. The title reports ``beta`` and
+    ``D_LK = 1 - beta``.
+
+    Args:
+        p: ``[V]`` target distribution (tensor, array or list).
+        q: ``[V]`` draft distribution, same ``V``.
+        ax: the matplotlib Axes to draw on; ``None`` creates a new figure.
+        labels: ``V`` tick labels (token strings); default: token ids.
+        top: show only the ``top`` tokens with the largest ``max(p, q)``, most likely first;
+            ``None`` shows the whole vocabulary in id order. ``beta`` in the title is always
+            computed on the whole vocabulary.
+
+    Returns:
+        The Axes. Its bar containers carry the labels in :data:`OVERLAP_LABELS`, in the order
+        accepted, draft excess, residual, target.
+    """
+    import matplotlib.pyplot as plt
+
+    p_t, q_t = _as_distribution(p, "p"), _as_distribution(q, "q")
+    if p_t.shape != q_t.shape:
+        raise ValueError(f"p and q must have the same shape, got {tuple(p_t.shape)} and {tuple(q_t.shape)}")
+    vocab = p_t.numel()
+    if labels is not None and len(labels) != vocab:
+        raise ValueError(f"labels must have one entry per token ({vocab}), got {len(labels)}")
+    if top is not None and top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+
+    beta = float(acceptance_rate(p_t, q_t))
+    if top is None or top >= vocab:
+        order = torch.arange(vocab)
+    else:
+        order = torch.argsort(torch.maximum(p_t, q_t), descending=True, stable=True)[:top]
+    p_s, q_s = p_t[order], q_t[order]                                     # (n,)
+    accepted = torch.minimum(p_s, q_s)
+    excess = (q_s - p_s).clamp_min(0)
+    refill = (p_s - q_s).clamp_min(0)
+    ticks = [labels[i] if labels is not None else str(i) for i in order.tolist()]
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ticks) + 1.5), 3.2))
+    xs = list(range(len(ticks)))
+    ax.bar(xs, accepted.tolist(), width=0.7, color=OVERLAP_COLORS["accepted"],
+           label=OVERLAP_LABELS["accepted"])
+    ax.bar(xs, excess.tolist(), width=0.7, bottom=accepted.tolist(),
+           color=OVERLAP_COLORS["excess"], label=OVERLAP_LABELS["excess"])
+    ax.bar(xs, refill.tolist(), width=0.7, bottom=accepted.tolist(), color="none",
+           edgecolor=OVERLAP_COLORS["residual"], hatch="///", linewidth=0.0,
+           label=OVERLAP_LABELS["residual"])
+    ax.bar(xs, p_s.tolist(), width=0.86, color="none", edgecolor=OVERLAP_COLORS["target"],
+           linewidth=1.4, label=OVERLAP_LABELS["target"])
+    ax.set_xticks(xs, ticks, rotation=0 if max((len(t) for t in ticks), default=0) <= 3 else 45)
+    ax.set_xlabel("token")
+    ax.set_ylabel("probability")
+    ax.set_ylim(0, 1.15 * max(float(torch.maximum(p_s, q_s).max()), 1e-12))
+    ax.set_title(rf"$\beta = \sum \min(p, q) = {beta:.3f}$,  $D_{{LK}} = 1 - \beta = {1 - beta:.3f}$")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax

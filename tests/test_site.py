@@ -1,0 +1,291 @@
+"""The teaching site: built with ``mkdocs build --strict`` and checked in a real headless browser.
+
+The build executes every lesson (a failing lesson fails the build). The built site is served on
+127.0.0.1 and the home page, an API page and every lesson page are opened in Debian's Chromium
+through Playwright. Every request to anything but the local server is aborted and
+fails the test: the site must work with no network. On each page the math must be typeset by the
+site's own MathJax, with its fonts loaded and applied, no raw TeX may be left in the text, the
+plots must have loaded, and the console must stay free of errors.
+
+Screenshots go to ``screenshots/`` at the repository root (``MINISPEC_SCREENSHOTS`` overrides).
+Without Chromium or Playwright the browser test is skipped, unless ``MINISPEC_REQUIRE_BROWSER=1``
+(set by CI), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+pytestmark = pytest.mark.site
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_TIMEOUT_S = 30 * 60
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    # Any host name other than the local server fails to resolve: nothing external can load.
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+]
+API_PAGE = "api/minispec.speculative/index.html"
+
+
+def _browser_required() -> bool:
+    return os.environ.get("MINISPEC_REQUIRE_BROWSER", "") == "1"
+
+
+def _skip_or_fail(reason: str) -> None:
+    if _browser_required():
+        pytest.fail(f"{reason} (MINISPEC_REQUIRE_BROWSER=1)")
+    pytest.skip(reason)
+
+
+def _chromium() -> str | None:
+    found = shutil.which("chromium")
+    if found:
+        return found
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """Build the site once into a temporary directory; return the directory."""
+    try:
+        import mkdocs  # noqa: F401
+    except ImportError:
+        _skip_or_fail("mkdocs is not installed (pip install -e '.[docs]')")
+    out = tmp_path_factory.mktemp("site") / "site"
+    env = dict(os.environ)
+    env["TQDM_DISABLE"] = "1"
+    env["NO_MKDOCS_2_WARNING"] = "1"
+    # Lessons run against this checkout, installed or not.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+    )
+    elapsed = time.perf_counter() - start
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"mkdocs build --strict failed after {elapsed:.0f} s:\n{log[-8000:]}"
+    print(f"site built in {elapsed:.1f} s")
+    return out
+
+
+_EXTERNAL_TAG = re.compile(
+    r"<(script|link|img|iframe|source|audio|video|embed|object)\b[^>]*?"
+    r"\b(?:src|href|data|srcset)\s*=\s*[\"']?\s*((?:https?:)?//[^\"'\s>]+)",
+    re.IGNORECASE,
+)
+_EXTERNAL_CSS = re.compile(r"url\(\s*[\"']?\s*((?:https?:)?//[^)\"']+)", re.IGNORECASE)
+
+
+def test_built_html_loads_nothing_external(site: Path):
+    """No script, stylesheet, image or frame in any page points outside the site."""
+    offenders = []
+    for page in sorted(site.rglob("*.html")):
+        text = page.read_text(encoding="utf-8", errors="replace")
+        for m in _EXTERNAL_TAG.finditer(text):
+            offenders.append(f"{page.relative_to(site)}: <{m.group(1)}> {m.group(2)}")
+    for sheet in sorted(site.rglob("*.css")):
+        for m in _EXTERNAL_CSS.finditer(sheet.read_text(encoding="utf-8", errors="replace")):
+            offenders.append(f"{sheet.relative_to(site)}: url({m.group(1)})")
+    assert not offenders, "external resources referenced:\n" + "\n".join(offenders[:50])
+    assert (site / "assets/mathjax/tex-chtml.js").is_file(), "MathJax is not served by the site"
+
+
+def _lesson_pages(site: Path) -> list[str]:
+    return sorted(p.relative_to(site).as_posix() for p in (site / "lessons").glob("*/index.html"))
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - signature fixed by the base class
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(site: Path):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = _chromium()
+    if chromium is None:
+        _skip_or_fail("Chromium is not installed (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _skip_or_fail("the playwright Python package is not installed")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def screenshot_dir() -> Path:
+    folder = Path(os.environ.get("MINISPEC_SCREENSHOTS", REPO / "screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+# Runs in the page once math is typeset: counts, glyph styling, leftover TeX, images.
+_INSPECT_JS = r"""
+() => {
+  const article = document.querySelector("article") || document.body;
+  const glyphs = [...article.querySelectorAll("mjx-c")].slice(0, 400);
+  // Invisible operators (function application U+2061, invisible times, zero-width space...) are
+  // drawn as empty content; every other glyph needs its character and a MathJax font.
+  const invisible = /\bmjx-c20(?:0[0-9A-F]|6[0-4])\b/;
+  const styled = glyphs.filter((el) => {
+    const before = getComputedStyle(el, "::before");
+    const content = before.content;
+    const hasContent = content && content !== "none" && content !== "normal"
+      && (content !== '""' || invisible.test(el.className));
+    return hasContent && /MJX/.test(before.fontFamily);
+  });
+  const mjxFonts = [...document.fonts].filter((f) => /MJX/.test(f.family));
+  const containers = [...article.querySelectorAll("mjx-container")];
+  const clone = article.cloneNode(true);
+  // Code (cell inputs, stdout, highlighted blocks) may hold TeX-looking text; prose may not.
+  clone.querySelectorAll("pre, code, mjx-container, script, style, .highlight, .highlight-ipynb, "
+    + ".jp-CodeCell .jp-InputArea, .clipboard-copy-txt, .headerlink, .anchor-link")
+    .forEach((el) => el.remove());
+  const text = clone.textContent;
+  const rawTex = [];
+  for (const re of [/\\[A-Za-z]+/g, /\$\$[^$]+\$\$/g, /\$[^$\s][^$]*\$/g, /\\[()\[\]]/g]) {
+    for (const m of text.matchAll(re)) rawTex.push(m[0].slice(0, 80));
+  }
+  const images = [...article.querySelectorAll(".jp-OutputArea-output img, .jp-RenderedImage img")];
+  return {
+    mathState: document.body.getAttribute("data-math"),
+    containers: containers.length,
+    emptyContainers: containers.filter((c) => c.getBoundingClientRect().width <= 0).length,
+    merrors: article.querySelectorAll("mjx-merror").length,
+    glyphs: glyphs.length,
+    styledGlyphs: styled.length,
+    mjxFontsLoaded: mjxFonts.filter((f) => f.status === "loaded").map((f) => f.family),
+    mjxFontsFailed: mjxFonts.filter((f) => f.status === "error").map((f) => f.family),
+    rawTex: rawTex.slice(0, 20),
+    images: images.length,
+    brokenImages: images.filter((i) => !i.complete || i.naturalWidth === 0).length,
+    imageWidths: images.map((i) => i.naturalWidth),
+  };
+}
+"""
+
+
+def _open_and_inspect(browser, base_url: str, path: str, shot: Path) -> dict:
+    """Open ``path``, wait for math and fonts, screenshot, return the page's report."""
+    host = urlsplit(base_url).netloc
+    external: list[str] = []
+    console_errors: list[str] = []
+    failed: list[str] = []
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+
+    def route(r):
+        if urlsplit(r.request.url).netloc == host:
+            r.continue_()
+        else:
+            external.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: console_errors.append(f"uncaught: {e}"))
+    page.on("requestfailed", lambda r: failed.append(f"{r.url} ({r.failure})"))
+    page.on("response", lambda r: failed.append(f"{r.url} (HTTP {r.status})") if r.status >= 400 else None)
+    try:
+        page.goto(base_url + path, wait_until="load")
+        page.wait_for_function("() => document.body.hasAttribute('data-math')", timeout=60_000)
+        page.evaluate("() => document.fonts.ready.then(() => true)")
+        page.wait_for_load_state("networkidle")
+        report = page.evaluate(_INSPECT_JS)
+        page.screenshot(path=str(shot), full_page=True)
+    finally:
+        context.close()
+    report.update(external=external, console_errors=console_errors, failed=failed)
+    return report
+
+
+def _check(report: dict, where: str, *, needs_math: bool = True, needs_images: bool = False) -> None:
+    assert not report["external"], f"{where}: requests outside the site: {report['external']}"
+    assert not report["failed"], f"{where}: failed requests: {report['failed']}"
+    assert not report["console_errors"], f"{where}: console errors: {report['console_errors']}"
+    assert report["mathState"] == "typeset", f"{where}: MathJax did not finish: {report}"
+    if needs_math:
+        assert report["containers"] > 0, f"{where}: no math was typeset"
+    assert report["merrors"] == 0, f"{where}: MathJax reported TeX errors"
+    assert report["emptyContainers"] == 0, f"{where}: {report['emptyContainers']} math boxes have no width"
+    assert report["styledGlyphs"] == report["glyphs"], (
+        f"{where}: {report['glyphs'] - report['styledGlyphs']} of {report['glyphs']} glyphs lack the "
+        "MathJax font or content (math would look blank)"
+    )
+    if report["containers"]:
+        assert report["glyphs"] > 0, f"{where}: math boxes hold no glyphs"
+        assert report["mjxFontsLoaded"], f"{where}: no MathJax web font loaded"
+    assert not report["mjxFontsFailed"], f"{where}: MathJax fonts failed: {report['mjxFontsFailed']}"
+    assert not report["rawTex"], f"{where}: raw TeX left in the text: {report['rawTex']}"
+    assert report["brokenImages"] == 0, f"{where}: {report['brokenImages']} images did not load"
+    if needs_images:
+        assert report["images"] > 0, f"{where}: no plot images"
+
+
+def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path):
+    """Home page, an API page with math, and every lesson, in Chromium with the network cut off.
+
+    Every page must finish typesetting with no TeX error, no unstyled glyph, no raw TeX, no broken
+    image, no console error and no request outside the site. The home page, the API page and the
+    first lesson with a plot must contain math; that lesson's plots must have loaded.
+    """
+    lessons = _lesson_pages(site)
+    assert lessons, "the site has no lesson pages (lessons/*.ipynb)"
+    with_plots = [p for p in lessons if "data:image/png" in (site / p).read_text(encoding="utf-8")]
+    assert with_plots, f"no lesson page has a matplotlib plot: {lessons}"
+    api = API_PAGE if (site / API_PAGE).is_file() else sorted(
+        p.relative_to(site).as_posix() for p in (site / "api").glob("*/index.html"))[0]
+
+    pages = [("home", "index.html", True, False), ("api", api, True, False)]
+    pages += [(f"lesson-{Path(p).parent.name}", p, p == with_plots[0], p == with_plots[0])
+              for p in lessons]
+    failures = []
+    for name, path, needs_math, needs_images in pages:
+        url_path = path.removesuffix("index.html")
+        shot = screenshot_dir / f"{name}.png"
+        report = _open_and_inspect(browser, server, url_path, shot)
+        print(f"{name} /{url_path}: {report['containers']} formulas, {report['glyphs']} glyphs checked, "
+              f"{report['images']} images {report['imageWidths']}, screenshot {shot}")
+        try:
+            _check(report, f"{name} page /{url_path}", needs_math=needs_math, needs_images=needs_images)
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, "\n".join(failures)

@@ -1,0 +1,92 @@
+"""minispec.viz: the overlap picture draws exactly min(p, q), max(0, q - p) and max(0, p - q)."""
+
+import subprocess
+import sys
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+import minispec as ms  # noqa: E402
+from minispec.viz import OVERLAP_LABELS, plot_overlap  # noqa: E402
+
+
+def _bars(ax):
+    """label -> (heights, bottoms) of every bar container on ``ax``."""
+    out = {}
+    for container in ax.containers:
+        heights = torch.tensor([r.get_height() for r in container.patches], dtype=torch.float64)
+        bottoms = torch.tensor([r.get_y() for r in container.patches], dtype=torch.float64)
+        out[container.get_label()] = (heights, bottoms)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _pair():
+    # Zeros on both sides and a token where p == q.
+    p = torch.tensor([0.30, 0.00, 0.25, 0.10, 0.35, 0.00], dtype=torch.float64)
+    q = torch.tensor([0.10, 0.20, 0.25, 0.30, 0.00, 0.15], dtype=torch.float64)
+    return p, q
+
+
+def test_bar_heights_are_the_overlap_pieces():
+    p, q = _pair()
+    ax = plot_overlap(p, q)
+    bars = _bars(ax)
+    assert set(bars) == set(OVERLAP_LABELS.values())
+    acc_h, acc_b = bars[OVERLAP_LABELS["accepted"]]
+    exc_h, exc_b = bars[OVERLAP_LABELS["excess"]]
+    res_h, res_b = bars[OVERLAP_LABELS["residual"]]
+    tgt_h, tgt_b = bars[OVERLAP_LABELS["target"]]
+    torch.testing.assert_close(acc_h, torch.minimum(p, q))
+    torch.testing.assert_close(exc_h, (q - p).clamp_min(0))
+    torch.testing.assert_close(res_h, (p - q).clamp_min(0))
+    torch.testing.assert_close(tgt_h, p)
+    # Stacking: green from 0, red and blue on top of green; green + red = q, green + blue = p.
+    torch.testing.assert_close(acc_b, torch.zeros(6, dtype=torch.float64))
+    torch.testing.assert_close(exc_b, acc_h)
+    torch.testing.assert_close(res_b, acc_h)
+    torch.testing.assert_close(acc_h + exc_h, q)
+    torch.testing.assert_close(acc_h + res_h, p)
+    # The green area is the acceptance rate; the blue area, normalised, is ms.residual.
+    assert abs(float(acc_h.sum()) - float(ms.theory.acceptance_rate(p, q))) < 1e-12
+    torch.testing.assert_close(res_h / res_h.sum(), ms.residual(p, q))
+    assert f"{float(ms.theory.acceptance_rate(p, q)):.3f}" in ax.get_title()
+
+
+def test_top_keeps_the_most_likely_tokens_with_their_labels():
+    p, q = _pair()
+    names = ["a", "b", "c", "d", "e", "f"]
+    fig, ax = plt.subplots()
+    assert plot_overlap(p, q, ax=ax, labels=names, top=3) is ax
+    heights, _ = _bars(ax)[OVERLAP_LABELS["target"]]
+    order = torch.argsort(torch.maximum(p, q), descending=True, stable=True)[:3]
+    torch.testing.assert_close(heights, p[order])
+    assert [t.get_text() for t in ax.get_xticklabels()] == [names[i] for i in order.tolist()]
+
+
+def test_accepts_lists_and_float32_and_rejects_bad_input():
+    ax = plot_overlap([0.5, 0.5], torch.tensor([0.9, 0.1]))
+    acc, _ = _bars(ax)[OVERLAP_LABELS["accepted"]]
+    torch.testing.assert_close(acc, torch.tensor([0.5, 0.1], dtype=torch.float64))
+    with pytest.raises(ValueError, match="same shape"):
+        plot_overlap([0.5, 0.5], [1.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="labels"):
+        plot_overlap([0.5, 0.5], [0.5, 0.5], labels=["a"])
+    with pytest.raises(ValueError, match="top"):
+        plot_overlap([0.5, 0.5], [0.5, 0.5], top=0)
+
+
+def test_import_does_not_load_matplotlib():
+    code = "import sys, minispec.viz; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
