@@ -17,6 +17,7 @@ from minispec import theory, viz
 from minispec.decoding import GenerationResult, generate, speculative_generate
 from minispec.drafters import Draft, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from minispec.kv_cache import ContiguousKVCache, KVCache
+from minispec.loader import load
 from minispec.model import Llama, ModelConfig
 from minispec.sampling import SamplingParams, probs_from_logits, sample
 from minispec.speculative import (
@@ -51,6 +52,7 @@ __all__ = [
     "check_probs",
     "generate",
     "iterative_speculative_sample",
+    "load",
     "probs_from_logits",
     "residual",
     "sample",
