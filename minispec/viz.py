@@ -6,11 +6,16 @@ One concept per function. Matplotlib is imported inside the functions that draw,
 * :func:`plot_overlap` -- the overlap picture of one position: how much of the draft ``q`` the
   target ``p`` keeps (``min(p, q)``), how much it throws away (``max(0, q - p)``), and what the
   residual has to supply after a rejection (``max(0, p - q)``).
+* :func:`trace` -- Leviathan et al.'s Figure 1 for a generation: accepted drafts in green, the
+  rejected draft in red (struck through), the target's own token (correction or bonus) in blue;
+  HTML in a notebook, ANSI colours in a terminal.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,7 +25,7 @@ from minispec.theory import acceptance_rate
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.axes import Axes
 
-__all__ = ["OVERLAP_COLORS", "OVERLAP_LABELS", "plot_overlap"]
+__all__ = ["OVERLAP_COLORS", "OVERLAP_LABELS", "Trace", "plot_overlap", "trace"]
 
 #: Legend labels of the four layers drawn by :func:`plot_overlap` (tests look bars up by them).
 OVERLAP_LABELS = {
@@ -125,3 +130,80 @@ def plot_overlap(
     ax.set_title(rf"$\beta = \sum \min(p, q) = {beta:.3f}$,  $D_{{LK}} = 1 - \beta = {1 - beta:.3f}$")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
+
+
+#: Figure-1 colours of a trace: kind -> (HTML colour, ANSI escape).
+TRACE_STYLES = {
+    "accepted": ("#2ca02c", "\x1b[32m"),
+    "rejected": ("#d62728", "\x1b[31;9m"),
+    "correction": ("#1f77b4", "\x1b[34;1m"),
+    "bonus": ("#1f77b4", "\x1b[34;1m"),
+}
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A decoded generation split into coloured spans, one list of ``(text, kind)`` per round.
+
+    ``kind`` is ``"accepted"`` (a draft the target kept), ``"rejected"`` (the first draft it
+    refused; later drafts of that round were never tested and are not shown), ``"correction"``
+    (the token drawn from the residual in its place) or ``"bonus"`` (the target's extra token after
+    a round where every draft was accepted). Displays as HTML in a notebook and with ANSI colours
+    in a terminal (``print(trace)``).
+    """
+
+    rounds: list[list[tuple[str, str]]]
+
+    def counts(self) -> dict[str, int]:
+        """How many spans of each kind."""
+        out = dict.fromkeys(TRACE_STYLES, 0)
+        for spans in self.rounds:
+            for _, kind in spans:
+                out[kind] += 1
+        return out
+
+    def _repr_html_(self) -> str:
+        parts = []
+        for spans in self.rounds:
+            for text, kind in spans:
+                style = f"color:{TRACE_STYLES[kind][0]}"
+                if kind == "rejected":
+                    style += ";text-decoration:line-through"
+                parts.append(f'<span class="ms-{kind}" style="{style}">{html.escape(text)}</span>')
+            parts.append('<span style="color:#999">|</span>')
+        return '<div class="ms-trace" style="font-family:monospace;white-space:pre-wrap">' + "".join(parts) + "</div>"
+
+    def __str__(self) -> str:
+        reset = "\x1b[0m"
+        return "\x1b[2m|\x1b[0m".join(
+            "".join(f"{TRACE_STYLES[kind][1]}{text}{reset}" for text, kind in spans) for spans in self.rounds
+        )
+
+
+def trace(result: Any, tokenizer: Any = None) -> Trace:
+    """Figure 1 of Leviathan et al. for a :class:`minispec.decoding.GenerationResult`.
+
+    Args:
+        result: the output of ``speculative_generate`` (its ``rounds``).
+        tokenizer: decodes each token; without one tokens are shown as ``[id]``.
+
+    Returns:
+        A :class:`Trace` (HTML in notebooks, ANSI with ``print``).
+    """
+    def show(token: int) -> str:
+        return tokenizer.decode([token]) if tokenizer is not None else f"[{token}]"
+
+    rounds = []
+    for rnd in result.rounds:
+        spans = []
+        for i, token in enumerate(rnd.emitted):
+            if i < rnd.num_accepted:
+                spans.append((show(token), "accepted"))
+            else:
+                if rnd.num_accepted < len(rnd.drafts):
+                    spans.append((show(rnd.drafts[rnd.num_accepted]), "rejected"))
+                    spans.append((show(token), "correction"))
+                else:
+                    spans.append((show(token), "bonus"))
+        rounds.append(spans)
+    return Trace(rounds)

@@ -90,3 +90,23 @@ def test_import_does_not_load_matplotlib():
     code = "import sys, minispec.viz; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_trace_figure_1_kinds():
+    from minispec.decoding import GenerationResult, Round
+    from minispec.stats import SpecStats
+
+    result = GenerationResult(
+        tokens=[1, 2, 9, 3, 4, 5, 6, 7],
+        text=None, finish_reason="length", stats=SpecStats(),
+        rounds=[Round([1, 2, 3], 2, [1, 2, 9]),      # d3 rejected, corrected to 9
+                Round([3, 4, 5], 3, [3, 4, 5, 6]),   # all accepted + bonus 6
+                Round([8, 8], 0, [7])],              # first draft rejected
+    )
+    t = ms.viz.trace(result)
+    assert t.rounds[0] == [("[1]", "accepted"), ("[2]", "accepted"), ("[3]", "rejected"), ("[9]", "correction")]
+    assert t.rounds[1][-1] == ("[6]", "bonus")
+    assert t.counts() == {"accepted": 5, "rejected": 2, "correction": 2, "bonus": 1}
+    page = t._repr_html_()
+    assert page.count('class="ms-rejected"') == 2 and "line-through" in page
+    assert "\x1b[31;9m[3]" in str(t)
