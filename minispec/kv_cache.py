@@ -170,6 +170,39 @@ class KVCache(ABC):
         """Rollback: keep positions < n of ``slot``. ValueError if n < 0 or n > length."""
         self.table.truncate_to(slot, n)
 
+    # Capacity, asked by a scheduler before it writes. Memory is counted in blocks of
+    # ``block_size`` positions; a contiguous cache is the special case where every slot is one
+    # block of ``max_seq_len`` positions, taken by ``allocate``. A paged cache overrides these.
+
+    @property
+    def block_size(self) -> int:
+        """Positions per block of KV memory (here: a whole slot, ``max_seq_len``)."""
+        return self.max_seq_len
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks of KV memory no sequence holds (here: the free slots)."""
+        return self.table.num_free
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a new sequence of ``num_tokens`` positions fits now (a free slot and memory)."""
+        return self.table.num_free > 0 and num_tokens <= self.max_seq_len
+
+    def can_grow(self, slot: int, new_len: int) -> bool:
+        """Whether ``slot`` can hold ``new_len`` positions (``grow`` would succeed)."""
+        self.table.length(slot)  # ValueError for an unallocated slot
+        return new_len <= self.max_seq_len
+
+    def grow(self, slot: int, new_len: int) -> None:
+        """Reserve room for ``new_len`` positions of ``slot`` before writing them (e.g. the k+1
+        of a verify). Here the room is always there: this only checks. ValueError past max_seq_len.
+        """
+        self.table.length(slot)  # ValueError for an unallocated slot
+        if new_len > self.max_seq_len:
+            raise ValueError(
+                f"slot {slot}: {new_len} positions exceed the cache's max_seq_len={self.max_seq_len}"
+            )
+
     @abstractmethod
     def prepare(self, slots: list[int], positions: torch.Tensor) -> ForwardPlan:
         """Plan one forward that writes tokens at ``positions`` (B, T) (-1 = padding) of ``slots``.

@@ -11,11 +11,13 @@ import torch
 
 from minispec.kv_cache import ContiguousKVCache, KVCache, SequenceTable
 from minispec.model import Llama, ModelConfig
+from minispec.paged_cache import PagedKVCache
 
 CACHE_FACTORIES = {
     "contiguous": lambda model, num_slots, max_seq_len: ContiguousKVCache.for_model(
         model, num_slots=num_slots, max_seq_len=max_seq_len
     ),
+    "paged": lambda model, n, s: PagedKVCache.for_model(model, n, s, block_size=4),
 }
 
 
