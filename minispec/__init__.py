@@ -8,17 +8,20 @@ The layers, bottom-up (a module imports only from layers below it):
 
 1. maths: :mod:`~minispec.sampling`, :mod:`~minispec.speculative`, :mod:`~minispec.tree`,
    :mod:`~minispec.theory`, :mod:`~minispec.stats`;
-2. machinery: :mod:`~minispec.model`, :mod:`~minispec.kv_cache`, :mod:`~minispec.loader`;
+2. machinery: :mod:`~minispec.model`, :mod:`~minispec.kv_cache`, :mod:`~minispec.paged_cache`,
+   :mod:`~minispec.block_manager`, :mod:`~minispec.loader`;
 3. decoding: :mod:`~minispec.drafters`, :mod:`~minispec.decoding`;
 4. faces: :mod:`~minispec.viz`, :mod:`~minispec.cli`.
 """
 
 from minispec import theory, viz
+from minispec.block_manager import BlockManager
 from minispec.decoding import GenerationResult, generate, speculative_generate
 from minispec.drafters import Draft, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from minispec.kv_cache import ContiguousKVCache, KVCache
 from minispec.loader import load
 from minispec.model import Llama, ModelConfig
+from minispec.paged_cache import PagedKVCache
 from minispec.sampling import SamplingParams, probs_from_logits, sample
 from minispec.speculative import (
     Verdict,
@@ -35,6 +38,7 @@ from minispec.tree import DraftTree, TreeVerdict, iterative_speculative_sample, 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockManager",
     "ContiguousKVCache",
     "Draft",
     "DraftTree",
@@ -44,6 +48,7 @@ __all__ = [
     "ModelConfig",
     "ModelDrafter",
     "NGramDrafter",
+    "PagedKVCache",
     "PromptLookupDrafter",
     "SamplingParams",
     "SpecStats",
