@@ -1,0 +1,238 @@
+"""Benchmark the continuous-batching engine against transformers, batch size by batch size.
+
+For each batch size it runs the same greedy prompts through
+
+* ``minispec.Engine`` without speculation, with the draft model, and with n-gram drafting;
+* transformers' continuous batching (``model.generate_batch``) and static batched ``generate``;
+
+and reports generated tokens per second, mean tokens per target forward (per request, and per
+batched target forward of the engine), and whether the greedy tokens equal plain single-request
+``minispec.generate``. Results go to ``<out>/engine.json`` and ``<out>/engine.png``.
+
+Examples::
+
+    python benchmarks/engine.py --quick              # small run; random models if none are shipped
+    python benchmarks/engine.py --threads 2          # the full table on the shipped pair
+
+Not a test: timings depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import minispec as ms
+from minispec.engine import Engine
+
+SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
+#: The shipped pair's shapes (notes/tiny-models.md), for random stand-ins when it is not built.
+SHAPES = {
+    "target": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=704),
+    "draft": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=352),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--requests-per-batch", type=int, default=2,
+                        help="requests run per batch size = this x the batch size (min 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=24, help="approximate prompt length")
+    parser.add_argument("--k", type=int, default=4, help="drafts per round")
+    parser.add_argument("--kv-cache", choices=["paged", "contiguous"], default="paged")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--skip-hf", action="store_true", help="skip the transformers baselines")
+    parser.add_argument("--random", action="store_true", help="random models of the shipped shape")
+    parser.add_argument("--quick", action="store_true",
+                        help="batch sizes 1 2 4, 16 new tokens; random models if none are shipped")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch_sizes, args.max_new_tokens = [b for b in args.batch_sizes if b <= 4] or [1, 2, 4], 16
+    return args
+
+
+def random_pair(directory: Path) -> tuple[Path, Path]:
+    """Random Llama checkpoints with the shipped pair's shapes, saved in HF format."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    paths = []
+    for seed, name in enumerate(("target", "draft")):
+        torch.manual_seed(seed)
+        config = LlamaConfig(vocab_size=2048, num_key_value_heads=2, max_position_embeddings=256,
+                             tie_word_embeddings=True, initializer_range=0.1, bos_token_id=0,
+                             eos_token_id=1, **SHAPES[name])
+        path = directory / name
+        LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def load_models(use_random: bool, quick: bool, tmp: Path):
+    """(target, draft, tokenizer, target checkpoint dir, label)."""
+    if not use_random:
+        try:
+            target, tok = ms.load("shakespeare-target")
+            draft, _ = ms.load("shakespeare-draft")
+            return target, draft, tok, ms.zoo.path("shakespeare-target"), "shipped pair"
+        except (FileNotFoundError, ValueError) as err:
+            if not quick:
+                sys.exit(f"the shipped pair is missing ({err}); use --random or --quick")
+            print(f"shipped pair missing ({err}): using random models of the same shape")
+    target_dir, draft_dir = random_pair(tmp)
+    target, _ = ms.load(target_dir)
+    draft, _ = ms.load(draft_dir)
+    return target, draft, None, target_dir, "random models (shipped shape)"
+
+
+def make_prompts(n: int, length: int, tokenizer, vocab: int) -> list[list[int]]:
+    """``n`` prompts of about ``length`` tokens: held-out text when a tokenizer is at hand."""
+    if tokenizer is not None and SNIPPET.exists():
+        ids = tokenizer.encode(SNIPPET.read_text())
+        step = max(1, (len(ids) - 2 * length) // max(1, n))
+        return [ids[i * step: i * step + length + (i % 5)] for i in range(n)]
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(2, vocab, (length + i % 5,), generator=g).tolist() for i in range(n)]
+
+
+def run_engine(target, prompts, batch, args, **kwargs) -> dict:
+    engine = Engine(target, k=args.k, max_batch_size=batch, kv_cache=args.kv_cache, **kwargs)
+    start = time.perf_counter()
+    results = engine.generate(prompts, progress=False, max_new_tokens=args.max_new_tokens)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(r.tokens) for r in results)
+    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
+                tokens_per_target_forward=sum(r.stats.tokens_per_target_forward for r in results) / len(results),
+                tokens_per_batched_forward=tokens / max(1, engine.target_forwards),
+                acceptance=_mean([r.stats.acceptance_rate for r in results]),
+                outputs=[r.tokens for r in results])
+
+
+def run_hf_continuous(hf, prompts, batch, args, eos) -> dict:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=eos)
+    # Size the KV pool for this workload: left to itself on CPU it sizes from free RAM (slow).
+    per_request = -(-(max(map(len, prompts)) + args.max_new_tokens) // 16)
+    cb = ContinuousBatchingConfig(max_requests_per_batch=batch, page_size=16,
+                                  num_blocks=len(prompts) * per_request + 16)
+    start = time.perf_counter()
+    out = hf.generate_batch(inputs=prompts, generation_config=config, progress_bar=False,
+                            continuous_batching_config=cb)
+    seconds = time.perf_counter() - start
+    by_prompt = sorted(out.values(), key=lambda o: int(str(o.request_id).rsplit("_", 1)[-1]))
+    outputs = [list(o.generated_tokens) for o in by_prompt]
+    tokens = sum(len(o) for o in outputs)
+    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, outputs=outputs)
+
+
+def run_hf_static(hf, prompts, batch, args, eos) -> dict:
+    """Static batches of ``batch`` left-padded prompts through ``generate`` (greedy)."""
+    outputs, start = [], time.perf_counter()
+    pad = eos if eos is not None else 0
+    for i in range(0, len(prompts), batch):
+        group = prompts[i:i + batch]
+        width = max(map(len, group))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+                          do_sample=False, eos_token_id=eos, pad_token_id=pad)
+        for row in out[:, width:].tolist():
+            outputs.append(row[: row.index(eos) + 1] if eos in row else row)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o) for o in outputs)
+    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, outputs=outputs)
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        target, draft, tok, target_dir, label = load_models(args.random, args.quick, Path(tmp))
+        hf = None
+        if not args.skip_hf:
+            from transformers import AutoModelForCausalLM
+            hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else None
+    print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; {args.max_new_tokens} new tokens")
+
+    rows = []
+    for batch in args.batch_sizes:
+        prompts = make_prompts(max(4, args.requests_per_batch * batch), args.prompt_tokens, tok,
+                               target.config.vocab_size)
+        reference = [ms.generate(target, p, max_new_tokens=args.max_new_tokens).tokens for p in prompts]
+        modes = {"engine": run_engine(target, prompts, batch, args),
+                 "engine+draft": run_engine(target, prompts, batch, args, draft=draft),
+                 "engine+ngram": run_engine(target, prompts, batch, args, drafter="ngram")}
+        if hf is not None:
+            modes["hf-continuous"] = run_hf_continuous(hf, prompts, batch, args, eos)
+            modes["hf-static"] = run_hf_static(hf, prompts, batch, args, eos)
+        for result in modes.values():
+            outputs = result.pop("outputs")
+            result["same_as_generate"] = sum(o == r for o, r in zip(outputs, reference, strict=True)) / len(prompts)
+        rows.append(dict(batch_size=batch, requests=len(prompts), modes=modes))
+        print_row(batch, modes)
+
+    report = dict(label=label, threads=torch.get_num_threads(), k=args.k,
+                  max_new_tokens=args.max_new_tokens, kv_cache=args.kv_cache, rows=rows)
+    (args.out / "engine.json").write_text(json.dumps(report, indent=2))
+    plot(rows, args.out / "engine.png", label)
+    print(f"wrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
+
+
+def print_row(batch: int, modes: dict) -> None:
+    base = modes["engine"]["tokens_per_s"]
+    hf = modes.get("hf-continuous", {}).get("tokens_per_s")
+    print(f"\nbatch {batch}")
+    print(f"  {'mode':<14}{'tok/s':>9}{'vs engine':>11}{'vs hf-cb':>10}{'tok/fwd':>9}{'tok/batch-fwd':>15}{'same':>6}")
+    for name, r in modes.items():
+        vs_hf = f"{r['tokens_per_s'] / hf:.2f}x" if hf else "-"
+        per_fwd = f"{r['tokens_per_target_forward']:.2f}" if "tokens_per_target_forward" in r else "-"
+        per_batch = f"{r['tokens_per_batched_forward']:.1f}" if "tokens_per_batched_forward" in r else "-"
+        print(f"  {name:<14}{r['tokens_per_s']:>9.0f}{r['tokens_per_s'] / base:>10.2f}x{vs_hf:>10}"
+              f"{per_fwd:>9}{per_batch:>15}{r['same_as_generate']:>6.0%}")
+
+
+def plot(rows: list[dict], path: Path, label: str) -> None:
+    try:
+        import matplotlib
+        import matplotlib.ticker
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    sizes = [r["batch_size"] for r in rows]
+    for name in rows[0]["modes"]:
+        ax.plot(sizes, [r["modes"][name]["tokens_per_s"] for r in rows], marker="o", label=name)
+    ax.set(xscale="log", xlabel="batch size", ylabel="generated tokens / s", title=f"minispec engine: {label}")
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    main()
