@@ -11,13 +11,15 @@ The layers, bottom-up (a module imports only from layers below it):
 2. machinery: :mod:`~minispec.model`, :mod:`~minispec.kv_cache`, :mod:`~minispec.paged_cache`,
    :mod:`~minispec.block_manager`, :mod:`~minispec.loader`;
 3. decoding: :mod:`~minispec.drafters`, :mod:`~minispec.decoding`;
-4. faces: :mod:`~minispec.viz`, :mod:`~minispec.cli`.
+4. serving: :mod:`~minispec.engine`, :mod:`~minispec.scheduler`, :mod:`~minispec.sequence`;
+5. faces: :mod:`~minispec.viz`, :mod:`~minispec.cli`.
 """
 
 from minispec import theory, viz
 from minispec.block_manager import BlockManager
 from minispec.decoding import GenerationResult, generate, speculative_generate
 from minispec.drafters import Draft, ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.engine import Engine, StepOutput
 from minispec.kv_cache import ContiguousKVCache, KVCache
 from minispec.loader import load
 from minispec.model import Llama, ModelConfig
@@ -42,6 +44,7 @@ __all__ = [
     "ContiguousKVCache",
     "Draft",
     "DraftTree",
+    "Engine",
     "GenerationResult",
     "KVCache",
     "Llama",
@@ -52,6 +55,7 @@ __all__ = [
     "PromptLookupDrafter",
     "SamplingParams",
     "SpecStats",
+    "StepOutput",
     "TreeVerdict",
     "Verdict",
     "check_probs",
