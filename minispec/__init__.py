@@ -11,7 +11,8 @@ The layers, bottom-up (a module imports only from layers below it):
 2. machinery: :mod:`~minispec.model`, :mod:`~minispec.kv_cache`, :mod:`~minispec.paged_cache`,
    :mod:`~minispec.block_manager`, :mod:`~minispec.loader`;
 3. decoding: :mod:`~minispec.drafters`, :mod:`~minispec.decoding`;
-4. serving: :mod:`~minispec.engine`, :mod:`~minispec.scheduler`, :mod:`~minispec.sequence`;
+4. serving: :mod:`~minispec.engine`, :mod:`~minispec.runner`, :mod:`~minispec.scheduler`,
+   :mod:`~minispec.sequence`;
 5. faces: :mod:`~minispec.viz`, :mod:`~minispec.cli`.
 """
 
