@@ -106,6 +106,11 @@ def hardware() -> str:
     import torch
 
     cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():  # Linux: the CPU's marketing name is more telling than "x86_64"
+        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
+                 if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
     return (f"{cpu}, {os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads, "
             f"torch {torch.__version__}, no GPU")
 
@@ -129,7 +134,9 @@ def build_card(run: Path, context: int, sample_tokens: int) -> dict:
         card["models"][name] = {"params": t["params"], "shape": t["shape"],
                                 "objective": t["objective"], "steps": t["steps"],
                                 "train_minutes": t["minutes"], "tokens_seen": t["tokens_seen"],
-                                "dtype": str(model.dtype).replace("torch.", "")}
+                                "dtype": str(model.dtype).replace("torch.", ""),
+                                "budget": {"minutes": t["settings"]["time_budget_min"],
+                                           "steps": t["settings"]["max_steps"]}}
     for name in ("draft", "label-draft"):
         if name in models:
             m = pair_metrics(models["target"], models[name], val, context,
@@ -162,7 +169,8 @@ def render_markdown(card: dict) -> str:
         f"- **Split:** the last 5 % of every work is held out: {c['train_tokens']:,} training "
         f"tokens, {c['val_tokens']:,} held-out tokens. All numbers below are on held-out text, "
         f"in windows of {card['context']} tokens.",
-        f"- **Hardware:** {card['hardware']}. Total training time {card['total_train_minutes']} min.",
+        f"- **Hardware:** {card['hardware']}. Total training time {card['total_train_minutes']} min"
+        " (wall clock, the three models below)." + (f" {card['note']}" if card.get("note") else ""),
         "",
         "## Models",
         "",
@@ -193,10 +201,26 @@ def render_markdown(card: dict) -> str:
     if "draft" in pairs and "label-draft" in pairs:
         d, lab = pairs["draft"], pairs["label-draft"]
         better = "higher" if d["alpha"] > lab["alpha"] else "not higher"
-        lines += [f"The lesson in the last two rows: the distilled draft's alpha is {better} than "
-                  f"the label-trained draft's ({d['alpha']:.3f} vs {lab['alpha']:.3f}) while its own "
-                  f"loss is {d['loss_q']:.3f} vs {lab['loss_q']:.3f}. A draft is judged by how "
-                  "well it imitates p, not by how well it predicts the text.", ""]
+        if d["loss_q"] > lab["loss_q"]:
+            own = f"although its own loss is worse ({d['loss_q']:.3f} vs {lab['loss_q']:.3f})"
+        else:
+            own = (f"and, at these step counts, its own loss is lower too ({d['loss_q']:.3f} vs "
+                   f"{lab['loss_q']:.3f}): a whole distribution per position carries more signal "
+                   "than one true token")
+        lines += [f"Distilled vs label-trained draft of the same shape: the distilled draft's alpha "
+                  f"is {better} ({d['alpha']:.3f} vs {lab['alpha']:.3f}) {own}. What sets alpha is "
+                  f"how closely q imitates p (KL(p‖q) {d['kl_pq']:.3f} vs {lab['kl_pq']:.3f}), "
+                  "not how well q predicts the text.", ""]
+    lines += ["## How it was made", "", "```",
+              "python -m minispec.zoo.train --out runs/zoo --stage data"]
+    for name in models:
+        b = models[name]["budget"]
+        limit = f"--steps {b['steps']}" if b["steps"] else f"--time-budget {b['minutes']:g}"
+        lines.append(f"python -m minispec.zoo.train --out runs/zoo --stage {name} {limit}")
+    lines += ["python -m minispec.zoo.evaluate --run runs/zoo --ship", "```", "",
+              "A time budget makes the number of steps depend on the "
+              "machine and its load; pass `--steps N` with the counts above for a repeatable run "
+              "(the learning-rate schedule then follows steps instead of wall clock).", ""]
     lines += ["## Samples", "", "Continuations by transformers `generate` (greedy, and sampled at "
               "T = 0.8 with `torch.manual_seed(0)`). Expect play-shaped text and word salad; greedy "
               "text loops, which is where n-gram drafting shines.", ""]
@@ -216,6 +240,7 @@ def ship(run: Path, card: dict) -> None:
         for f in SHIPPED_FILES:
             if (run / kind / f).exists():
                 shutil.copy(run / kind / f, dest / f)
+                os.chmod(dest / f, 0o644)  # safetensors writes 0600; shipped files are public
     write_card(card, ZOO_DIR)
     for name in ("shakespeare-target", "shakespeare-draft"):
         shutil.copy(ZOO_DIR / "MODEL_CARD.md", ZOO_DIR / name / "README.md")
@@ -238,9 +263,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sample-tokens", type=int, default=48)
     ap.add_argument("--ship", action="store_true", help="copy the pair into minispec/zoo/")
+    ap.add_argument("--note", default="", help="a remark for the card, e.g. on machine load")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     card = build_card(args.run, args.context, args.sample_tokens)
+    card["note"] = args.note
     write_card(card, args.run)
     print(json.dumps({"bars": card["bars"], "pairs": card["pairs"]}, indent=2))
     if args.ship:
