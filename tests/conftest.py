@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# The test models are tiny: one thread is faster than two (no synchronisation per op), and it keeps
+# a loaded CI machine from oversubscribing its cores. Benchmarks set their own thread count.
+torch.set_num_threads(1)
+
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "factor": 8.0,
