@@ -10,13 +10,14 @@ The layers, bottom-up (a module imports only from layers below it):
    :mod:`~minispec.theory`, :mod:`~minispec.stats`;
 2. machinery: :mod:`~minispec.model`, :mod:`~minispec.kv_cache`, :mod:`~minispec.paged_cache`,
    :mod:`~minispec.block_manager`, :mod:`~minispec.loader`;
-3. decoding: :mod:`~minispec.drafters`, :mod:`~minispec.decoding`;
+3. decoding: :mod:`~minispec.drafters`, :mod:`~minispec.adaptive`, :mod:`~minispec.decoding`;
 4. serving: :mod:`~minispec.engine`, :mod:`~minispec.runner`, :mod:`~minispec.scheduler`,
    :mod:`~minispec.sequence`;
-5. faces: :mod:`~minispec.viz`, :mod:`~minispec.cli`.
+5. faces: :mod:`~minispec.viz`, :mod:`~minispec.bench`, :mod:`~minispec.cli`.
 """
 
-from minispec import theory, viz
+from minispec import adaptive, bench, theory, viz
+from minispec.adaptive import AdaptiveK
 from minispec.block_manager import BlockManager
 from minispec.decoding import GenerationResult, generate, speculative_generate
 from minispec.drafters import Draft, ModelDrafter, NGramDrafter, PromptLookupDrafter
@@ -41,6 +42,7 @@ from minispec.tree import DraftTree, TreeVerdict, iterative_speculative_sample, 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveK",
     "BlockManager",
     "ContiguousKVCache",
     "Draft",
@@ -69,6 +71,8 @@ __all__ = [
     "speculative_sample",
     "speculative_sample_batch",
     "speculative_generate",
+    "adaptive",
+    "bench",
     "theory",
     "verify",
     "verify_batch",

@@ -1,4 +1,4 @@
-"""The ``minispec`` command line: ``python -m minispec demo`` and friends.
+"""The ``minispec`` command line: ``python -m minispec demo``, ``generate`` and ``bench``.
 
 Each subcommand is a small function that takes parsed arguments; ``main`` only dispatches.
 """
@@ -112,6 +112,102 @@ def demo_shipped_pair(max_new_tokens: int, k: int) -> int:
     return 0 if all(out.tokens == base for out in runs.values()) else 1
 
 
+def _int_list(text: str) -> list[int]:
+    """``"1-8"`` or ``"1,2,4"`` -> a list of ints."""
+    values: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            values += range(int(lo), int(hi) + 1)
+        elif part:
+            values.append(int(part))
+    return values
+
+
+def _bench_prompts(tokenizer, vocab_size: int, count: int) -> dict[str, list[list[int]]]:
+    """The bench's prompt sets as ids; without a tokenizer, fixed pseudo-random ids of the same sizes."""
+    from minispec import bench
+
+    if tokenizer is not None:
+        return {"shakespeare": [tokenizer.encode(t) for t in bench.PROMPTS[:count]],
+                "repetitive": [tokenizer.encode(t) for t in bench.REPETITIVE_PROMPTS[:count]]}
+    g = torch.Generator().manual_seed(0)
+    rand = [torch.randint(0, vocab_size, (16,), generator=g).tolist() for _ in range(count)]
+    return {"shakespeare": rand, "repetitive": [3 * ids + ids[:8] for ids in rand]}
+
+
+def _sha256(path) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """``minispec bench``: speed table vs transformers, the measured cost model, JSON + PNG."""
+    from pathlib import Path
+
+    from minispec import bench
+    from minispec.adaptive import AdaptiveK
+    from minispec.loader import resolve
+
+    if args.quick:      # smaller settings, except where a flag was given explicitly
+        quick = {"prompts": (8, 2), "max_new_tokens": (128, 32), "repeats": (5, 1), "ks": ("1-8", "1,2,4"),
+                 "hf_ks": ("2,4", "4"), "cost_repeats": (100, 10)}
+        for name, (default, small) in quick.items():
+            if getattr(args, name) == default:
+                setattr(args, name, small)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ks, hf_ks = _int_list(args.ks), _int_list(args.hf_ks)
+    if not ks or min(ks) < 1 or args.prompts < 1 or args.max_new_tokens < 1 or args.repeats < 1:
+        print("minispec bench: -k values, --prompts, --max-new-tokens and --repeats must be >= 1",
+              file=sys.stderr)
+        return 2
+    target, tokenizer = ms.load(args.target)
+    draft, _ = ms.load(args.draft)
+    prompt_sets = _bench_prompts(tokenizer, target.config.vocab_size, args.prompts)
+    print(f"minispec bench: {args.target} + {args.draft}, {args.prompts} prompts x "
+          f"{args.max_new_tokens} new tokens, greedy, {torch.get_num_threads()} threads, "
+          f"{args.repeats} repeats (+{args.warmup} warm-up), medians")
+
+    costs, comparison, results = None, [], []
+    if args.mode in ("costs", "all"):
+        print("\nmeasuring the cost model ...")
+        costs = bench.measure_costs(target, draft, prompt_sets["shakespeare"], max_gamma=max(ks),
+                                    repeats=args.cost_repeats, max_new_tokens=args.max_new_tokens)
+    if args.mode in ("speed", "all"):
+        adaptive = None
+        if not args.no_adaptive:
+            c = costs.c if costs is not None else 0.25
+            r = costs.r if costs is not None else 1.0
+            adaptive = AdaptiveK(c=c, r=r, k_max=max(ks), decay=0.9)
+        results = bench.run_speed(
+            target, draft, prompt_sets, max_new_tokens=args.max_new_tokens, ks=ks,
+            k_ngram=args.k_ngram, hf_ks=hf_ks, repeats=args.repeats, warmup=args.warmup,
+            target_dir=None if args.no_hf else resolve(args.target),
+            draft_dir=None if args.no_hf else resolve(args.draft), adaptive=adaptive)
+        print()
+        print(bench.format_table(results))
+    if costs is not None:
+        comparison = bench.compare_with_measured(costs, results)
+        print()
+        print(bench.format_costs(costs, comparison))
+    settings = {key: value for key, value in vars(args).items() if key != "func"}
+    settings["weights_sha256"] = {name: _sha256(resolve(name) / "model.safetensors")
+                                  for name in (args.target, args.draft)}
+    paths = bench.write_outputs(Path(args.out), results, costs, comparison, settings)
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    mismatched = [r.name for r in results if not r.token_equal]
+    if mismatched:
+        print(f"\n!!! {len(mismatched)} method(s) did not reproduce minispec greedy token for token: "
+              + ", ".join(mismatched), file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minispec",
@@ -144,6 +240,33 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
     gen.add_argument("--trace", action="store_true", help="colour accepted / rejected / corrected tokens")
+
+    b = sub.add_parser("bench", help="benchmark against transformers and measure the cost model",
+                       description="Single-sequence greedy benchmark of the shipped pair: minispec "
+                                   "generate, speculative decoding with the draft model (each k), "
+                                   "n-gram and prompt-lookup drafting, against transformers' "
+                                   "generate, assisted generation and prompt lookup; every output "
+                                   "is checked token-equal to minispec greedy. 'costs' measures "
+                                   "alpha, c and r(gamma) and compares the predicted speedup "
+                                   "E[tokens] / (gamma c + r(gamma)) with the measured one.")
+    b.add_argument("mode", nargs="?", choices=("all", "speed", "costs"), default="all",
+                   help="speed table, cost model, or both (default all)")
+    b.add_argument("--target", default="shakespeare-target", help="target model (default shakespeare-target)")
+    b.add_argument("--draft", default="shakespeare-draft", help="draft model (default shakespeare-draft)")
+    b.add_argument("--prompts", type=int, default=8, help="prompts per set (default 8, at most 8)")
+    b.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    b.add_argument("--ks", default="1-8", help="draft lengths for the draft model, e.g. 1-8 or 2,4 (default 1-8)")
+    b.add_argument("--k-ngram", type=int, default=4, help="draft length of n-gram / prompt lookup (default 4)")
+    b.add_argument("--hf-ks", default="2,4", help="draft lengths for transformers' assisted generation (default 2,4)")
+    b.add_argument("--repeats", type=int, default=5, help="timed repeats; medians are reported (default 5)")
+    b.add_argument("--warmup", type=int, default=1, help="discarded warm-up repeats (default 1)")
+    b.add_argument("--cost-repeats", type=int, default=100, help="timed forwards per shape for c and r (default 100)")
+    b.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
+    b.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
+    b.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
+    b.add_argument("--no-adaptive", action="store_true", help="skip the adaptive-k run")
+    b.add_argument("--quick", action="store_true",
+                   help="smoke test: 2 prompts x 32 tokens, k in 1,2,4, one repeat (explicit flags win)")
     return parser
 
 
@@ -173,6 +296,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return generate_command(args)
         except (ValueError, FileNotFoundError, NotImplementedError) as err:
             print(f"minispec generate: {err}", file=sys.stderr)
+            return 2
+    if args.command == "bench":
+        try:
+            return bench_command(args)
+        except (ValueError, FileNotFoundError, NotImplementedError) as err:
+            print(f"minispec bench: {err}", file=sys.stderr)
             return 2
     raise AssertionError(f"unhandled command {args.command}")
 

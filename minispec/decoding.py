@@ -15,15 +15,19 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from minispec.drafters import Drafter, ModelDrafter
 from minispec.kv_cache import ContiguousKVCache
 from minispec.model import Llama
-from minispec.sampling import SamplingParams, probs_from_logits
+from minispec.sampling import SamplingParams, apply_repetition_penalty, probs_from_logits
 from minispec.speculative import verify
 from minispec.stats import SpecStats
+
+if TYPE_CHECKING:
+    from minispec.adaptive import KPolicy
 
 __all__ = ["GenerationResult", "Round", "generate", "speculative_generate"]
 
@@ -72,7 +76,7 @@ def speculative_generate(
     drafter: Drafter | Llama | None,
     prompt_ids: Sequence[int] | str,
     max_new_tokens: int = 64,
-    k: int = 4,
+    k: int | KPolicy = 4,
     sampling: SamplingParams | None = None,
     *,
     tokenizer=None,
@@ -90,7 +94,9 @@ def speculative_generate(
             ``ModelDrafter``), or ``None`` for plain decoding.
         prompt_ids: ``[n]`` prompt token ids (or a string, with ``tokenizer``).
         max_new_tokens: at most this many new tokens.
-        k: drafts per round (gamma); shrunk near ``max_seq_len``.
+        k: drafts per round (gamma); shrunk near ``max_seq_len``. Or a draft-length policy such
+            as :class:`minispec.adaptive.AdaptiveK`, asked before every round (``next_k()``) and
+            told the outcome after it (``update(drafted, accepted)``); reset once per call.
         sampling: the adjustments applied to both models' logits and the seed of the one
             ``torch.Generator`` of this call (default: greedy).
         tokenizer: a Hugging Face tokenizer to encode a string prompt, decode the result and
@@ -110,6 +116,12 @@ def speculative_generate(
     prompt = _encode(prompt_ids, tokenizer)
     if isinstance(drafter, Llama):
         drafter = ModelDrafter(drafter, max_seq_len=max_seq_len)
+    policy = None if isinstance(k, int) else k
+    if policy is not None:
+        if drafter is None:
+            raise ValueError("a draft-length policy needs a drafter")
+        policy.reset()
+        k = policy.k_max
     if k < (1 if drafter is not None else 0):
         raise ValueError(f"k must be >= 1 with a drafter, got {k}")
     if max_new_tokens < 0:
@@ -146,21 +158,30 @@ def speculative_generate(
             finish = "max_seq_len"
             break
         # A round writes positions n-1..n-1+k and yields up to k+1 tokens: keep n + k + 1 <= limit.
-        k_round = min(k, limit - n - 1, max_new_tokens - len(new) - 1) if drafter is not None else 0
+        k_wanted = policy.next_k() if policy is not None else k
+        k_round = min(k_wanted, limit - n - 1, max_new_tokens - len(new) - 1) if drafter is not None else 0
         t0 = time.perf_counter()
         draft = drafter.propose(context, k_round, sampling, generator) if k_round > 0 else None
         t1 = time.perf_counter()
-        drafts = draft.tokens.to(device) if draft is not None else torch.empty(0, dtype=torch.long, device=device)
-        logits = _forward(target, cache, slot, [context[-1]] + drafts.tolist(), start=n - 1)   # (k+1, V)
+        drafts = draft.tokens.tolist() if draft is not None else []
+        logits = _forward(target, cache, slot, [context[-1]] + drafts, start=n - 1)   # (k+1, V)
         contexts = None
         if sampling.repetition_penalty != 1:      # row i has seen the context plus d_1..d_i
-            contexts = [context + drafts[:i].tolist() for i in range(len(drafts) + 1)]
-        p = probs_from_logits(logits, sampling, context_ids=contexts)
-        verdict = verify(drafts, None if draft is None else draft.probs, p, generator)
+            contexts = [context + drafts[:i] for i in range(len(drafts) + 1)]
+        if sampling.greedy:
+            # Greedy verification needs only the target's argmax at each position: the same
+            # tokens verify() picks from one-hot rows, without building [k+1, V] one-hot tensors.
+            verdict = _verify_greedy(drafts, logits, sampling, contexts)
+        else:
+            p = probs_from_logits(logits, sampling, context_ids=contexts)
+            draft_tokens = torch.tensor(drafts, dtype=torch.long, device=device)
+            verdict = verify(draft_tokens, None if draft is None else draft.probs, p, generator)
         cache.truncate_to(slot, n + verdict.num_accepted)    # keep [last, accepted drafts]
         stats.verify_time += time.perf_counter() - t1
         stats.draft_time += t1 - t0
         stats.record_round(len(drafts), verdict.num_accepted)
+        if policy is not None:
+            policy.update(len(drafts), verdict.num_accepted)
 
         emitted = []
         for token in verdict.tokens:
@@ -174,7 +195,7 @@ def speculative_generate(
                 continue
             break
         context.extend(emitted)
-        rounds.append(Round(drafts.tolist(), verdict.num_accepted, emitted))
+        rounds.append(Round(drafts, verdict.num_accepted, emitted))
         if finish != "length" or len(new) >= max_new_tokens:
             break
 
@@ -182,6 +203,35 @@ def speculative_generate(
     stats.draft_forwards = getattr(drafter, "forwards", 0) - draft_forwards_before
     stats.total_time = time.perf_counter() - started
     return GenerationResult(new, _decode(tokenizer, new, stop), finish, stats, rounds)
+
+
+@dataclass(frozen=True)
+class _GreedyVerdict:
+    """The part of a :class:`~minispec.speculative.Verdict` the decoding loop reads."""
+
+    tokens: list[int]
+    num_accepted: int
+
+
+def _verify_greedy(drafts: list[int], logits: torch.Tensor, sampling: SamplingParams,
+                   contexts: list[list[int]] | None) -> _GreedyVerdict:
+    """Greedy verify on raw logits ``[k+1, V]``: accept drafts while they equal the target's argmax.
+
+    Token for token what ``verify(drafts, q, probs_from_logits(logits, sampling))`` returns at
+    temperature 0 (same NaN check, same repetition penalty, same first-index tie-break), in one
+    host sync instead of several full-vocabulary passes.
+    """
+    logits = logits.float()
+    if sampling.repetition_penalty != 1 and contexts is not None:
+        logits = apply_repetition_penalty(logits, contexts, sampling.repetition_penalty)
+    argmax = logits.argmax(dim=-1)                                    # (k+1,)
+    if torch.isnan(logits).any():
+        raise ValueError("logits contain NaN")
+    best = argmax.tolist()
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == best[accepted]:
+        accepted += 1
+    return _GreedyVerdict(drafts[:accepted] + [best[accepted]], accepted)
 
 
 def _forward(model: Llama, cache: ContiguousKVCache, slot: int, ids: list[int], start: int) -> torch.Tensor:

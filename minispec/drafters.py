@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
 from minispec.kv_cache import ContiguousKVCache
-from minispec.sampling import SamplingParams, probs_from_logits, sample
+from minispec.sampling import SamplingParams, apply_repetition_penalty, probs_from_logits, sample
 
 if TYPE_CHECKING:
     from minispec.model import Llama
@@ -104,29 +105,40 @@ class ModelDrafter:
         if not context:
             raise ValueError("context must hold at least one token")
         # Roll back to the longest prefix of `context` already in the cache; keep >= 1 token to feed.
-        common = 0
-        for a, b in zip(self.fed, context, strict=False):
-            if a != b:
-                break
-            common += 1
+        if context[: len(self.fed)] == self.fed:       # the usual case, compared in C
+            common = len(self.fed)
+        else:
+            common = 0
+            for a, b in zip(self.fed, context, strict=False):
+                if a != b:
+                    break
+                common += 1
         common = min(common, len(context) - 1)
         self.cache.truncate_to(self.slot, common)
         del self.fed[common:]
         feed = context[common:]
         tokens: list[int] = []
         probs: list[Tensor] = []
-        seen = list(context)               # the growing context of the repetition penalty
+        seen = list(context) if sampling.repetition_penalty != 1 else None   # grows with drafts
         for _ in range(k):
             logits = self._forward(feed)   # (V,) logits after the last fed token
-            q = probs_from_logits(logits, sampling, context_ids=seen)
-            token = int(sample(q, generator))
+            if sampling.greedy:
+                # Sampling from a one-hot q returns its argmax: take it directly.
+                token = _greedy_token(logits, sampling, seen)
+            else:
+                q = probs_from_logits(logits, sampling, context_ids=seen)
+                token = int(sample(q, generator))
+                probs.append(q)
             tokens.append(token)
-            probs.append(q)
-            seen.append(token)
+            if seen is not None:
+                seen.append(token)
             feed = [token]
         device = self.model.device
-        return Draft(torch.tensor(tokens, dtype=torch.long, device=device),
-                     torch.stack(probs) if probs else None)
+        ids = torch.tensor(tokens, dtype=torch.long, device=device)
+        if sampling.greedy and tokens:                 # q is one-hot at each greedy draft
+            V = self.model.config.vocab_size
+            return Draft(ids, torch.zeros(len(tokens), V, device=device).scatter_(-1, ids[:, None], 1.0))
+        return Draft(ids, torch.stack(probs) if probs else None)
 
     def _forward(self, feed: list[int]) -> Tensor:
         start = len(self.fed)
@@ -136,6 +148,16 @@ class ModelDrafter:
         self.fed.extend(feed)
         self.forwards += 1
         return logits[0, -1]
+
+
+def _greedy_token(logits: Tensor, sampling: SamplingParams, seen: list[int] | None) -> int:
+    """The argmax of ``probs_from_logits(logits, sampling, seen)`` at temperature 0, no one-hot."""
+    logits = logits.float()
+    if torch.isnan(logits).any():
+        raise ValueError("logits contain NaN")
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
+    return int(logits.argmax())
 
 
 class NGramDrafter:
@@ -172,17 +194,22 @@ class NGramDrafter:
         self._clock += 1
         if len(self.history) == self.window:
             self._forget_oldest()
+        tail = self._tail()
         for n in range(1, self.max_order):
-            if len(self.history) >= n:
-                ctx = tuple(self.history)[-n:]
+            if len(tail) >= n:
+                ctx = tuple(tail[-n:])
                 row = self.counts.setdefault(ctx, {})
                 row[token] = row.get(token, 0) + 1
                 self.last_seen[(ctx, token)] = self._clock
         self.history.append(token)
 
+    def _tail(self) -> list[int]:
+        """The last ``max_order - 1`` tokens of the window (the longest lookup context)."""
+        return list(islice(reversed(self.history), self.max_order - 1))[::-1]
+
     def _forget_oldest(self) -> None:
         """Remove the n-grams whose first token is leaving the window."""
-        items = list(self.history)
+        items = list(islice(self.history, self.max_order))   # only the n-grams that start here
         for n in range(1, self.max_order):
             if len(items) > n:
                 ctx, nxt = tuple(items[:n]), items[n]
@@ -197,7 +224,7 @@ class NGramDrafter:
 
     def predict(self, k: int) -> list[int]:
         """Chain up to ``k`` most-frequent continuations, longest context first."""
-        tentative = list(self.history)[-(self.max_order - 1):]
+        tentative = self._tail()
         out: list[int] = []
         for _ in range(k):
             token = None
@@ -241,14 +268,31 @@ class PromptLookupDrafter:
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """The up-to-``k`` tokens that followed the latest earlier match of the longest suffix."""
-        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            suffix = context[-n:]
-            for start in range(len(context) - n - 1, -1, -1):   # latest match first
-                if context[start:start + n] == suffix:
-                    follow = context[start + n:start + n + k]
-                    if follow:
-                        return follow
-        return []
+        longest = min(self.max_ngram, len(context) - 1)
+        if longest < self.min_ngram:
+            return []
+        # Every earlier occurrence of the suffix ends on a copy of the last token. Visit those ends
+        # latest first (list.index scans in C), measure how long a suffix matches there, and keep
+        # the first end with the longest match: the latest occurrence of the longest suffix.
+        last = len(context) - 1
+        backwards = context[-2::-1]                    # context[last - 1], ..., context[0]
+        best_len, best_end = 0, -1
+        i = 0
+        while best_len < longest:
+            try:
+                i = backwards.index(context[last], i)
+            except ValueError:
+                break
+            end = last - 1 - i                         # context[end] == context[last]
+            n = 1
+            while n < longest and n <= end and context[end - n] == context[last - n]:
+                n += 1
+            if n > best_len:
+                best_len, best_end = n, end
+            i += 1
+        if best_len < self.min_ngram:
+            return []
+        return context[best_end + 1:best_end + 1 + k]
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
                 generator: torch.Generator | None = None) -> Draft:

@@ -1,0 +1,80 @@
+"""A fast smoke test of the benchmark code on a tiny random checkpoint (its own draft: alpha = 1)."""
+
+import json
+
+import pytest
+
+from minispec import bench
+from minispec.adaptive import AdaptiveK
+from minispec.cli import main
+
+PROMPTS = {"shakespeare": [[1, 5, 9, 2, 7, 3], [4, 4, 8, 1]],
+           "repetitive": [[1, 2, 3, 4] * 3 + [1, 2], [7, 8, 9] * 4]}
+
+
+@pytest.fixture(scope="module")
+def results(tiny_gqa):
+    model = tiny_gqa.model
+    return bench.run_speed(model, model, PROMPTS, max_new_tokens=8, ks=(1, 2), hf_ks=(2,), k_ngram=3,
+                           repeats=1, warmup=0, target_dir=tiny_gqa.path, draft_dir=tiny_gqa.path,
+                           adaptive=AdaptiveK(c=0.5, k_max=2), log=None)
+
+
+def test_every_method_reproduces_minispec_greedy(results):
+    names = {(r.prompt_set, r.name) for r in results}
+    for expected in ["minispec generate", "minispec draft k=1", "minispec draft k=2",
+                     "minispec draft k=auto", "minispec n-gram k=3", "minispec prompt lookup k=3",
+                     "transformers generate", "transformers assisted k=2",
+                     "transformers prompt lookup k=3"]:
+        assert ("shakespeare", expected) in names
+    assert ("repetitive", "minispec n-gram k=3") in names
+    assert all(r.token_equal for r in results), [r.name for r in results if not r.token_equal]
+
+
+def test_ratios_and_counts(results):
+    by_name = {(r.prompt_set, r.name): r for r in results}
+    base = by_name[("shakespeare", "minispec generate")]
+    assert base.vs_minispec_greedy == pytest.approx(1.0)
+    assert base.tokens == 16 and base.tokens_per_s > 0
+    hf = by_name[("shakespeare", "transformers generate")]
+    assert hf.vs_hf_greedy == pytest.approx(1.0)
+    spec = by_name[("shakespeare", "minispec draft k=2")]
+    assert spec.acceptance_rate == 1.0                          # the draft is the target itself
+    assert spec.tokens_per_round > 1
+    assert "vs ms greedy" in bench.format_table(results)
+
+
+def test_cost_model(tiny_gqa, results, tmp_path):
+    model = tiny_gqa.model
+    costs = bench.measure_costs(model, model, PROMPTS["shakespeare"], max_gamma=2, repeats=3,
+                                max_new_tokens=8)
+    assert costs.alpha_greedy == 1.0 and costs.agreement_text == 1.0
+    assert costs.alpha_t1 == pytest.approx(1.0, abs=1e-5)
+    assert 0.3 < costs.c < 3                                    # the same model twice: c near 1
+    assert set(costs.r) == {1, 2} and all(v > 0 for v in costs.r.values())
+    pred = bench.predict(costs, 2, alpha=0.5)
+    assert pred["expected_tokens"] == pytest.approx(1.75)
+    assert pred["paper_r1"] == pytest.approx(1.75 / (2 * costs.c + 1))
+    comparison = bench.compare_with_measured(costs, results)
+    assert [row["k"] for row in comparison] == [1, 2]
+    assert "r(1)=" in bench.format_costs(costs, comparison)
+    paths = bench.write_outputs(tmp_path, results, costs, comparison, {"quick": True})
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["costs"]["alpha_greedy"] == 1.0 and len(data["results"]) == len(results)
+    assert (tmp_path / "bench.png") in paths
+
+
+def test_cli_bench_quick(tiny_gqa, tmp_path, capsys):
+    code = main(["bench", "--quick", "--no-hf", "--target", str(tiny_gqa.path), "--draft",
+                 str(tiny_gqa.path), "--ks", "1,2", "--max-new-tokens", "8", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "minispec draft k=2" in out and "verify ratio" in out
+    assert (tmp_path / "bench.json").exists()
+
+
+def test_cli_bench_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    assert "--threads" in capsys.readouterr().out
