@@ -223,6 +223,30 @@ class KVCache(ABC):
             self.table.set_length(slot, n)
 
 
+def cache_args_for_model(model, max_seq_len: int | None = None) -> dict:
+    """Constructor arguments that shape a cache for ``model`` (a ``minispec.model.Llama``).
+
+    Returns ``num_layers``, ``max_seq_len``, ``num_kv_heads``, ``head_dim``, ``device`` and
+    ``dtype``. ``max_seq_len`` defaults to, and may not exceed, the model's
+    ``max_position_embeddings``.
+    """
+    config = model.config
+    max_seq_len = max_seq_len or config.max_position_embeddings
+    if max_seq_len > config.max_position_embeddings:
+        raise ValueError(
+            f"max_seq_len={max_seq_len} exceeds the model's "
+            f"max_position_embeddings={config.max_position_embeddings}"
+        )
+    return dict(
+        num_layers=config.num_hidden_layers,
+        max_seq_len=max_seq_len,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        device=model.device,
+        dtype=model.dtype,
+    )
+
+
 # ---------------------------------------------------------------------------- contiguous
 
 
@@ -271,22 +295,7 @@ class ContiguousKVCache(KVCache):
 
         ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings.
         """
-        config = model.config
-        max_seq_len = max_seq_len or config.max_position_embeddings
-        if max_seq_len > config.max_position_embeddings:
-            raise ValueError(
-                f"max_seq_len={max_seq_len} exceeds the model's "
-                f"max_position_embeddings={config.max_position_embeddings}"
-            )
-        return cls(
-            config.num_hidden_layers,
-            num_slots,
-            max_seq_len,
-            config.num_key_value_heads,
-            config.head_dim,
-            device=model.device,
-            dtype=model.dtype,
-        )
+        return cls(num_slots=num_slots, **cache_args_for_model(model, max_seq_len))
 
     def prepare(self, slots: list[int], positions: torch.Tensor) -> ContiguousPlan:
         """See ``KVCache.prepare``; also computes the flat write indices and the read rows."""

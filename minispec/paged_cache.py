@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from minispec.block_manager import BlockManager
-from minispec.kv_cache import ForwardPlan, KVCache, SequenceTable
+from minispec.kv_cache import ForwardPlan, KVCache, SequenceTable, cache_args_for_model
 
 __all__ = ["PagedKVCache", "PagedPlan"]
 
@@ -96,24 +96,8 @@ class PagedKVCache(KVCache):
         ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings;
         ``num_blocks`` defaults to enough blocks for ``num_slots`` full sequences.
         """
-        config = model.config
-        max_seq_len = max_seq_len or config.max_position_embeddings
-        if max_seq_len > config.max_position_embeddings:
-            raise ValueError(
-                f"max_seq_len={max_seq_len} exceeds the model's "
-                f"max_position_embeddings={config.max_position_embeddings}"
-            )
-        return cls(
-            config.num_hidden_layers,
-            num_slots,
-            max_seq_len,
-            config.num_key_value_heads,
-            config.head_dim,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            device=model.device,
-            dtype=model.dtype,
-        )
+        return cls(num_slots=num_slots, block_size=block_size, num_blocks=num_blocks,
+                   **cache_args_for_model(model, max_seq_len))
 
     # ------------------------------------------------------------------ bookkeeping
 
