@@ -113,8 +113,8 @@ class MethodResult:
     mean_k: float = float("nan")
 
 
-def _minispec_methods(target: Llama, draft: Llama | None, ks: Sequence[int], max_new_tokens: int,
-                      adaptive: AdaptiveK | None) -> list[Method]:
+def _runners(target: Llama, max_new_tokens: int):
+    """``(plain, with_drafter)``: run functions ``ids -> (tokens, stats)`` for the timing loop."""
     def plain(ids):
         out = generate(target, ids, max_new_tokens)
         return out.tokens, out.stats
@@ -125,6 +125,12 @@ def _minispec_methods(target: Llama, draft: Llama | None, ks: Sequence[int], max
             return out.tokens, out.stats
         return run
 
+    return plain, with_drafter
+
+
+def _minispec_methods(target: Llama, draft: Llama | None, ks: Sequence[int], max_new_tokens: int,
+                      adaptive: AdaptiveK | None) -> list[Method]:
+    plain, with_drafter = _runners(target, max_new_tokens)
     methods = [Method("minispec generate", "minispec", "shakespeare", plain)]
     if draft is not None:
         methods += [Method(f"minispec draft k={k}", "minispec", "shakespeare",
@@ -137,16 +143,7 @@ def _minispec_methods(target: Llama, draft: Llama | None, ks: Sequence[int], max
 
 def _ngram_methods(target: Llama, draft: Llama | None, k_best: int, k_ngram: int,
                    max_new_tokens: int) -> list[Method]:
-    def plain(ids):
-        out = generate(target, ids, max_new_tokens)
-        return out.tokens, out.stats
-
-    def with_drafter(make, k):
-        def run(ids):
-            out = speculative_generate(target, make(), ids, max_new_tokens, k=k)
-            return out.tokens, out.stats
-        return run
-
+    plain, with_drafter = _runners(target, max_new_tokens)
     methods = [Method("minispec generate", "minispec", "repetitive", plain)]
     if draft is not None:
         methods.append(Method(f"minispec draft k={k_best}", "minispec", "repetitive",
