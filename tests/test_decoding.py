@@ -5,29 +5,11 @@ import copy
 import pytest
 import torch
 from lawcheck import chi_square_pvalue
+from tinymodels import VOCAB, exact_two_token_law, tiny_llama
 
 import minispec as ms
 from minispec.decoding import generate, speculative_generate
 from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
-from minispec.model import Llama, ModelConfig
-
-VOCAB = 48
-
-
-def tiny_llama(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, seed=0, scale=0.35, max_pos=96):
-    torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
-                         tie_word_embeddings=True, rope_scaling={
-                             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
-    model = Llama(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim > 1:
-                param.normal_(0, scale)
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +62,6 @@ def test_speculation_saves_target_forwards(pair):
     # Each round yields accepted + 1 tokens; the counters agree with the tokens emitted.
     assert sum(a + 1 for a in out.stats.accepted_per_round) >= out.stats.new_tokens
     assert out.stats.draft_forwards >= out.stats.rounds
-
-
-def exact_two_token_law(target, prompt, params):
-    """p(x1) p(x2 | x1) of the adjusted target, by direct forwards without any cache."""
-    def next_probs(ids):
-        ids_t = torch.tensor([ids])
-        logits = target(ids_t, torch.arange(len(ids))[None])[0, -1]
-        return ms.probs_from_logits(logits, params)
-
-    with torch.inference_mode():
-        first = next_probs(prompt)
-        second = torch.stack([next_probs(prompt + [x]) for x in range(target.config.vocab_size)])
-    return (first[:, None] * second).reshape(-1)         # (V*V,)
 
 
 @pytest.mark.parametrize("drafter_name", ["model", "ngram"])

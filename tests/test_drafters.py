@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_decoding import tiny_llama
+from tinymodels import tiny_llama
 
 import minispec as ms
 from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter

@@ -18,33 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 from lawcheck import chi_square_pvalue
+from tinymodels import exact_two_token_law, tiny_llama
 
 import minispec as ms
 from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
 from minispec.engine import Engine, StepOutput
-from minispec.model import Llama, ModelConfig
+from minispec.model import Llama
 
 NEW = 24
 PROMPTS = [[1], [3, 4, 5], [7, 8, 9, 7, 8, 9, 7], [10, 11] * 6, list(range(20, 40)),
            [5, 6], [9] * 10, [2, 3, 4, 5, 6, 7], [40, 41, 42, 40, 41], list(range(1, 26))]
 ARRIVALS = [0, 0, 0, 2, 2, 3, 5, 5, 6, 9]       # the step at which each prompt arrives
-
-
-def tiny_llama(vocab=48, hidden=32, layers=2, heads=4, kv_heads=2, seed=0, scale=0.35, max_pos=96,
-               eos=None) -> Llama:
-    torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
-                         tie_word_embeddings=True, eos_token_id=eos, rope_scaling={
-                             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
-    model = Llama(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim > 1:
-                param.normal_(0, scale)
-    return model
 
 
 def noisy_copy(model: Llama, noise: float, seed: int = 1) -> Llama:
@@ -177,18 +161,6 @@ def test_sampled_requests_replay_their_own_random_stream(pair, kind):
         single = ms.speculative_generate(target, single_drafter(kind, draft), prompt,
                                          max_new_tokens=NEW, k=3, sampling=sp)
         assert check_outputs(outputs[str(i)]) == single.tokens
-
-
-def exact_two_token_law(target, prompt, params):
-    """p(x1) p(x2 | x1) of the adjusted target, by direct forwards without any cache."""
-    def next_probs(ids):
-        logits = target(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1]
-        return ms.probs_from_logits(logits, params)
-
-    with torch.inference_mode():
-        first = next_probs(prompt)
-        second = torch.stack([next_probs(prompt + [x]) for x in range(target.config.vocab_size)])
-    return (first[:, None] * second).reshape(-1)         # (V*V,)
 
 
 @pytest.mark.parametrize("kind", ["model", "ngram"])
