@@ -4,31 +4,16 @@ import copy
 
 import pytest
 import torch
+from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
 from minispec.adaptive import AdaptiveK, KPolicy
 from minispec.drafters import Draft, ModelDrafter
-from minispec.model import Llama, ModelConfig
-
-VOCAB = 48
-
-
-def tiny_llama(seed=0, scale=0.35):
-    torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=160,
-                         tie_word_embeddings=True)
-    model = Llama(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim > 1:
-                param.normal_(0, scale)
-    return model
 
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_llama()
+    return tiny_llama(max_pos=160)
 
 
 class ControlledDrafter:
@@ -137,7 +122,7 @@ def test_policy_is_reset_per_request(target):
 
 
 def test_sampled_run_with_adaptive_k_is_valid(target):
-    draft = tiny_llama(seed=1)
+    draft = tiny_llama(seed=1, max_pos=160)
     sampling = ms.SamplingParams(temperature=1.0, seed=0)
     out = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=AdaptiveK(c=0.3, k_max=4),
                                   sampling=sampling)
