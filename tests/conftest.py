@@ -121,3 +121,30 @@ def tiny_gqa(tmp_path_factory) -> TinyCheckpoint:
     path = save_hf_model(hf, tmp_path_factory.mktemp("gqa-single"))
     model, _ = load(path)
     return TinyCheckpoint("gqa-llama3-tied", path, hf, model)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A small random minispec Llama (GQA, Llama-3 RoPE, tied embeddings, vocab 64), fp32: the
+    model of the cache tests."""
+    from minispec.model import Llama, ModelConfig
+
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    )
+    return Llama(config).eval()

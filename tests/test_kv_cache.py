@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minispec.kv_cache import ContiguousKVCache, KVCache, SequenceTable
-from minispec.model import Llama, ModelConfig
+from minispec.model import Llama
 from minispec.paged_cache import PagedKVCache
 
 CACHE_FACTORIES = {
@@ -19,30 +19,6 @@ CACHE_FACTORIES = {
     ),
     "paged": lambda model, n, s: PagedKVCache.for_model(model, n, s, block_size=4),
 }
-
-
-@pytest.fixture(scope="module")
-def model() -> Llama:
-    """A small random model (GQA, Llama-3 RoPE, tied embeddings), fp32."""
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 4.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16,
-        },
-    )
-    return Llama(config).eval()
 
 
 @pytest.fixture(params=list(CACHE_FACTORIES))

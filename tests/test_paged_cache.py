@@ -13,34 +13,9 @@ import pytest
 import torch
 
 from minispec.kv_cache import ContiguousKVCache
-from minispec.model import Llama, ModelConfig
 from minispec.paged_cache import PagedKVCache
 
 V = 64
-
-
-@pytest.fixture(scope="module")
-def model() -> Llama:
-    """A small random model (GQA, Llama-3 RoPE, tied embeddings), fp32."""
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 4.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16,
-        },
-    )
-    return Llama(config).eval()
 
 
 def ids_for(n: int, seed: int) -> list[int]:
