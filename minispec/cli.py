@@ -291,19 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n(The shipped model pair is not built in this checkout: skipping the model demo.)")
             return status
         return status or demo_shipped_pair(args.max_new_tokens, args.k)
-    if args.command == "generate":
-        try:
-            return generate_command(args)
-        except (ValueError, FileNotFoundError, NotImplementedError) as err:
-            print(f"minispec generate: {err}", file=sys.stderr)
-            return 2
-    if args.command == "bench":
-        try:
-            return bench_command(args)
-        except (ValueError, FileNotFoundError, NotImplementedError) as err:
-            print(f"minispec bench: {err}", file=sys.stderr)
-            return 2
-    raise AssertionError(f"unhandled command {args.command}")
+    commands = {"generate": generate_command, "bench": bench_command}
+    try:
+        return commands[args.command](args)
+    except (ValueError, FileNotFoundError, NotImplementedError) as err:
+        print(f"minispec {args.command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
