@@ -28,6 +28,7 @@ from minispec.model import Llama, ModelConfig
 from minispec.paged_cache import PagedKVCache
 from minispec.sampling import SamplingParams, probs_from_logits, sample
 from minispec.speculative import (
+    GreedyVerdict,
     Verdict,
     check_probs,
     residual,
@@ -35,6 +36,7 @@ from minispec.speculative import (
     speculative_sample_batch,
     verify,
     verify_batch,
+    verify_greedy,
 )
 from minispec.stats import SpecStats
 from minispec.tree import DraftTree, TreeVerdict, iterative_speculative_sample, verify_tree
@@ -49,6 +51,7 @@ __all__ = [
     "DraftTree",
     "Engine",
     "GenerationResult",
+    "GreedyVerdict",
     "KVCache",
     "Llama",
     "ModelConfig",
@@ -76,6 +79,7 @@ __all__ = [
     "theory",
     "verify",
     "verify_batch",
+    "verify_greedy",
     "verify_tree",
     "viz",
 ]

@@ -23,7 +23,7 @@ from minispec.drafters import Drafter, ModelDrafter
 from minispec.kv_cache import ContiguousKVCache
 from minispec.model import Llama
 from minispec.sampling import SamplingParams, apply_repetition_penalty, probs_from_logits
-from minispec.speculative import verify
+from minispec.speculative import GreedyVerdict, verify, verify_greedy
 from minispec.stats import SpecStats
 
 if TYPE_CHECKING:
@@ -205,16 +205,8 @@ def speculative_generate(
     return GenerationResult(new, _decode(tokenizer, new, stop), finish, stats, rounds)
 
 
-@dataclass(frozen=True)
-class _GreedyVerdict:
-    """The part of a :class:`~minispec.speculative.Verdict` the decoding loop reads."""
-
-    tokens: list[int]
-    num_accepted: int
-
-
 def _verify_greedy(drafts: list[int], logits: torch.Tensor, sampling: SamplingParams,
-                   contexts: list[list[int]] | None) -> _GreedyVerdict:
+                   contexts: list[list[int]] | None) -> GreedyVerdict:
     """Greedy verify on raw logits ``[k+1, V]``: accept drafts while they equal the target's argmax.
 
     Token for token what ``verify(drafts, q, probs_from_logits(logits, sampling))`` returns at
@@ -227,11 +219,7 @@ def _verify_greedy(drafts: list[int], logits: torch.Tensor, sampling: SamplingPa
     argmax = logits.argmax(dim=-1)                                    # (k+1,)
     if torch.isnan(logits).any():
         raise ValueError("logits contain NaN")
-    best = argmax.tolist()
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == best[accepted]:
-        accepted += 1
-    return _GreedyVerdict(drafts[:accepted] + [best[accepted]], accepted)
+    return verify_greedy(drafts, argmax.tolist())
 
 
 def _forward(model: Llama, cache: ContiguousKVCache, slot: int, ids: list[int], start: int) -> torch.Tensor:

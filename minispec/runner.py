@@ -17,17 +17,9 @@ from torch import Tensor
 from minispec.model import Llama
 from minispec.sampling import SamplingParams, probs_from_logits, sample
 from minispec.sequence import Sequence
-from minispec.speculative import verify_batch
+from minispec.speculative import verify_batch, verify_greedy
 
 __all__ = ["SpeculativeRunner"]
-
-
-@dataclass(frozen=True)
-class _Accepted:
-    """A plain greedy row's verdict: the tokens to append and how many drafts were accepted."""
-
-    tokens: list[int]
-    num_accepted: int
 
 
 @dataclass
@@ -186,10 +178,7 @@ class SpeculativeRunner:
         fast = [b for b, seq in enumerate(batch) if _plain_greedy(seq.sampling)]
         best = logits[fast].argmax(dim=-1).tolist() if fast else []              # (F, K+1)
         for b, row in zip(fast, best, strict=True):
-            drafts, accepted = props[b].tokens, 0
-            while accepted < len(drafts) and drafts[accepted] == row[accepted]:
-                accepted += 1
-            verdicts[b] = _Accepted(drafts[:accepted] + [row[accepted]], accepted)
+            verdicts[b] = verify_greedy(props[b].tokens, row)
         groups: dict[int, list[int]] = {}
         for b in range(len(batch)):
             if verdicts[b] is None:

@@ -26,6 +26,7 @@ from torch import Tensor
 from minispec.sampling import sample
 
 __all__ = [
+    "GreedyVerdict",
     "Verdict",
     "check_probs",
     "residual",
@@ -33,6 +34,7 @@ __all__ = [
     "speculative_sample_batch",
     "verify",
     "verify_batch",
+    "verify_greedy",
 ]
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -161,6 +163,32 @@ class Verdict:
     def bonus(self) -> bool:
         """True when every draft was accepted and the last token is the free bonus token."""
         return self.num_accepted == self.num_drafts
+
+
+@dataclass(frozen=True)
+class GreedyVerdict:
+    """The outcome of :func:`verify_greedy`: the tokens to append and how many drafts were kept."""
+
+    tokens: list[int]
+    num_accepted: int
+
+
+def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> GreedyVerdict:
+    """Greedy verification (Stratos App. A) on token ids alone, with no distributions.
+
+    Args:
+        draft_tokens: ``[k]`` the drafts ``d_1..d_k``.
+        target_argmax: ``[k+1]`` the target's argmax after the context plus ``d_1..d_i``.
+
+    Returns:
+        The drafts up to the first one that differs from the target's argmax, then the target's
+        argmax at that position (or the bonus argmax when all ``k`` match) -- exactly what
+        :func:`verify` returns on one-hot target rows, without building them.
+    """
+    accepted = 0
+    while accepted < len(draft_tokens) and draft_tokens[accepted] == target_argmax[accepted]:
+        accepted += 1
+    return GreedyVerdict(list(draft_tokens[:accepted]) + [target_argmax[accepted]], accepted)
 
 
 def verify(

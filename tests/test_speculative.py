@@ -268,3 +268,15 @@ def test_property_exact_law_and_residual(seed, vocab, p_zeros, q_zeros):
     if not torch.equal(p, q):
         assert (r[q >= p] == 0).all()            # the residual lives where p exceeds q
     assert torch.allclose(first_token_law(p, q), p, atol=1e-6, rtol=0)
+
+
+def test_verify_greedy_matches_verify_on_one_hot_rows():
+    g = torch.Generator().manual_seed(4)
+    for _ in range(50):
+        k = int(torch.randint(0, 5, (1,), generator=g))
+        argmax = torch.randint(0, 3, (k + 1,), generator=g)
+        drafts = torch.randint(0, 3, (k,), generator=g)
+        one_hot = torch.zeros(k + 1, 3).scatter_(-1, argmax[:, None], 1.0)
+        full = ms.verify(drafts, None, one_hot)
+        fast = ms.verify_greedy(drafts.tolist(), argmax.tolist())
+        assert (fast.tokens, fast.num_accepted) == (full.tokens, full.num_accepted)
