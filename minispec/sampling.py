@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["SamplingParams", "probs_from_logits", "sample"]
+__all__ = ["SamplingParams", "one_hot", "probs_for_rows", "probs_from_logits", "sample"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ class SamplingParams:
             ("repetition_penalty", self.repetition_penalty,
              _is_real(self.repetition_penalty) and self.repetition_penalty > 0,
              "a real number > 0"),
-            ("seed", self.seed, self.seed is None or _is_int(self.seed), "an integer or None"),
+            ("seed", self.seed, self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
+             "an integer in [0, 2**64) or None"),
         ]
         for name, value, ok, expected in checks:
             if not ok:
@@ -70,6 +71,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when the adjusted distribution is one-hot (temperature 0)."""
         return self.temperature == 0
+
+    @property
+    def raw_argmax(self) -> bool:
+        """True when the argmax of the raw logits decides the token (greedy, no repetition penalty):
+        the decoding loops then skip building distributions."""
+        return self.temperature == 0 and self.repetition_penalty == 1
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         """The one random stream of a decoding call, seeded from ``seed``.
@@ -124,9 +131,8 @@ def probs_from_logits(
         logits = apply_repetition_penalty(logits, context_ids, params.repetition_penalty)
     if params.temperature == 0:
         # Greedy is the limit T -> 0: all mass on the argmax. No division by T happens.
-        argmax = logits.argmax(dim=-1, keepdim=True)                      # (..., 1)
-        return torch.zeros_like(logits).scatter_(-1, argmax, 1.0)         # (..., V)
-    logits = logits / params.temperature
+        return one_hot(logits.argmax(dim=-1), logits.shape[-1])          # (..., V)
+    logits = _divide_by_temperature(logits, params.temperature)
     if 0 < params.top_k < logits.shape[-1]:
         logits = _keep_top_k(logits, params.top_k)
     if params.top_p < 1.0:
@@ -134,6 +140,54 @@ def probs_from_logits(
     if torch.isneginf(logits).all(dim=-1).any():
         raise ValueError("a row of logits is entirely -inf: no token can be sampled")
     return torch.softmax(logits, dim=-1)
+
+
+def _divide_by_temperature(logits: Tensor, temperature: float) -> Tensor:
+    """``logits / T`` without overflow, and a defined answer for ``+inf`` logits.
+
+    A tiny ``T`` (say 1e-38) overflows ``logits / T`` to ``inf`` and softmax to NaN; shifting by the
+    row maximum first leaves the distribution unchanged and keeps every entry finite or ``-inf``.
+    A row with ``+inf`` logits puts all its mass, uniformly, on those tokens (the limit of softmax).
+    """
+    if torch.isposinf(logits).any():
+        infinite = torch.isposinf(logits)
+        has_inf = infinite.any(dim=-1, keepdim=True)                      # (..., 1)
+        logits = torch.where(has_inf, torch.where(infinite, 0.0, float("-inf")), logits)
+    scaled = logits / temperature
+    if torch.isposinf(scaled).any():                                      # overflow: shift first
+        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    return scaled
+
+
+def one_hot(tokens: Tensor, vocab_size: int) -> Tensor:
+    """``[...]`` int64 token ids -> ``[..., V]`` float32 one-hot rows: the ``q`` of a deterministic
+    drafter, and the adjusted distribution at temperature 0."""
+    out = torch.zeros(*tokens.shape, vocab_size, device=tokens.device)  # (..., V)
+    return out.scatter_(-1, tokens[..., None], 1.0)
+
+
+def probs_for_rows(logits: Tensor, params: Sequence[SamplingParams],
+                   contexts: Sequence[Sequence[int]] | None = None) -> Tensor:
+    """:func:`probs_from_logits` with each row's own ``SamplingParams`` (rows of a batch).
+
+    Args:
+        logits: ``(N, V)`` raw scores.
+        params: one ``SamplingParams`` per row; rows with equal adjustments are done together.
+        contexts: row ``i``'s context for the repetition penalty (``None`` when no row uses one).
+
+    Returns:
+        ``(N, V)`` float32 distributions.
+    """
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)   # (N, V)
+    groups: dict[tuple, list[int]] = {}
+    for r, sp in enumerate(params):
+        groups.setdefault((sp.temperature, sp.top_k, sp.top_p, sp.repetition_penalty), []).append(r)
+    for rows in groups.values():
+        sp = params[rows[0]]
+        ctx = [contexts[r] for r in rows] if contexts is not None and sp.repetition_penalty != 1 else None
+        index = torch.tensor(rows, device=logits.device)
+        out[index] = probs_from_logits(logits[index], sp, context_ids=ctx)
+    return out
 
 
 def apply_repetition_penalty(

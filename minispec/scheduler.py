@@ -10,7 +10,14 @@ runs one speculative round for every running sequence. :meth:`Scheduler.schedule
    *front* of ``waiting`` with its generated tokens kept; when readmitted it prefills
    ``prompt + generated`` again. A request is never lost;
 3. **admit** waiting requests in arrival order while the batch has room (``max_batch_size``) and
-   the pool can hold their prompt plus one round (nothing is admitted in a step that preempted).
+   the pool can hold their prompt plus one round *and still keep a watermark of free blocks*
+   (nothing is admitted in a step that preempted). The watermark is what stops preemption thrash:
+   a request preempted for lack of blocks is not readmitted into the same shortage at once, only
+   when the pool has some slack again.
+
+The engine hands each request back with :meth:`Scheduler.release` as soon as it finishes (or is
+aborted), so its blocks are free at once; :meth:`Scheduler.schedule` still retires, once per step,
+anything that finished without being released.
 
 A request that could not fit even in an empty pool is refused by :meth:`Scheduler.add` with a
 ``ValueError``, so the loop above always makes progress. The scheduler is pure Python: it sees
@@ -36,8 +43,9 @@ class CacheSpace(Protocol):
         """Could one sequence of ``num_positions`` fit in the empty pool? (checked at add)"""
         ...
 
-    def can_allocate(self, num_positions: int) -> bool:
-        """Is there a free slot and room for a new sequence of ``num_positions`` right now?"""
+    def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
+        """Is there a free slot and room for a new sequence of ``num_positions`` right now, leaving
+        at least ``watermark_blocks`` free blocks in each pool?"""
         ...
 
     def allocate(self, seq: Sequence, num_positions: int) -> None:
@@ -64,33 +72,39 @@ class KVCacheSpace:
     account for both pools. Slots are recorded on the sequence (``slot``, ``draft_slot``).
     """
 
-    def __init__(self, target, draft=None) -> None:
-        self.target = target
-        self.draft = draft
+    def __init__(self, target_cache, draft_cache=None) -> None:
+        self.target_cache = target_cache
+        self.draft_cache = draft_cache
 
     def _pairs(self, seq: Sequence) -> list[tuple[object, int]]:
-        pairs = [(self.target, seq.slot)]
-        if self.draft is not None:
-            pairs.append((self.draft, seq.draft_slot))
+        pairs = [(self.target_cache, seq.slot)]
+        if self.draft_cache is not None:
+            pairs.append((self.draft_cache, seq.draft_slot))
         return pairs
 
     def _caches(self) -> list:
-        return [self.target] if self.draft is None else [self.target, self.draft]
+        return [c for c in (self.target_cache, self.draft_cache) if c is not None]
+
+    def num_blocks(self) -> int:
+        """Blocks in the smallest pool (a contiguous cache counts one block per slot)."""
+        return min(getattr(c, "num_blocks", None) or c.table.num_slots for c in self._caches())
 
     def can_fit(self, num_positions: int) -> bool:
         for cache in self._caches():
-            total_blocks = getattr(cache, "num_blocks", cache.table.num_slots)
+            total_blocks = getattr(cache, "num_blocks", None) or cache.table.num_slots
             if num_positions > cache.max_seq_len or -(-num_positions // cache.block_size) > total_blocks:
                 return False
         return True
 
-    def can_allocate(self, num_positions: int) -> bool:
-        return all(cache.can_allocate(num_positions) for cache in self._caches())
+    def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
+        return all(cache.can_allocate(num_positions)
+                   and cache.num_free_blocks - -(-num_positions // cache.block_size) >= watermark_blocks
+                   for cache in self._caches())
 
     def allocate(self, seq: Sequence, num_positions: int) -> None:
-        seq.slot = self.target.allocate()
-        if self.draft is not None:
-            seq.draft_slot = self.draft.allocate()
+        seq.slot = self.target_cache.allocate()
+        if self.draft_cache is not None:
+            seq.draft_slot = self.draft_cache.allocate()
         self.grow(seq, num_positions)
 
     def can_grow(self, seq: Sequence, num_positions: int) -> bool:
@@ -130,23 +144,24 @@ class Scheduler:
         max_batch_size: most sequences running at once.
         k: drafts per round (0 for plain decoding); a round of a sequence with ``n`` tokens
             reserves ``n + k_round`` positions (``k_round`` shrinks near the limits).
-        max_seq_len: the context limit of every sequence.
+        watermark_blocks: free blocks that admission must leave in each pool (default 0; the
+            engine keeps about 1 % of a paged pool, as vLLM does).
     """
 
-    def __init__(self, space: CacheSpace, max_batch_size: int, k: int, max_seq_len: int) -> None:
+    def __init__(self, space: CacheSpace, max_batch_size: int, k: int, watermark_blocks: int = 0) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.space = space
         self.max_batch_size = max_batch_size
         self.k = k
-        self.max_seq_len = max_seq_len
+        self.watermark_blocks = watermark_blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         """Queue ``seq``; ValueError if it could never fit, even alone in an empty pool."""
-        need = seq.max_len(self.max_seq_len)
+        need = seq.max_len()
         if not self.space.can_fit(need):
             raise ValueError(
                 f"request {seq.request_id!r} can never fit: it may need {need} cache positions "
@@ -159,6 +174,14 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         """Whether any request is waiting or running (finished ones are retired on schedule)."""
         return bool(self.waiting) or any(not s.is_finished for s in self.running)
+
+    def release(self, seq: Sequence) -> None:
+        """Take a finished (or aborted) ``seq`` out of either queue now and free its memory."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+            self.space.free(seq)
 
     def retire(self) -> list[Sequence]:
         """Release the memory of finished running sequences; return them."""
@@ -180,7 +203,7 @@ class Scheduler:
         return out
 
     def _round_len(self, seq: Sequence) -> int:
-        return seq.round_len(self.k, self.max_seq_len)
+        return seq.round_len(self.k)
 
     def _reserve_running(self) -> list[Sequence]:
         """Grow every running sequence for its round, oldest first; preempt the newest if short."""
@@ -213,7 +236,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
             need = self._round_len(seq)
-            if not self.space.can_allocate(need):
+            if not self.space.can_allocate(need, self.watermark_blocks if self.running else 0):
                 break
             self.waiting.popleft()
             self.space.allocate(seq, need)

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from minispec.sampling import sample
+from minispec.sampling import one_hot, sample
 
 __all__ = [
+    "Draft",
     "GreedyVerdict",
     "Verdict",
+    "accepts",
     "check_probs",
     "residual",
     "speculative_sample",
@@ -38,6 +40,23 @@ __all__ = [
 ]
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens and the distributions they were drawn from: what a drafter hands to verify.
+
+    Attributes:
+        tokens: ``[n]`` int64, ``0 <= n <= k`` guesses.
+        probs: ``[n, V]`` row ``i`` is the ``q`` token ``i`` was drawn from, or ``None`` when the
+            drafter is deterministic (one-hot ``q``).
+    """
+
+    tokens: Tensor
+    probs: Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
 
 
 def check_probs(probs: Tensor, name: str, atol: float = 1e-4) -> None:
@@ -71,17 +90,27 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
         q: ``[..., V]`` draft probabilities (broadcastable to ``p``).
 
     Returns:
-        ``[..., V]``: the normalised excess of ``p`` over ``q``. Where ``p == q`` the excess is all
+        The normalised excess of ``p`` over ``q``, ``[..., V]``. Where ``p == q`` the excess is all
         zeros; there a rejection has probability 0 (every ``x`` with ``q(x) > 0`` is accepted), so
         the row is never used and we return ``p`` itself instead of dividing by zero.
+
+    Raises:
+        ValueError: when ``p`` or ``q`` is not a distribution (NaN, negative, rows not summing to 1).
     """
+    check_probs(p, "p")
+    check_probs(q, "q")
+    return _residual(p, q)
+
+
+def _residual(p: Tensor, q: Tensor) -> Tensor:
+    """:func:`residual` on inputs already checked (the verify loop's inner step)."""
     excess = (p - q).clamp_min(0)                                     # (..., V)
     mass = excess.sum(dim=-1, keepdim=True)                           # (..., 1)
     safe_mass = mass.clamp_min(torch.finfo(excess.dtype).tiny)
     return torch.where(mass > 0, excess / safe_mass, p.expand_as(excess))
 
 
-def _accepts(u: Tensor, p_x: Tensor, q_x: Tensor) -> Tensor:
+def accepts(u: Tensor, p_x: Tensor, q_x: Tensor) -> Tensor:
     """The acceptance test ``u < p(x) / q(x)``, strict, written without a division.
 
     Strictness matters: with ``u = 0`` a token the target gives probability 0 must be rejected.
@@ -100,16 +129,15 @@ def speculative_sample(
         generator: random stream (``None``: torch's global one).
 
     Returns:
-        ``(token, accepted)``: the token is distributed exactly as ``p``; ``accepted`` tells
-        whether it was the draft's proposal. ``P(accepted) = sum_x min(p(x), q(x))``
-        (Leviathan Thm 3.5).
+        The token, distributed exactly as ``p``, and whether it was the draft's proposal
+        (``P(accepted) = sum_x min(p(x), q(x))``, Leviathan Thm 3.5).
     """
     _check_pair(p, q)
     x = int(sample(q, generator))
     u = torch.rand((), generator=generator, device=q.device)
-    if _accepts(u, p[x], q[x]):
+    if accepts(u, p[x], q[x]):
         return x, True
-    return int(sample(residual(p, q), generator)), False
+    return int(sample(_residual(p, q), generator)), False
 
 
 def speculative_sample_batch(
@@ -128,8 +156,8 @@ def speculative_sample_batch(
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     x = torch.multinomial(q, num_samples, replacement=True, generator=generator)      # (n,)
     u = torch.rand(num_samples, generator=generator, device=q.device)                 # (n,)
-    accepted = _accepts(u, p[x], q[x])                                                # (n,)
-    fallback = torch.multinomial(residual(p, q), num_samples, replacement=True, generator=generator)
+    accepted = accepts(u, p[x], q[x])                                                # (n,)
+    fallback = torch.multinomial(_residual(p, q), num_samples, replacement=True, generator=generator)
     return torch.where(accepted, x, fallback), accepted
 
 
@@ -200,7 +228,11 @@ def verify(
     greedy: bool | None = None,
     uniforms: Tensor | None = None,
 ) -> Verdict:
-    """Algorithm 1's accept loop for one sequence (Leviathan et al. 2023, §2.3).
+    """Algorithm 1's accept loop for one sequence (Leviathan et al. 2023, §2.3), written as the loop.
+
+    This is the scalar reference a student reads; :func:`verify_batch` is the same rule on tensors
+    for many rows at once and draws the same random numbers (``k`` uniforms first, then the last
+    token), so the two agree token for token; the exact-law tests check both.
 
     Args:
         draft_tokens: ``[k]`` the drafted tokens ``d_1..d_k``.
@@ -225,14 +257,30 @@ def verify(
             f"verify expects draft_tokens [k] and target_probs [k+1, V], got "
             f"{tuple(draft_tokens.shape)} and {tuple(target_probs.shape)}"
         )
-    return verify_batch(
-        draft_tokens[None],
-        None if draft_probs is None else draft_probs[None],
-        target_probs[None],
-        generator,
-        greedy=greedy,
-        uniforms=None if uniforms is None else uniforms[None],
-    )[0]
+    _check_verify_inputs(draft_tokens[None], None if draft_probs is None else draft_probs[None],
+                         target_probs[None], None if uniforms is None else uniforms[None])
+    p, q, drafts = target_probs, draft_probs, draft_tokens.tolist()              # p (k+1, V)
+    k = len(drafts)
+    if greedy is None:                  # temperature 0: every target row is one-hot
+        greedy = bool((p.amax(dim=-1) == 1).all())
+    u = uniforms if uniforms is not None else torch.rand(k, generator=generator, device=p.device)
+    for i, x in enumerate(drafts):      # test d_1, d_2, ... in order; stop at the first rejection
+        q_i = one_hot(draft_tokens[i], p.shape[-1]).to(p.dtype) if q is None else q[i]   # (V,)
+        if not greedy and q_i[x] == 0:
+            raise ValueError("a draft token has q(x) = 0: draft_probs must be the distribution "
+                             "each draft token was actually drawn from")
+        keep = x == int(p[i].argmax()) if greedy else bool(accepts(u[i], p[i, x], q_i[x]))
+        if not keep:                    # rejected: the correction comes from norm(max(0, p - q))
+            final = p[i] if greedy else _residual(p[i], q_i)
+            break
+    else:                               # all k accepted: the bonus token comes from p_{k+1}
+        i, final = k, p[k]
+    if greedy:                          # exact match: the target's argmax, drawn from nothing
+        last = int(p[i].argmax())
+        final = one_hot(torch.tensor(last), p.shape[-1]).to(p.dtype)
+    else:
+        last = int(sample(final[None], generator)[0])
+    return Verdict(tokens=drafts[:i] + [last], num_accepted=i, num_drafts=k, final_probs=final)
 
 
 def verify_batch(
@@ -259,17 +307,41 @@ def verify_batch(
         One :class:`Verdict` per row.
     """
     B, k = _check_verify_inputs(draft_tokens, draft_probs, target_probs, uniforms)
-    rows = torch.arange(B, device=target_probs.device)
+    if generators is not None and not isinstance(generators, torch.Generator):
+        generators = list(generators)
+        if len(generators) != B:       # never reuse one row's stream for another row
+            raise ValueError(f"{len(generators)} generators for {B} rows: give one per row, or one "
+                             "torch.Generator shared by all")
+    greedy_rows = _greedy_rows(target_probs, greedy)                              # (B,)
+    if uniforms is None:
+        uniforms = _draw_uniforms(B, k, generators, target_probs.device)          # (B, k)
+    num_accepted = _num_accepted(draft_tokens, draft_probs, target_probs, greedy_rows, uniforms)
+    final = _final_probs(draft_tokens, draft_probs, target_probs, greedy_rows, num_accepted)
+    last = _draw_last(final, greedy_rows, final.argmax(dim=-1), generators)      # (B,)
+    drafts, counts, lasts = draft_tokens.tolist(), num_accepted.tolist(), last.tolist()
+    return [
+        Verdict(tokens=drafts[b][: counts[b]] + [lasts[b]], num_accepted=counts[b],
+                num_drafts=k, final_probs=final[b])
+        for b in range(B)
+    ]
 
-    # The greedy rows: accept d_i iff it is the target's argmax at position i.
+
+def _greedy_rows(target_probs: Tensor, greedy: bool | Sequence[bool] | None) -> Tensor:
+    """``(B,)`` bool: the rows verified by exact match (given, or detected as one-hot ``p``)."""
     if greedy is None:
-        greedy_rows = (target_probs.amax(dim=-1) == 1).all(dim=-1)                # (B,)
-    else:
-        flags = [greedy] * B if isinstance(greedy, bool) else list(greedy)
-        greedy_rows = torch.tensor(flags, dtype=torch.bool, device=target_probs.device)
-    target_argmax = target_probs.argmax(dim=-1)                                   # (B, k+1)
+        return (target_probs.amax(dim=-1) == 1).all(dim=-1)
+    flags = [greedy] * target_probs.shape[0] if isinstance(greedy, bool) else list(greedy)
+    return torch.tensor(flags, dtype=torch.bool, device=target_probs.device)
 
-    # The sampled rows: accept d_i iff u_i < p_i(d_i) / q_i(d_i).
+
+def _num_accepted(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                  greedy_rows: Tensor, uniforms: Tensor) -> Tensor:
+    """Step 1, the accept test of every draft; accepted drafts form a prefix. Returns ``(B,)``.
+
+    Greedy rows keep ``d_i`` iff it is the target's argmax at position ``i``; sampled rows iff
+    ``u_i < p_i(d_i) / q_i(d_i)`` (one-hot ``q``: ``q_i(d_i) = 1``).
+    """
+    k = draft_tokens.shape[1]
     p_x = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)    # (B, k)
     if draft_probs is None:
         q_x = torch.ones_like(p_x)                                                # one-hot q
@@ -278,35 +350,29 @@ def verify_batch(
         if (q_x[~greedy_rows] == 0).any():
             raise ValueError("a draft token has q(x) = 0: draft_probs must be the distribution "
                              "each draft token was actually drawn from")
-    if uniforms is None:
-        uniforms = _draw_uniforms(B, k, generators, target_probs.device)          # (B, k)
-    accepted = torch.where(greedy_rows[:, None], draft_tokens == target_argmax[:, :k],
-                           _accepts(uniforms, p_x, q_x))                          # (B, k)
-    # Accepted drafts form a prefix: stop at the first rejection.
-    num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)                    # (B,)
+    exact = draft_tokens == target_probs[:, :k].argmax(dim=-1)                   # (B, k)
+    accepted = torch.where(greedy_rows[:, None], exact, accepts(uniforms, p_x, q_x))
+    return accepted.long().cumprod(dim=-1).sum(dim=-1)          # stop at the first rejection
 
-    # The last token: bonus from p_{k+1} if all accepted, else correction from the residual.
+
+def _final_probs(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                 greedy_rows: Tensor, num_accepted: Tensor) -> Tensor:
+    """Step 2, what the last token is drawn from ``(B, V)``: the bonus ``p_{k+1}`` when all ``k``
+    drafts were accepted, else the residual ``norm(max(0, p_n - q_n))`` at the first rejection;
+    one-hot at the target's argmax for greedy rows."""
+    B, k = draft_tokens.shape
+    rows = torch.arange(B, device=target_probs.device)
     p_n = target_probs[rows, num_accepted]                                        # (B, V)
+    final = p_n
     if k > 0:
         stop = num_accepted.clamp(max=k - 1)
         if draft_probs is None:
-            q_n = torch.zeros_like(p_n).scatter_(-1, draft_tokens[rows, stop][:, None], 1.0)
+            q_n = one_hot(draft_tokens[rows, stop], p_n.shape[-1]).to(p_n.dtype)  # (B, V)
         else:
             q_n = draft_probs[rows, stop]                                         # (B, V)
-        final = torch.where((num_accepted == k)[:, None], p_n, residual(p_n, q_n))
-    else:
-        final = p_n
-    greedy_last = target_argmax[rows, num_accepted]                               # (B,)
-    final = torch.where(greedy_rows[:, None],
-                        torch.zeros_like(final).scatter_(-1, greedy_last[:, None], 1.0), final)
-    last = _draw_last(final, greedy_rows, greedy_last, generators)               # (B,)
-
-    drafts, counts, lasts = draft_tokens.tolist(), num_accepted.tolist(), last.tolist()
-    return [
-        Verdict(tokens=drafts[b][: counts[b]] + [lasts[b]], num_accepted=counts[b],
-                num_drafts=k, final_probs=final[b])
-        for b in range(B)
-    ]
+        final = torch.where((num_accepted == k)[:, None], p_n, _residual(p_n, q_n))
+    greedy_last = one_hot(p_n.argmax(dim=-1), p_n.shape[-1]).to(p_n.dtype)       # (B, V)
+    return torch.where(greedy_rows[:, None], greedy_last, final)
 
 
 def _check_verify_inputs(

@@ -30,8 +30,12 @@ class SpecStats:
         draft_forwards: draft-model forwards (0 for n-gram drafters).
         prefill_tokens: prompt tokens fed to the target before the first round.
         new_tokens: tokens emitted (after any stop condition cut a round short).
-        draft_time, verify_time, total_time: seconds spent proposing, in the target forward plus
-            ``verify``, and in the whole call.
+        preemptions: times the engine preempted this request (its cache was dropped and rebuilt).
+        accepted: drafts accepted, all rounds together.
+        tested: drafts the target tested (the accepted ones plus each round's first rejection).
+        draft_time: seconds spent proposing.
+        verify_time: seconds in the target forward plus the accept rule.
+        total_time: seconds of the whole call (or, in the engine, since the request arrived).
     """
 
     k: int = 0
@@ -41,6 +45,9 @@ class SpecStats:
     draft_forwards: int = 0
     prefill_tokens: int = 0
     new_tokens: int = 0
+    preemptions: int = 0
+    accepted: int = 0
+    tested: int = 0
     draft_time: float = 0.0
     verify_time: float = 0.0
     total_time: float = 0.0
@@ -51,6 +58,8 @@ class SpecStats:
             raise ValueError(f"accepted={accepted} must lie in [0, drafted={drafted}]")
         self.drafted_per_round.append(drafted)
         self.accepted_per_round.append(accepted)
+        self.accepted += accepted
+        self.tested += accepted + (accepted < drafted)
         self.target_forwards += 1
 
     @property
@@ -59,15 +68,9 @@ class SpecStats:
         return len(self.accepted_per_round)
 
     @property
-    def tested(self) -> int:
-        """Drafts the target actually tested: the accepted ones plus each round's first rejection."""
-        return sum(a + (a < d) for a, d in zip(self.accepted_per_round, self.drafted_per_round, strict=True))
-
-    @property
     def acceptance_rate(self) -> float:
         """Accepted / tested drafts: the estimate of ``alpha`` (NaN when nothing was drafted)."""
-        tested = self.tested
-        return sum(self.accepted_per_round) / tested if tested else float("nan")
+        return self.accepted / self.tested if self.tested else float("nan")
 
     @property
     def draft_efficiency(self) -> float:

@@ -42,7 +42,8 @@ def lk_divergence(p: Tensor, q: Tensor) -> Tensor:
     test or a lesson can check rather than assume.
 
     Args:
-        p, q: ``[..., V]`` distributions.
+        p: ``[..., V]`` target distribution.
+        q: ``[..., V]`` draft distribution, same shape.
 
     Returns:
         ``[...]`` divergences in ``[0, 1]``.
@@ -57,7 +58,8 @@ def acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
     Theorem 3.5. Averaging over positions gives ``alpha`` (Corollary 3.6).
 
     Args:
-        p, q: ``[..., V]`` distributions.
+        p: ``[..., V]`` target distribution.
+        q: ``[..., V]`` draft distribution, same shape.
 
     Returns:
         ``[...]`` acceptance probabilities.
@@ -122,7 +124,9 @@ def walltime_speedup(alpha: float, gamma: int, c: float, r: VerifyCost = 1.0) ->
 
 
 def optimal_gamma(alpha: float, c: float, r: VerifyCost = 1.0, max_gamma: int = 64) -> int:
-    """The integer ``gamma >= 1`` maximising :func:`walltime_speedup` (§3.5, Figure 3).
+    """The integer ``gamma >= 1`` maximising [`walltime_speedup`][minispec.theory.walltime_speedup].
+
+    Leviathan et al. §3.5, Figure 3.
 
     Searched exhaustively over ``1..max_gamma`` (ties go to the smaller gamma).
     """

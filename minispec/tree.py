@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from minispec.sampling import sample
-from minispec.speculative import _accepts, check_probs, residual
+from minispec.sampling import one_hot, sample
+from minispec.speculative import accepts, check_probs, residual
 
 __all__ = ["DraftTree", "IterativeResult", "TreeVerdict", "iterative_speculative_sample", "verify_tree"]
 
@@ -47,11 +47,11 @@ def _try_proposals(p: Tensor, proposals: Sequence[tuple[int, Tensor | None]],
     ``q_j = None`` means a one-hot proposal (a deterministic drafter).
     """
     for j, (x, q) in enumerate(proposals):
-        q = torch.zeros_like(p).scatter_(0, torch.tensor([x], device=p.device), 1.0) if q is None else q
+        q = one_hot(torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype) if q is None else q
         if q[x] <= 0:
             raise ValueError(f"proposal {j} is token {x} but its q gives it probability 0")
         accept_probs.append(min(1.0, float(p[x] / q[x])))
-        if _accepts(next(us), p[x], q[x]):
+        if accepts(next(us), p[x], q[x]):
             return j, p
         p = residual(p, q)          # speculate on what the target has left: p_j ∝ max(0, p_{j-1} - q_j)
     return None, p
@@ -59,7 +59,7 @@ def _try_proposals(p: Tensor, proposals: Sequence[tuple[int, Tensor | None]],
 
 @dataclass(frozen=True)
 class IterativeResult:
-    """Outcome of :func:`iterative_speculative_sample`.
+    """Outcome of [`iterative_speculative_sample`][minispec.tree.iterative_speculative_sample].
 
     Attributes:
         token: the emitted token (law ``p``).
@@ -93,7 +93,7 @@ def iterative_speculative_sample(
         uniforms: acceptance uniforms to use instead of drawing them, consumed in order.
 
     Returns:
-        An :class:`IterativeResult` whose token has law ``p``.
+        An [`IterativeResult`][minispec.tree.IterativeResult] whose token has law ``p``.
     """
     if p.ndim != 1 or qs.ndim != 2 or qs.shape[1] != p.shape[0]:
         raise ValueError(f"expected p [V] and qs [K, V], got {tuple(p.shape)} and {tuple(qs.shape)}")
@@ -178,7 +178,7 @@ class DraftTree:
 
 @dataclass(frozen=True)
 class TreeVerdict:
-    """Outcome of :func:`verify_tree`.
+    """Outcome of [`verify_tree`][minispec.tree.verify_tree].
 
     Attributes:
         tokens: accepted path tokens, then one token drawn at the last node reached.
@@ -210,7 +210,8 @@ def verify_tree(
     """Verify a tree of drafts against the target: SpecInfer's rule, or greedy (Stratos §2.1, App. A).
 
     Args:
-        tree: the prefix tree of the drafts (:meth:`DraftTree.from_drafts`).
+        tree: the prefix tree of the drafts
+            ([`DraftTree.from_drafts`][minispec.tree.DraftTree.from_drafts]).
         target_probs: ``[N, V]`` row ``i`` is ``p(. | context, path to node i)``; row 0 is the
             root, i.e. the target's next-token distribution after the context.
         draft_probs: for each draft ``j``, ``[len(draft_j), V]``: row ``t`` is the distribution its
@@ -221,8 +222,9 @@ def verify_tree(
         uniforms: acceptance uniforms to use instead of drawing them, consumed in order.
 
     Returns:
-        A :class:`TreeVerdict`. In sampled mode the emitted tokens have the target's law; in greedy
-        mode they are the target's greedy continuation, with the longest accepted path.
+        A [`TreeVerdict`][minispec.tree.TreeVerdict]. In sampled mode the emitted tokens have the
+        target's law; in greedy mode they are the target's greedy continuation, with the longest
+        accepted path.
     """
     n = len(tree)
     if target_probs.ndim != 2 or target_probs.shape[0] != n:
@@ -250,8 +252,8 @@ def verify_tree(
             child = next((tree.draft_nodes[j][depth] for j in through
                           if tree.tokens[tree.draft_nodes[j][depth]] == best), None)
             if child is None:
-                one_hot = torch.zeros_like(p).scatter_(0, torch.tensor([best], device=p.device), 1.0)
-                return TreeVerdict([tree.tokens[i] for i in path] + [best], path, one_hot, [])
+                point = one_hot(torch.tensor(best, device=p.device), p.shape[-1]).to(p.dtype)
+                return TreeVerdict([tree.tokens[i] for i in path] + [best], path, point, [])
         else:
             proposals = [(tree.tokens[tree.draft_nodes[j][depth]],
                           None if draft_probs is None else draft_probs[j][depth]) for j in through]

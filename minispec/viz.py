@@ -3,12 +3,12 @@
 One concept per function. Matplotlib is imported inside the functions that draw, so that
 ``import minispec.viz`` stays cheap and the package does not need matplotlib to run.
 
-* :func:`plot_overlap` -- the overlap picture of one position: how much of the draft ``q`` the
-  target ``p`` keeps (``min(p, q)``), how much it throws away (``max(0, q - p)``), and what the
-  residual has to supply after a rejection (``max(0, p - q)``).
-* :func:`trace` -- Leviathan et al.'s Figure 1 for a generation: accepted drafts in green, the
-  rejected draft in red (struck through), the target's own token (correction or bonus) in blue;
-  HTML in a notebook, ANSI colours in a terminal.
+* [`plot_overlap`][minispec.viz.plot_overlap] -- the overlap picture of one position: how much
+  of the draft ``q`` the target ``p`` keeps (``min(p, q)``), how much it throws away
+  (``max(0, q - p)``), and what the residual has to supply after a rejection (``max(0, p - q)``).
+* [`trace`][minispec.viz.trace] -- Leviathan et al.'s Figure 1 for a generation: accepted
+  drafts in green, the rejected draft in red (struck through), the target's own token
+  (correction) in blue, the bonus token in purple; HTML in a notebook, ANSI colours in a terminal.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = ["OVERLAP_COLORS", "OVERLAP_LABELS", "Trace", "plot_overlap", "trace"]
 
-#: Legend labels of the four layers drawn by :func:`plot_overlap` (tests look bars up by them).
+#: Legend labels of the four layers drawn by [`plot_overlap`][minispec.viz.plot_overlap]
+#: (tests look bars up by them).
 OVERLAP_LABELS = {
     "accepted": "accepted: min(p, q)",
     "excess": "draft excess: max(0, q - p)",
@@ -86,7 +87,7 @@ def plot_overlap(
             computed on the whole vocabulary.
 
     Returns:
-        The Axes. Its bar containers carry the labels in :data:`OVERLAP_LABELS`, in the order
+        The Axes. Its bar containers carry the labels in ``OVERLAP_LABELS``, in the order
         accepted, draft excess, residual, target.
     """
     import matplotlib.pyplot as plt
@@ -137,7 +138,7 @@ TRACE_STYLES = {
     "accepted": ("#2ca02c", "\x1b[32m"),
     "rejected": ("#d62728", "\x1b[31;9m"),
     "correction": ("#1f77b4", "\x1b[34;1m"),
-    "bonus": ("#1f77b4", "\x1b[34;1m"),
+    "bonus": ("#9467bd", "\x1b[35;1m"),
 }
 
 
@@ -181,14 +182,14 @@ class Trace:
 
 
 def trace(result: Any, tokenizer: Any = None) -> Trace:
-    """Figure 1 of Leviathan et al. for a :class:`minispec.decoding.GenerationResult`.
+    """Figure 1 of Leviathan et al. for a [`GenerationResult`][minispec.decoding.GenerationResult].
 
     Args:
         result: the output of ``speculative_generate`` (its ``rounds``).
         tokenizer: decodes each token; without one tokens are shown as ``[id]``.
 
     Returns:
-        A :class:`Trace` (HTML in notebooks, ANSI with ``print``).
+        A [`Trace`][minispec.viz.Trace] (HTML in notebooks, ANSI with ``print``).
     """
     def show(token: int) -> str:
         return tokenizer.decode([token]) if tokenizer is not None else f"[{token}]"

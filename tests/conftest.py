@@ -148,3 +148,13 @@ def model():
         },
     )
     return Llama(config).eval()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and the CPU is shared: don't spin a second one.
+    A module opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

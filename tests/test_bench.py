@@ -78,3 +78,72 @@ def test_cli_bench_help(capsys):
         main(["bench", "--help"])
     assert exit_info.value.code == 0
     assert "--threads" in capsys.readouterr().out
+
+
+# ------------------------------------------------------ time_methods and the real workloads
+
+
+def test_time_methods_flags_a_method_that_changes_tokens(tiny_gqa):
+    model = tiny_gqa.model
+    prompts = {"set": PROMPTS["shakespeare"]}
+    reference = {"set": [bench.generate(model, ids, 6).tokens for ids in prompts["set"]]}
+
+    def good(ids):
+        return bench.generate(model, ids, 6).tokens, None
+
+    def bad(ids):
+        tokens = bench.generate(model, ids, 6).tokens
+        return tokens[:-1] + [(tokens[-1] + 1) % 128], None
+
+    results = bench.time_methods(
+        [bench.Method("minispec generate", "minispec", "set", good),
+         bench.Method("broken", "minispec", "set", bad)], prompts, reference, repeats=2, warmup=0,
+        log=None)
+    assert [r.token_equal for r in results] == [True, False]
+    assert results[1].mismatches == [0, 1]
+    assert len(results[0].seconds_all) == 2 and results[0].vs_minispec_greedy == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def chat_shakespeare():
+    """The shipped target with a ChatML template on its tokenizer: the workloads run end to end."""
+    from minispec import zoo
+    from minispec.loader import load
+
+    target, tokenizer = load("shakespeare-target")
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return target, tokenizer, zoo.path("shakespeare-target")
+
+
+def test_workloads_encode_every_task(chat_shakespeare):
+    from minispec import workloads
+
+    _, tokenizer, _ = chat_shakespeare
+    prompts = workloads.encode_tasks(tokenizer)
+    assert list(prompts) == list(workloads.TASKS)
+    assert set(workloads.GROUNDED) | set(workloads.OPEN_ENDED) == set(workloads.TASKS)
+    for task, ids in prompts.items():
+        text = tokenizer.decode(ids)
+        assert text.endswith("<|im_start|>assistant\n"), task
+    assert "Millbrook" in tokenizer.decode(prompts["summarize"])
+    with pytest.raises(ValueError, match="unknown task"):
+        workloads.encode_tasks(tokenizer, ("poetry",))
+
+
+def test_workloads_run_reproduces_greedy_everywhere(chat_shakespeare):
+    from minispec import workloads
+
+    target, tokenizer, directory = chat_shakespeare
+    results = workloads.run(target, tokenizer, directory, tasks=("chat", "code_edit"),
+                            max_new_tokens=8, k=3, log=None)
+    assert [(r.prompt_set, r.name) for r in results[:5]] == [
+        ("chat", "minispec generate"), ("chat", "minispec n-gram k=3"),
+        ("chat", "minispec prompt lookup k=3"), ("chat", "transformers generate"),
+        ("chat", "transformers prompt lookup k=3")]
+    assert len(results) == 10 and all(r.token_equal for r in results)
+    assert all(r.tokens == 8 for r in results)
+    spec = next(r for r in results if r.name == "minispec prompt lookup k=3")
+    assert spec.tokens_per_round >= 1.0 and spec.target_forwards >= 1
+    assert "all outputs identical to minispec greedy (10/10" in workloads.format_results(results)

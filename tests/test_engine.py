@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from lawcheck import chi_square_pvalue
-from tinymodels import exact_two_token_law, tiny_llama
+from tinymodels import exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
 from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
@@ -31,22 +31,7 @@ PROMPTS = [[1], [3, 4, 5], [7, 8, 9, 7, 8, 9, 7], [10, 11] * 6, list(range(20, 4
 ARRIVALS = [0, 0, 0, 2, 2, 3, 5, 5, 6, 9]       # the step at which each prompt arrives
 
 
-def noisy_copy(model: Llama, noise: float, seed: int = 1) -> Llama:
-    torch.manual_seed(seed)
-    draft = copy.deepcopy(model)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(torch.randn_like(param) * noise)
-    return draft
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and the CPU is shared: don't spin a second one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -148,3 +148,108 @@ def test_missing_shipped_files_give_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(zoo, "_ZOO_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match="shakespeare-draft"):
         load("shakespeare-draft")
+
+
+# ------------------------------------------------ broken checkpoints name the file (issue 10, item 7)
+
+
+def _copy_checkpoint(tiny_gqa, tmp_path) -> Path:
+    directory = tmp_path / "ckpt"
+    shutil.copytree(tiny_gqa.path, directory)
+    return directory
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_safetensors_names_the_file(tiny_gqa, tmp_path, damage):
+    directory = _copy_checkpoint(tiny_gqa, tmp_path)
+    weights = directory / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"\x07" * 4096,
+                         "empty": b""}[damage])
+    with pytest.raises(ValueError, match="truncated or corrupt") as info:
+        load(directory)
+    assert str(weights) in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "vocab_size", "num_hidden_layers"])
+def test_config_without_a_required_key_names_key_and_file(tiny_gqa, tmp_path, key):
+    directory = _copy_checkpoint(tiny_gqa, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    del config[key]
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=repr(key)) as info:
+        load(directory)
+    assert str(directory / "config.json") in str(info.value)
+
+
+def test_config_that_is_not_json_names_the_file(tiny_gqa, tmp_path):
+    directory = _copy_checkpoint(tiny_gqa, tmp_path)
+    (directory / "config.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="not valid JSON") as info:
+        load(directory)
+    assert "config.json" in str(info.value)
+
+
+# ------------------------------------------------------------------- hub ids: download when online
+
+
+class FakeHub:
+    """Stands in for huggingface_hub.snapshot_download: nothing cached, downloads give ``path``."""
+
+    def __init__(self, path: Path):
+        self.path, self.calls = path, []
+
+    def __call__(self, repo_id, allow_patterns=None, local_files_only=False, **kwargs):
+        self.calls.append({"repo_id": repo_id, "allow_patterns": allow_patterns,
+                           "local_files_only": local_files_only})
+        if local_files_only:
+            from huggingface_hub.errors import LocalEntryNotFoundError
+
+            raise LocalEntryNotFoundError("not in the cache")
+        return str(self.path)
+
+
+@pytest.fixture
+def fake_hub(tiny_gqa, monkeypatch):
+    import huggingface_hub
+
+    hub = FakeHub(tiny_gqa.path)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return hub
+
+
+def test_uncached_hub_id_is_downloaded_safetensors_only(fake_hub, tiny_gqa):
+    model, _ = load("someone/tiny-llama")
+    assert torch.equal(our_logits(model, IDS), our_logits(tiny_gqa.model, IDS))
+    assert [c["local_files_only"] for c in fake_hub.calls] == [True, False]
+    patterns = fake_hub.calls[-1]["allow_patterns"]
+    assert "*.safetensors" in patterns and "config.json" in patterns and "tokenizer.json" in patterns
+    assert not any(p.endswith((".bin", ".pt", ".pth", ".ckpt")) for p in patterns)
+
+
+def test_local_files_only_never_downloads(fake_hub):
+    with pytest.raises(FileNotFoundError, match="local_files_only=True") as info:
+        load("someone/tiny-llama", local_files_only=True)
+    assert "local path" in str(info.value)
+    assert [c["local_files_only"] for c in fake_hub.calls] == [True]
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON"])
+def test_hf_hub_offline_never_downloads(fake_hub, monkeypatch, value):
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):
+        load("someone/tiny-llama")
+    assert [c["local_files_only"] for c in fake_hub.calls] == [True]
+
+
+def test_failed_download_is_a_clear_error(tiny_gqa, monkeypatch):
+    import huggingface_hub
+
+    def unreachable(repo_id, allow_patterns=None, local_files_only=False, **kwargs):
+        raise ConnectionError("hub unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(FileNotFoundError, match="download failed.*hub unreachable"):
+        load("someone/tiny-llama")

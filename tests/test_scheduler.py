@@ -31,8 +31,8 @@ class FakeSpace:
     def can_fit(self, n: int) -> bool:
         return self._blocks(n) <= self.num_blocks
 
-    def can_allocate(self, n: int) -> bool:
-        return len(self.held) < self.num_slots and self._blocks(n) <= self.free_blocks
+    def can_allocate(self, n: int, watermark_blocks: int = 0) -> bool:
+        return len(self.held) < self.num_slots and self._blocks(n) + watermark_blocks <= self.free_blocks
 
     def allocate(self, seq: Sequence, n: int) -> None:
         assert seq.request_id not in self.held
@@ -52,8 +52,8 @@ class FakeSpace:
         seq.slot = None
 
 
-def make_seq(rid: str, prompt_len: int, max_new: int = 8) -> Sequence:
-    return Sequence(rid, list(range(1, prompt_len + 1)), GREEDY, max_new_tokens=max_new)
+def make_seq(rid: str, prompt_len: int, max_new: int = 8, limit: int = 64) -> Sequence:
+    return Sequence(rid, list(range(1, prompt_len + 1)), GREEDY, max_new_tokens=max_new, max_seq_len=limit)
 
 
 def fake_round(seq: Sequence, tokens: int, limit: int) -> None:
@@ -74,7 +74,7 @@ def test_round_k_shrinks_like_the_single_sequence_loop():
 
 
 def test_admits_fifo_up_to_max_batch_size():
-    sched = Scheduler(FakeSpace(num_blocks=100), max_batch_size=2, k=2, max_seq_len=64)
+    sched = Scheduler(FakeSpace(num_blocks=100), max_batch_size=2, k=2)
     seqs = [make_seq(str(i), 3) for i in range(3)]
     for seq in seqs:
         sched.add(seq)
@@ -88,7 +88,7 @@ def test_admits_fifo_up_to_max_batch_size():
 
 def test_admission_waits_for_blocks_and_keeps_order():
     space = FakeSpace(num_blocks=4)
-    sched = Scheduler(space, max_batch_size=8, k=1, max_seq_len=64)
+    sched = Scheduler(space, max_batch_size=8, k=1)
     big, small = make_seq("big", 10, max_new=2), make_seq("small", 1)
     running = make_seq("first", 6)
     for seq in (running, big, small):
@@ -104,7 +104,7 @@ def test_admission_waits_for_blocks_and_keeps_order():
 
 def test_retire_frees_slots():
     space = FakeSpace(num_blocks=10)
-    sched = Scheduler(space, max_batch_size=4, k=2, max_seq_len=64)
+    sched = Scheduler(space, max_batch_size=4, k=2)
     seq = make_seq("a", 5)
     sched.add(seq)
     sched.schedule()
@@ -115,7 +115,7 @@ def test_retire_frees_slots():
 
 def test_preempts_the_newest_and_requeues_it_first():
     space = FakeSpace(num_blocks=6, block_size=4)
-    sched = Scheduler(space, max_batch_size=4, k=3, max_seq_len=64)
+    sched = Scheduler(space, max_batch_size=4, k=3)
     a, b, c = (make_seq(name, 4, max_new=20) for name in "abc")
     for seq in (a, b, c):
         sched.add(seq)
@@ -125,7 +125,7 @@ def test_preempts_the_newest_and_requeues_it_first():
     out = sched.schedule()
     assert out.preempted == [c] and out.admitted == [] and out.running == [a, b]
     assert c.status is SequenceStatus.WAITING and c.slot is None and list(sched.waiting) == [c]
-    assert c.generated == [] and c.num_preemptions == 1
+    assert c.generated == [] and c.stats.preemptions == 1
     # The preempted request keeps its generated tokens and comes back when there is room.
     b.finish("eos")
     out = sched.schedule()
@@ -134,7 +134,7 @@ def test_preempts_the_newest_and_requeues_it_first():
 
 def test_a_sequence_that_cannot_grow_preempts_itself_when_newest():
     space = FakeSpace(num_blocks=4, block_size=4)
-    sched = Scheduler(space, max_batch_size=4, k=1, max_seq_len=64)
+    sched = Scheduler(space, max_batch_size=4, k=1)
     a, b = make_seq("a", 3, max_new=12), make_seq("b", 3, max_new=12)
     sched.add(a)
     sched.add(b)
@@ -147,7 +147,7 @@ def test_a_sequence_that_cannot_grow_preempts_itself_when_newest():
 
 
 def test_request_that_can_never_fit_is_refused_at_add():
-    sched = Scheduler(FakeSpace(num_blocks=2, block_size=4), max_batch_size=4, k=2, max_seq_len=64)
+    sched = Scheduler(FakeSpace(num_blocks=2, block_size=4), max_batch_size=4, k=2)
     with pytest.raises(ValueError, match="can never fit"):
         sched.add(make_seq("huge", 6, max_new=10))     # up to 15 positions: 4 blocks > 2
     sched.add(make_seq("ok", 4, max_new=5))            # up to 8 positions: 2 blocks
@@ -155,7 +155,7 @@ def test_request_that_can_never_fit_is_refused_at_add():
 
 def test_max_batch_size_is_validated():
     with pytest.raises(ValueError, match="max_batch_size"):
-        Scheduler(FakeSpace(4), max_batch_size=0, k=1, max_seq_len=8)
+        Scheduler(FakeSpace(4), max_batch_size=0, k=1)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -163,23 +163,41 @@ def test_soak_every_request_finishes_and_no_block_leaks(seed):
     rng = random.Random(seed)
     limit, k = 40, rng.choice([0, 1, 3, 5])
     space = FakeSpace(num_blocks=rng.randint(10, 16), block_size=rng.choice([2, 4]))
-    sched = Scheduler(space, max_batch_size=rng.randint(1, 6), k=k, max_seq_len=limit)
-    incoming = [make_seq(str(i), rng.randint(1, 20), max_new=rng.randint(1, 25)) for i in range(30)]
+    sched = Scheduler(space, max_batch_size=rng.randint(1, 6), k=k)
+    incoming = [make_seq(str(i), rng.randint(1, 20), max_new=rng.randint(1, 25), limit=limit) for i in range(30)]
     admitted_order, steps = [], 0
     while incoming or sched.has_unfinished():
         for _ in range(rng.randint(0, 3)):             # requests arrive while others run
             if incoming:
                 seq = incoming.pop(0)
-                if space.can_fit(seq.max_len(limit)):
+                if space.can_fit(seq.max_len()):
                     sched.add(seq)
         out = sched.schedule()
-        admitted_order += [s.request_id for s in out.admitted if s.num_preemptions == 0]
+        admitted_order += [s.request_id for s in out.admitted if s.stats.preemptions == 0]
         assert len(out.running) <= sched.max_batch_size and space.free_blocks >= 0
         for seq in out.running:                        # every running sequence got its round
-            assert space.held[seq.request_id] * space.block_size >= seq.round_len(k, limit)
-            fake_round(seq, rng.randint(1, seq.round_k(k, limit) + 1), limit)
+            assert space.held[seq.request_id] * space.block_size >= seq.round_len(k)
+            fake_round(seq, rng.randint(1, seq.round_k(k) + 1), limit)
         steps += 1
         assert steps < 2000
     sched.retire()
     assert space.held == {} and space.free_blocks == space.num_blocks
     assert admitted_order == sorted(admitted_order, key=int)   # first admissions are FIFO
+
+
+def test_the_watermark_keeps_a_free_block_when_others_run():
+    """Admission next to running requests must leave ``watermark_blocks`` free, so a request
+    preempted for lack of blocks does not come straight back into the same shortage; a request
+    that would run alone is admitted whatever the watermark (no deadlock)."""
+    for watermark, admitted_together in ((0, True), (1, False)):
+        space = FakeSpace(num_blocks=4, block_size=4)
+        sched = Scheduler(space, max_batch_size=4, k=3, watermark_blocks=watermark)
+        a, b = make_seq("a", 4, max_new=8), make_seq("b", 4, max_new=8)   # 7 positions: 2 blocks
+        sched.add(a)
+        sched.add(b)
+        out = sched.schedule()
+        assert (out.admitted == [a, b]) == admitted_together
+        if not admitted_together:
+            assert out.admitted == [a] and list(sched.waiting) == [b]
+            a.finish("length")
+            assert sched.schedule().admitted == [b]

@@ -1,25 +1,43 @@
-"""The teaching site: built with ``mkdocs build --strict`` and checked in a real headless browser.
+r"""The teaching site: built with ``mkdocs build --strict`` and checked in a real headless browser.
 
 The build executes every lesson (a failing lesson fails the build). The built site is served on
-127.0.0.1 and the home page, an API page and every lesson page are opened in Debian's Chromium
-through Playwright. Every request to anything but the local server is aborted and
-fails the test: the site must work with no network. On each page the math must be typeset by the
-site's own MathJax, with its fonts loaded and applied, no raw TeX may be left in the text, the
-plots must have loaded, and the console must stay free of errors.
+127.0.0.1 and the home page, the API pages and every lesson page are opened in Debian's Chromium
+through Playwright, in a 1400 px wide window, as a student would read them. Every request to
+anything but the local server is aborted and fails the test: the site must work with no network.
 
-Screenshots go to ``screenshots/`` at the repository root (``MINISPEC_SCREENSHOTS`` overrides).
-Without Chromium or Playwright the browser test is skipped, unless ``MINISPEC_REQUIRE_BROWSER=1``
-(set by CI), which turns the skip into a failure.
+On each page the math must be typeset by the site's own MathJax, with its fonts loaded and applied,
+no raw TeX may be left in the text, and the console must stay free of errors. What a student sees
+is checked too, so that these cannot come back:
+
+* no code cell, output or table is clipped: whatever is wider than the column scrolls inside its
+  own box, the page itself never scrolls sideways, and at most a few code cells of a lesson need
+  that scroll (the rest fit the column);
+* every plot is drawn at no less than ``MIN_FIGURE_SCALE`` of its natural width (so 10-point
+  labels stay about 10 px tall or more), can be clicked to see it full size, and has alt text
+  that is not nbconvert's placeholder;
+* no warning (``TqdmWarning``, "IProgress not found"), object repr (``<torch._C.Generator at
+  0x...>``) or machine path (``site-packages``, ``/root/``) appears in the text, and no ``\_``
+  is typeset literally inside ``\text{...}`` in an equation;
+* every entry of the table of contents points at an anchor that exists, and tab titles hold no TeX.
+
+The API pages are checked in the HTML: every ``Returns:`` section is one row with a type, never
+split into bogus "name: type" rows, and no Sphinx role (``:class:``) is printed.
+
+Screenshots of every page go to a temporary folder (``MINISPEC_SCREENSHOTS`` overrides; CI keeps
+it as an artifact). Without Chromium or Playwright the browser test is skipped, unless
+``MINISPEC_REQUIRE_BROWSER=1`` (set by CI), which turns the skip into a failure.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +62,13 @@ CHROMIUM_FLAGS = [
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 ]
 API_PAGE = "api/minispec.speculative/index.html"
+VIEWPORT = {"width": 1400, "height": 900}
+# A figure may be drawn smaller than its natural size down to this factor: matplotlib's 10-point
+# labels are 13.9 px at 100 dpi, so they stay at about 10 px or more.
+MIN_FIGURE_SCALE = 0.72
+# At most this share of a lesson's code cells may need a sideways scroll (long strings); the rest
+# must fit the column.
+MAX_SCROLLING_CODE_SHARE = 0.15
 
 
 def _browser_required() -> bool:
@@ -65,7 +90,16 @@ def _chromium() -> str | None:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """Build the site once into a temporary directory; return the directory."""
+    """Build the site once into a temporary directory; return the directory.
+
+    ``MINISPEC_SITE=<dir>`` checks a site already built there instead (e.g. by the CI step that
+    publishes it), so the lessons are not executed twice.
+    """
+    prebuilt = os.environ.get("MINISPEC_SITE")
+    if prebuilt:
+        folder = Path(prebuilt)
+        assert (folder / "index.html").is_file(), f"MINISPEC_SITE={prebuilt} holds no built site"
+        return folder
     try:
         import mkdocs  # noqa: F401
     except ImportError:
@@ -151,7 +185,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def screenshot_dir() -> Path:
-    folder = Path(os.environ.get("MINISPEC_SCREENSHOTS", REPO / "screenshots"))
+    default = Path(tempfile.gettempdir()) / "minispec-screenshots"
+    folder = Path(os.environ.get("MINISPEC_SCREENSHOTS", default))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -184,7 +219,83 @@ _INSPECT_JS = r"""
     for (const m of text.matchAll(re)) rawTex.push(m[0].slice(0, 80));
   }
   const images = [...article.querySelectorAll(".jp-OutputArea-output img, .jp-RenderedImage img")];
+
+  // --- what a student sees ---
+  const describe = (el) => (el.textContent || "").trim().replace(/\s+/g, " ").slice(0, 60);
+  const scrolls = (el) => /auto|scroll/.test(getComputedStyle(el).overflowX);
+  const inScrollBox = (el) => {
+    for (let node = el; node && node !== article.parentElement; node = node.parentElement) {
+      if (scrolls(node) && node.scrollWidth > node.clientWidth + 1) return true;
+    }
+    return false;
+  };
+  // Wider than its box and not inside a box that scrolls: its right side is cut off.
+  const boxes = [...article.querySelectorAll(
+    "pre, table, .jp-OutputArea-output, .jp-InputArea-editor, .highlight, mjx-container[display='true']")];
+  const clipped = boxes.filter((el) => el.scrollWidth > el.clientWidth + 1 && !inScrollBox(el))
+    .map(describe);
+  // A table must fit the column even where its box would scroll: a column out of sight is lost.
+  const right = article.getBoundingClientRect().right;
+  const wideTables = [...article.querySelectorAll("table")]
+    .filter((t) => t.getBoundingClientRect().right > right + 1 || t.scrollWidth > t.clientWidth + 1)
+    .map(describe);
+  const pageScroll = document.documentElement.scrollWidth - document.documentElement.clientWidth;
+  const codeCells = [...article.querySelectorAll(".jp-CodeCell .jp-InputArea pre")];
+  const scrollingCode = codeCells.filter((el) => {
+    for (let node = el; node && node !== article; node = node.parentElement) {
+      if (node.scrollWidth > node.clientWidth + 1) return true;
+    }
+    return false;
+  }).map(describe);
+  const figures = [...article.querySelectorAll(".jp-OutputArea-output img, .jp-RenderedImage img, "
+    + "img.minispec-figure")].map((img) => ({
+      natural: img.naturalWidth,
+      shown: Math.round(img.getBoundingClientRect().width),
+      zoomable: img.classList.contains("minispec-zoomable"),
+      alt: img.getAttribute("alt") || "",
+    }));
+  const smallFigures = figures.filter((f) => f.natural > 0 && f.shown < 0.72 * f.natural);
+  const unzoomable = figures.filter((f) => f.shown < f.natural && !f.zoomable);
+  const noAlt = figures.filter((f) => f.alt.trim().length < 10 || /No description/.test(f.alt));
+  // Leaks: the text a student reads, outputs included; code as written (cell inputs, signatures,
+  // code blocks of the prose) may name warnings on purpose.
+  const shown = article.cloneNode(true);
+  shown.querySelectorAll(".jp-Cell-inputWrapper, .doc-signature, script, style, .clipboard-copy-txt")
+    .forEach((el) => el.remove());
+  [...shown.querySelectorAll(".highlight")].filter((el) => !el.closest(".jp-OutputArea"))
+    .forEach((el) => el.remove());
+  const fullText = shown.textContent;
+  const leaks = [];
+  for (const re of [/\b[A-Z][a-z]\w*Warning\b[^\n]{0,60}/g, /IProgress not found[^\n]{0,40}/g,
+                    /<[\w.]+(?: object)? at 0x[0-9a-f]+>/g, /\bobject at 0x[0-9a-f]+/g,
+                    /site-packages[^\s]{0,40}/g, /(?:^|[\s'"(])\/(?:root|home|tmp|usr)\/[^\s'")]{0,40}/g]) {
+    for (const m of fullText.matchAll(re)) leaks.push(m[0].trim().slice(0, 80));
+  }
+  // \_ inside \text{...}: MathJax prints it literally there.
+  const escapedUnderscores = [];
+  if (window.MathJax && MathJax.startup && MathJax.startup.document) {
+    for (const item of MathJax.startup.document.math) {
+      const m = /\\(?:text|texttt|textrm|mathrm|operatorname)\w*\{[^{}]*\\_[^{}]*\}/.exec(item.math);
+      if (m) escapedUnderscores.push(m[0].slice(0, 60));
+    }
+  }
+  const tocTargets = [...document.querySelectorAll(".md-nav--secondary a[href^='#']")]
+    .map((a) => decodeURIComponent(a.getAttribute("href").slice(1)));
+  const deadToc = tocTargets.filter((id) => !document.getElementById(id));
   return {
+    clipped: clipped.slice(0, 10),
+    wideTables: wideTables.slice(0, 10),
+    pageScroll: pageScroll,
+    codeCells: codeCells.length,
+    scrollingCode: scrollingCode.slice(0, 20),
+    figures: figures.map((f) => [f.natural, f.shown]),
+    smallFigures: smallFigures.map((f) => `${f.shown}/${f.natural} px: ${f.alt.slice(0, 50)}`),
+    unzoomable: unzoomable.length,
+    noAlt: noAlt.length,
+    leaks: leaks.slice(0, 10),
+    escapedUnderscores: escapedUnderscores,
+    deadToc: deadToc,
+    title: document.title,
     mathState: document.body.getAttribute("data-math"),
     containers: containers.length,
     emptyContainers: containers.filter((c) => c.getBoundingClientRect().width <= 0).length,
@@ -209,7 +320,7 @@ def _open_and_inspect(browser, base_url: str, path: str, shot: Path) -> dict:
     console_errors: list[str] = []
     failed: list[str] = []
 
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport=VIEWPORT)
 
     def route(r):
         if urlsplit(r.request.url).netloc == host:
@@ -258,6 +369,32 @@ def _check(report: dict, where: str, *, needs_math: bool = True, needs_images: b
     assert report["brokenImages"] == 0, f"{where}: {report['brokenImages']} images did not load"
     if needs_images:
         assert report["images"] > 0, f"{where}: no plot images"
+    _check_student_view(report, where)
+
+
+def _check_student_view(report: dict, where: str) -> None:
+    """What a student sees at 1400 px: nothing cut off, legible figures, no leaks, live anchors."""
+    assert not report["clipped"], f"{where}: content cut off on the right: {report['clipped']}"
+    assert not report["wideTables"], f"{where}: tables wider than the column: {report['wideTables']}"
+    assert report["pageScroll"] <= 1, f"{where}: the page scrolls sideways by {report['pageScroll']} px"
+    if report["codeCells"]:
+        share = len(report["scrollingCode"]) / report["codeCells"]
+        assert share <= MAX_SCROLLING_CODE_SHARE, (
+            f"{where}: {len(report['scrollingCode'])} of {report['codeCells']} code cells are wider "
+            f"than the column: {report['scrollingCode']}"
+        )
+    assert not report["smallFigures"], (
+        f"{where}: figures shrunk below {MIN_FIGURE_SCALE:.0%} of their natural width (labels "
+        f"would be under 10 px): {report['smallFigures']}"
+    )
+    assert report["unzoomable"] == 0, f"{where}: {report['unzoomable']} shrunk figures cannot be zoomed"
+    assert report["noAlt"] == 0, f"{where}: {report['noAlt']} figures without a description (alt)"
+    assert not report["leaks"], f"{where}: warnings, reprs or machine paths in the page: {report['leaks']}"
+    assert not report["escapedUnderscores"], (
+        f"{where}: \\_ inside \\text{{}} is printed literally: {report['escapedUnderscores']}"
+    )
+    assert not report["deadToc"], f"{where}: table-of-contents entries without a target: {report['deadToc']}"
+    assert not re.search(r"[$\\]", report["title"]), f"{where}: TeX in the tab title: {report['title']!r}"
 
 
 def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path):
@@ -274,7 +411,11 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
     api = API_PAGE if (site / API_PAGE).is_file() else sorted(
         p.relative_to(site).as_posix() for p in (site / "api").glob("*/index.html"))[0]
 
+    apis = sorted(p.relative_to(site).as_posix() for p in (site / "api").glob("*/index.html"))
     pages = [("home", "index.html", True, False), ("api", api, True, False)]
+    pages += [(f"api-{Path(p).parent.name}", p, False, False) for p in apis if p != api]
+    pages += [(Path(p).parent.name, p, False, False) for p in ("results/index.html",)
+              if (site / p).is_file()]
     pages += [(f"lesson-{Path(p).parent.name}", p, p == with_plots[0], p == with_plots[0])
               for p in lessons]
     failures = []
@@ -289,3 +430,49 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
         except AssertionError as exc:
             failures.append(str(exc))
     assert not failures, "\n".join(failures)
+
+
+_RETURNS = re.compile(
+    r'<span class="doc-section-title">Returns:</span></p>\s*<table>(.*?)</table>', re.DOTALL)
+_SPHINX_ROLE_TEXT = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|exc|obj|const):`?\w")
+_BOGUS_TYPE = re.compile(r"(?:class|func|meth|data|attr):\w")
+
+
+def _text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).strip()
+
+
+def test_api_pages_parse_docstrings(site: Path):
+    """Every Returns section is one typed row (no "Name: A, class:Verdict" split); no Sphinx role text."""
+    pages = sorted((site / "api").glob("*/index.html"))
+    assert pages, "no API pages"
+    problems, sections = [], 0
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        where = page.parent.name
+        body = re.sub(r"<script\b.*?</script>|<style\b.*?</style>", "", html, flags=re.DOTALL)
+        text = _text(body)
+        for m in _SPHINX_ROLE_TEXT.finditer(text):
+            problems.append(f"{where}: Sphinx role printed: {text[m.start():m.start() + 50]!r}")
+        for table in _RETURNS.findall(html):
+            sections += 1
+            header = [_text(h) for h in re.findall(r"<th>(.*?)</th>", table, re.DOTALL)]
+            rows = re.findall(r"<tr class=\"doc-section-item\">(.*?)</tr>", table, re.DOTALL)
+            cells = [_text(c) for c in re.findall(r"<td>(.*?)</td>", rows[0], re.DOTALL)] if rows else []
+            if header != ["Type", "Description"] or len(rows) != 1:
+                problems.append(f"{where}: Returns split into {header} x {len(rows)} rows: {cells}")
+            elif not cells[0] or _BOGUS_TYPE.search(cells[0]) or cells[0] in {"A", "An", "One", "The"}:
+                problems.append(f"{where}: Returns type mis-parsed as {cells[0]!r}: {cells[1][:60]!r}")
+    assert sections >= 10, f"only {sections} Returns sections found: did the API pages' markup change?"
+    assert not problems, "\n".join(problems)
+
+
+def test_search_previews_hold_no_raw_tex(site: Path):
+    """Search results preview the text: math there is plain text (β = Σ_x min(p, q)), not TeX."""
+    index = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    raw = [
+        f"{doc['location']}: {m.group(0)[:60]!r}"
+        for doc in index["docs"]
+        for m in re.finditer(r"\\[(\[]|\$\$|\\(?:frac|sum|min|alpha|beta|gamma)\b", doc["text"])
+    ]
+    assert not raw, f"{len(raw)} raw TeX fragments in search previews: {raw[:10]}"

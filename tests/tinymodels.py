@@ -6,6 +6,8 @@ unbatched runs then never hinges on float near-ties (see DESIGN.md, pitfalls).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 import minispec as ms
@@ -30,6 +32,18 @@ def tiny_llama(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, seed=0, sc
             if param.ndim > 1:
                 param.normal_(0, scale)
     return model
+
+
+def noisy_copy(model: Llama, noise: float, seed: int | None = 1) -> Llama:
+    """A draft: ``model`` with Gaussian noise of scale ``noise`` added to every parameter (many drafts
+    accepted). ``seed=None`` draws from torch's global generator as it stands."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(torch.randn_like(param) * noise)
+    return draft
 
 
 def exact_two_token_law(target, prompt, params):

@@ -1,0 +1,181 @@
+"""Batch-aware draft length: choose each step's ``k`` per request to maximise the batch's goodput.
+
+Speculation trades work for latency: a round of ``k`` drafts costs ``k`` draft steps plus a verify
+forward ``k + 1`` tokens wide, and yields ``E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)`` tokens
+in expectation (Leviathan Eq. (1)). At batch size 1 a CPU or GPU has idle bandwidth and the verify
+forward costs about one step, so drafting pays; at large batch sizes the forward becomes
+compute-bound, ``k + 1`` tokens per row cost nearly ``k + 1`` times as much, and drafting loses.
+Which side of the crossover a step is on depends on the batch size, the model, the machine and each
+request's acceptance, so nothing here is hard-coded; everything is measured:
+
+* :class:`StepCosts` learns the seconds of a verify forward by shape ``(B rows, T tokens per
+  row)`` and of one draft step by the number of drafting rows, from the engine's own steps
+  (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...: :func:`bucket`). Until
+  both a plain step and a full-``k`` step have been seen at a bucket, the engine runs one of each
+  (real steps that emit tokens: nothing is spent on calibration);
+* :func:`alpha_estimates` gives each request's acceptance estimate: its own accepted / tested drafts,
+  shrunk towards the pooled acceptance of all requests (a Beta prior), so a new request starts from
+  what the engine has seen, plus one standard deviation of optimism (an upper confidence bound):
+  a request that stopped drafting on an unlucky start gets to try again as the bonus outweighs
+  the evidence, and one with a long record is judged on it;
+* :func:`choose_ks` picks, for every ``K`` in ``0..k_max`` and every ``R``, the plan "the ``R``
+  requests with the highest acceptance draft ``K`` tokens, the others none" with the most expected
+  tokens per second::
+
+      tokens(K, R) = sum_{top R} E(alpha_b, K) + (B - R)
+      seconds(K, R) = verify(B, K + 1) + K * draft(R)
+
+  ``K = 0`` is plain decoding, so the choice never predicts less than the plain engine.
+
+The choices and their inputs are kept as :class:`KChoice` records (``Engine.k_choices``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks"]
+
+
+def bucket(rows: int) -> int:
+    """The batch-size bucket costs are kept for: the smallest power of two >= ``rows``.
+
+    A batch shrinks one request at a time as requests finish; timing every size would cost more
+    than it saves, and the cost of a forward changes smoothly with the number of rows.
+    """
+    return 1 << max(0, rows - 1).bit_length()
+
+
+@dataclass
+class StepCosts:
+    """Measured seconds of the engine's two kinds of forward, by shape (module docstring).
+
+    Everything comes from the engine's own steps (moving averages, kept per :func:`bucket` of the
+    batch size); a shape not measured yet is read off a straight line through the measured ones
+    (a forward's cost grows about linearly with the tokens it scores).
+
+    Attributes:
+        verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.
+        draft: ``{R: seconds}`` of one draft step over ``R`` drafting rows.
+        smoothing: weight of a new measurement in the moving averages.
+    """
+
+    verify: dict[tuple[int, int], float] = field(default_factory=dict)
+    draft: dict[int, float] = field(default_factory=dict)
+    smoothing: float = 0.2
+
+    def record_verify(self, rows: int, tokens: int, seconds: float) -> None:
+        """Add one verify forward of ``rows`` x ``tokens``."""
+        key = (bucket(rows), tokens)
+        self.verify[key] = _ema(self.verify.get(key), seconds, self.smoothing)
+
+    def record_draft(self, rows: int, steps: int, seconds: float) -> None:
+        """Add ``steps`` draft steps over ``rows`` rows that took ``seconds`` in all."""
+        if steps > 0 and rows > 0:
+            rows = bucket(rows)
+            self.draft[rows] = _ema(self.draft.get(rows), seconds / steps, self.smoothing)
+
+    def verify_seconds(self, rows: int, tokens: int) -> float | None:
+        """A ``rows`` x ``tokens`` verify forward: measured, else on the line through the measured
+        widths of this batch-size bucket (two at least), else ``None``."""
+        rows = bucket(rows)
+        if (rows, tokens) in self.verify:
+            return self.verify[rows, tokens]
+        known = sorted((t, s) for (b, t), s in self.verify.items() if b == rows)
+        return _line_through(known, tokens) if len(known) >= 2 else None
+
+    def draft_seconds(self, rows: int) -> float | None:
+        """One draft step over ``rows`` rows: measured, else on the line through the measured
+        bucket(s) (one point: taken as it is), else ``None``."""
+        rows = bucket(rows)
+        if rows in self.draft:
+            return self.draft[rows]
+        known = sorted(self.draft.items())
+        if not known:
+            return None
+        return known[0][1] if len(known) == 1 else _line_through(known, rows)
+
+
+@dataclass(frozen=True)
+class KChoice:
+    """One step's choice: the batch size, the chosen ``k`` per request, and why.
+
+    Attributes:
+        batch_size: ``B``, the running requests.
+        ks: the draft length given to each request (0: plain decoding for it).
+        alphas: each request's acceptance estimate.
+        goodput: ``{(K, R): predicted tokens per second}`` of every plan considered.
+    """
+
+    batch_size: int
+    ks: list[int]
+    alphas: list[float]
+    goodput: dict[tuple[int, int], float]
+
+
+def alpha_estimates(accepted: list[int], tested: list[int], pooled: float, strength: float = 4.0,
+                    optimism: float = 1.0) -> list[float]:
+    """Each request's acceptance: the mean of a Beta posterior whose prior is worth ``strength``
+    drafts at the pooled rate, ``m = (acc + strength * pooled) / (tested + strength)``, plus
+    ``optimism`` standard deviations ``sqrt(m (1 - m) / (tested + strength + 1))``, capped at 1."""
+    out = []
+    for a, t in zip(accepted, tested, strict=True):
+        mean = (a + strength * pooled) / (t + strength)
+        out.append(min(1.0, mean + optimism * (mean * (1 - mean) / (t + strength + 1)) ** 0.5))
+    return out
+
+
+def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts) -> KChoice | None:
+    """The goodput-maximising plan (module docstring); ``None`` when a needed cost is unknown.
+
+    Args:
+        alphas: acceptance estimate of each running request.
+        caps: the most drafts each request may take this round (its limits; 0: none).
+        k_max: the engine's ``k``.
+        costs: the measured step costs.
+    """
+    B = len(alphas)
+    order = sorted(range(B), key=lambda b: -alphas[b])               # best acceptance first
+    plain = costs.verify_seconds(B, 1)
+    if plain is None:
+        return None
+    drafts = [costs.draft_seconds(R) for R in range(1, B + 1)]       # one draft step, R rows
+    if None in drafts:
+        return None
+    goodput, best = {(0, 0): B / plain}, (B / plain, 0, 0)
+    # E(alpha_b, min(K, cap_b)) = 1 + alpha + ... + alpha^K, grown one power at a time, per row
+    power = [1.0] * B
+    expected = [1.0] * B
+    for K in range(1, k_max + 1):
+        verify = costs.verify_seconds(B, K + 1)
+        if verify is None:
+            return None
+        for b in range(B):
+            if K <= caps[b]:
+                power[b] *= alphas[b]
+                expected[b] += power[b]
+        tokens = float(B)                  # R = 0: every row yields one token
+        for R, b in enumerate(order, start=1):
+            tokens += expected[b] - 1      # row b drafts: E tokens instead of 1
+            goodput[K, R] = tokens / (verify + K * drafts[R - 1])
+            if goodput[K, R] > best[0]:
+                best = (goodput[K, R], K, R)
+    _, K, R = best
+    ks = [0] * B
+    for b in order[:R]:
+        ks[b] = min(K, caps[b])
+    return KChoice(B, ks, list(alphas), goodput)
+
+
+def _ema(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+def _line_through(points: list[tuple[int, float]], x: int) -> float:
+    """Least-squares line through ``points`` evaluated at ``x`` (never below the smallest value)."""
+    n = len(points)
+    mx = sum(p for p, _ in points) / n
+    my = sum(s for _, s in points) / n
+    var = sum((p - mx) ** 2 for p, _ in points)
+    slope = sum((p - mx) * (s - my) for p, s in points) / var if var else 0.0
+    return max(min(s for _, s in points), my + slope * (x - mx))

@@ -1,0 +1,93 @@
+"""Batch-aware k: the goodput choice on synthetic costs, the cost bookkeeping, and the engine with
+``adaptive=True`` (same greedy tokens as the plain engine, choices recorded and within limits)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tinymodels import tiny_llama
+
+import minispec as ms
+from minispec.goodput import StepCosts, alpha_estimates, bucket, choose_ks
+from minispec.theory import expected_tokens
+
+
+def costs_with(verify, draft: float, rows: int, k_max: int = 4) -> StepCosts:
+    """Measured costs: ``verify(T)`` seconds for a forward of ``T`` tokens per row."""
+    costs = StepCosts()
+    for t in range(1, k_max + 2):
+        costs.record_verify(rows, t, verify(t))
+    costs.record_draft(1, 1, draft)
+    return costs
+
+
+def test_memory_bound_verify_drafts_the_most():
+    """Verify costs the same for 1..5 tokens (the premise of Theorem 3.8): with a good acceptance
+    and a cheap draft, the longest draft wins."""
+    choice = choose_ks([0.9], [4], 4, costs_with(lambda t: 1.0, 0.02, rows=1))
+    assert choice.ks == [4]
+    best = max(choice.goodput.values())
+    assert best == pytest.approx(expected_tokens(0.9, 4) / (1.0 + 4 * 0.02))
+
+
+def test_compute_bound_verify_does_not_draft():
+    """Verify cost grows like the tokens it scores (a big batch): drafting can only lose."""
+    choice = choose_ks([0.8] * 16, [4] * 16, 4, costs_with(lambda t: float(t), 0.05, rows=16))
+    assert choice.ks == [0] * 16
+    assert choice.goodput[0, 0] == max(choice.goodput.values())
+
+
+def test_only_the_requests_that_accept_draft():
+    """When drafting pays for some rows only, the rows with the highest acceptance draft and the
+    rest decode plainly (k = 0), since each drafting row adds to the draft step's cost."""
+    costs = costs_with(lambda t: 1.0 + 0.05 * t, 0.0, rows=4)
+    costs.draft = {1: 0.02, 2: 0.04, 4: 0.5}                   # four drafting rows cost a lot
+    choice = choose_ks([0.95, 0.05, 0.9, 0.02], [4] * 4, 4, costs)
+    assert choice.ks[1] == choice.ks[3] == 0 and choice.ks[0] > 0 and choice.ks[2] > 0
+
+
+def test_caps_are_respected():
+    choice = choose_ks([0.9, 0.9], [1, 0], 4, costs_with(lambda t: 1.0, 0.01, rows=2))
+    assert choice.ks == [1, 0]
+
+
+def test_unknown_costs_give_no_choice():
+    assert choose_ks([0.5], [4], 4, StepCosts()) is None
+
+
+def test_costs_are_kept_per_bucket_and_interpolated():
+    assert bucket(3) == 4 and bucket(1) == 1 and bucket(16) == 16 and bucket(17) == 32
+    costs = StepCosts(smoothing=0.5)
+    costs.record_verify(3, 1, 2.0)                              # bucket 4
+    assert costs.verify_seconds(4, 3) is None                   # one width: no line yet
+    costs.record_verify(4, 5, 4.0)
+    assert costs.verify_seconds(3, 3) == pytest.approx(3.0)     # on the line through T = 1 and 5
+    costs.record_verify(4, 1, 4.0)                              # moving average: 2 -> 3
+    assert costs.verify_seconds(4, 1) == pytest.approx(3.0)
+    costs.record_draft(2, steps=4, seconds=2.0)
+    assert costs.draft_seconds(2) == pytest.approx(0.5) and costs.draft_seconds(16) == pytest.approx(0.5)
+
+
+def test_alpha_estimates_shrink_towards_the_pool_with_optimism():
+    fresh, seasoned = alpha_estimates([0, 90], [0, 100], pooled=0.5, optimism=0.0)
+    assert fresh == 0.5 and seasoned == pytest.approx((90 + 2) / 104)
+    bold_fresh, bold_seasoned = alpha_estimates([0, 90], [0, 100], pooled=0.5)
+    assert bold_fresh - fresh > 0.15 > 0.05 > bold_seasoned - seasoned > 0   # the bonus fades with data
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_adaptive_engine_keeps_greedy_tokens_and_records_its_choices(kind):
+    torch.manual_seed(0)
+    target = tiny_llama(seed=0)
+    drafter = tiny_llama(seed=0) if kind == "model" else "ngram"
+    prompts = [[1, 2, 3], [5, 6, 5, 6], [9] * 5, list(range(10, 20))]
+    plain = [ms.generate(target, p, 16).tokens for p in prompts]
+    engine = ms.Engine(target, drafter=drafter, k=3, max_batch_size=4, block_size=4, adaptive=True)
+    results = engine.generate(prompts, progress=False, max_new_tokens=16)
+    assert [r.tokens for r in results] == plain
+    assert engine.k_choices and all(0 <= k <= 3 for c in engine.k_choices for k in c.ks)
+    assert engine.k_choices[0].ks == [0] * 4                    # explores: a plain step first ...
+    assert any(c.goodput for c in engine.k_choices)             # ... then chooses from measurements
+    assert engine.costs.verify and engine.target_cache.num_used_blocks == 0
+    drafted = [d for r in results for d in r.stats.drafted_per_round]
+    assert max(drafted) <= 3

@@ -1,0 +1,102 @@
+"""The EAGLE head's recipe (``python -m minispec.zoo.train_eagle``) end to end, on the tiny shipped
+target and a toy corpus: data, vocabulary, training, checkpoint, resume, files a drafter loads.
+
+The real run (SmolLM2-135M-Instruct, an hour of CPU) is not repeated here; its facts are in the
+shipped head's ``eagle_config.json`` and model card.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import minispec as ms
+from minispec.zoo import eagle_data, train_eagle
+
+LINES = ["Ham.\nTo be, or not to be, that is the question:\n",
+         "King.\nHow fares our cousin Hamlet?\n\n"]
+
+
+@pytest.fixture
+def toy_corpus(tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for w, name in enumerate(("alpha_gut.txt", "beta_gut.txt")):
+        (folder / name).write_text("".join(LINES[(i + w) % 2] for i in range(40)))
+    return folder
+
+
+def tiny_args(out, corpus) -> list[str]:
+    return ["--target", "shakespeare-target", "--out", str(out), "--corpus", str(corpus),
+            "--prompts", "3", "--answer-tokens", "12", "--prose-chars", "3000", "--code-chars", "3000",
+            "--chunk", "64", "--batch", "2", "--eval-every", "2", "--threads", "1", "--coverage", "0.9",
+            "--eval-tokens", "12"]
+
+
+def test_recipe_runs_end_to_end_and_resumes(toy_corpus, tmp_path, one_thread):
+    out = tmp_path / "run"
+    head_dir = train_eagle.main([*tiny_args(out, toy_corpus), "--steps", "4"])
+    facts = json.loads((out / "training.json").read_text())
+    assert facts["training"]["steps"] == 4
+    assert [row["step"] for row in facts["training"]["curve"]] == [2, 4]
+    assert all(0 <= row["heldout_top1"] <= 1 and row["loss"] > 0 for row in facts["training"]["curve"])
+    assert set(facts["data"]["tokens_by_source"]) == {"answers", "shakespeare", "code"}
+    size = facts["draft_vocab"]["size"]
+    assert 0 < size < 4096          # the tiny target's vocabulary: V' is a strict subset
+    card = (head_dir / "MODEL_CARD.md").read_text()
+    assert card.startswith("# shakespeare-target-eagle") and f"vocabulary of {size} tokens" in card
+    evaluation = json.loads((head_dir / "eagle_config.json").read_text())["evaluation"]
+    assert set(evaluation["by_task"]) == set(ms.workloads.TASKS)
+    assert all(0 <= row["eagle"]["alpha"] <= 1 for row in evaluation["by_task"].values())
+
+    target, tok = ms.load("shakespeare-target")
+    drafter = ms.load_drafter(head_dir, target)
+    assert drafter.model.draft_vocab_size == size
+    prompt = tok.encode("ROMEO:")
+    out_spec = ms.speculative_generate(target, drafter, prompt, 24, k=3)
+    assert out_spec.tokens == ms.generate(target, prompt, 24).tokens
+
+    # a checkpoint is written every two minutes; force one, then resume from it
+    train_eagle.CHECKPOINT_EVERY_S, saved = 0, train_eagle.CHECKPOINT_EVERY_S
+    try:
+        train_eagle.main([*tiny_args(out, toy_corpus), "--steps", "6"])
+        train_eagle.main([*tiny_args(out, toy_corpus), "--steps", "8", "--resume", "--answer-weight", "0.5"])
+    finally:
+        train_eagle.CHECKPOINT_EVERY_S = saved
+    facts = json.loads((out / "training.json").read_text())
+    assert facts["training"]["steps"] == 8 and facts["training"]["curve"][0]["step"] == 2
+    sessions = facts["training"]["sessions"]
+    assert sessions[0].startswith("steps 0-6") and sessions[1].startswith("steps 6-8")
+    assert "answer weight 0.5" in sessions[1]
+    assert "heldout_answers_top1" in facts["training"]["curve"][-1]
+
+
+def test_vocabulary_covers_what_it_claims():
+    chunks = [eagle_data.Chunk("x", torch.zeros(10, dtype=torch.long), torch.zeros(10, 4),
+                               torch.tensor([5, 5, 5, 5, 5, 5, 3, 3, 3, 9]))]
+    vocab, curve = eagle_data.choose_vocab(chunks, coverage=0.85, vocab_size=64)
+    assert vocab.tolist() == [3, 5]                     # 60 % + 30 % >= 85 %
+    vocab, _ = eagle_data.choose_vocab(chunks, coverage=0.95, vocab_size=64)
+    assert vocab.tolist() == [3, 5, 9]
+    assert curve == [(64, 1.0)]
+
+
+def test_prompt_set_is_ours_and_disjoint_from_the_evaluation_tasks():
+    from minispec import workloads
+
+    prompts = eagle_data.build_prompts(seed=0)
+    texts = {p[-1]["content"] for p in prompts}
+    assert len(prompts) == len(texts) >= 200
+    for task in workloads.TASKS.values():
+        assert task[-1]["content"] not in texts
+    for name in ("HumanEval", "GSM8K", "MT-bench"):
+        assert not any(name.lower() in t.lower() for t in texts)
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_eagle.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    assert "--time-budget" in capsys.readouterr().out
