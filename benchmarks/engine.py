@@ -2,17 +2,23 @@
 
 For each batch size it runs the same greedy prompts through
 
-* ``minispec.Engine`` without speculation, with the draft model, and with n-gram drafting;
-* transformers' continuous batching (``model.generate_batch``) and static batched ``generate``;
+* ``minispec.Engine`` without speculation, with the draft model and with n-gram drafting, each
+  with a fixed ``k`` and with goodput control (``adaptive=True``: ``k`` per request and step from
+  the measured costs, see ``minispec.goodput``);
+* transformers' continuous batching (``model.generate_batch``) and static batched ``generate``
+  (left-padded; every request runs to ``max_new_tokens``, EOS ignored, so the work is equal);
 
 and reports generated tokens per second, mean tokens per target forward (per request, and per
 batched target forward of the engine), and whether the greedy tokens equal plain single-request
-``minispec.generate``. Results go to ``<out>/engine.json`` and ``<out>/engine.png``.
+``minispec.generate``. Every mode runs ``--repeats`` times, interleaved, and keeps its best time
+(the machine is shared: the best of a few runs is the least disturbed). Results go to
+``<out>/engine.json`` and ``<out>/engine.png``.
 
 Examples::
 
     python benchmarks/engine.py --quick              # small run; random models if none are shipped
     python benchmarks/engine.py --threads 2          # the full table on the shipped pair
+    python benchmarks/engine.py --model smollm2-135m-instruct --batch-sizes 1 4 16 --skip-hf
 
 Not a test: timings depend on the machine and its load.
 """
@@ -53,6 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="skip the transformers baselines")
     parser.add_argument("--random", action="store_true", help="random models of the shipped shape")
+    parser.add_argument("--model", default=None,
+                        help="a target to load instead of the shipped pair (no draft model then)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per mode, best kept")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or this process's CPU time (steadier on a shared machine)")
     parser.add_argument("--quick", action="store_true",
                         help="batch sizes 1 2 4, 16 new tokens; random models if none are shipped")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
@@ -78,8 +89,11 @@ def random_pair(directory: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def load_models(use_random: bool, quick: bool, tmp: Path):
+def load_models(use_random: bool, quick: bool, tmp: Path, model: str | None = None):
     """(target, draft, tokenizer, target checkpoint dir, label)."""
+    if model is not None:
+        target, tok = ms.load(model)
+        return target, None, tok, ms.zoo.path(model) if model in ms.zoo.REGISTERED else Path(model), model
     if not use_random:
         try:
             target, tok = ms.load("shakespeare-target")
@@ -105,13 +119,20 @@ def make_prompts(n: int, length: int, tokenizer, vocab: int) -> list[list[int]]:
     return [torch.randint(2, vocab, (length + i % 5,), generator=g).tolist() for i in range(n)]
 
 
+CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def run_engine(target, prompts, batch, args, **kwargs) -> dict:
     engine = Engine(target, k=args.k, max_batch_size=batch, kv_cache=args.kv_cache, **kwargs)
-    start = time.perf_counter()
-    results = engine.generate(prompts, progress=False, max_new_tokens=args.max_new_tokens)
-    seconds = time.perf_counter() - start
+    clock = CLOCK[args.clock]
+    start = clock()
+    results = engine.generate(prompts, progress=False, max_new_tokens=args.max_new_tokens,
+                              eos_token_id=[])
+    seconds = clock() - start
     tokens = sum(len(r.tokens) for r in results)
+    chosen = [k for choice in engine.k_choices for k in choice.ks]
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
+                mean_k=sum(chosen) / len(chosen) if chosen else None,
                 tokens_per_target_forward=sum(r.stats.tokens_per_target_forward for r in results) / len(results),
                 tokens_per_batched_forward=tokens / max(1, engine.target_forwards),
                 acceptance=_mean([r.stats.acceptance_rate for r in results]),
@@ -122,15 +143,17 @@ def run_hf_continuous(hf, prompts, batch, args, eos) -> dict:
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=eos)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
+                              do_sample=False, eos_token_id=eos)
     # Size the KV pool for this workload: left to itself on CPU it sizes from free RAM (slow).
     per_request = -(-(max(map(len, prompts)) + args.max_new_tokens) // 16)
     cb = ContinuousBatchingConfig(max_requests_per_batch=batch, page_size=16,
                                   num_blocks=len(prompts) * per_request + 16)
-    start = time.perf_counter()
+    clock = CLOCK[args.clock]
+    start = clock()
     out = hf.generate_batch(inputs=prompts, generation_config=config, progress_bar=False,
                             continuous_batching_config=cb)
-    seconds = time.perf_counter() - start
+    seconds = clock() - start
     by_prompt = sorted(out.values(), key=lambda o: int(str(o.request_id).rsplit("_", 1)[-1]))
     outputs = [list(o.generated_tokens) for o in by_prompt]
     tokens = sum(len(o) for o in outputs)
@@ -139,7 +162,8 @@ def run_hf_continuous(hf, prompts, batch, args, eos) -> dict:
 
 def run_hf_static(hf, prompts, batch, args, eos) -> dict:
     """Static batches of ``batch`` left-padded prompts through ``generate`` (greedy)."""
-    outputs, start = [], time.perf_counter()
+    clock = CLOCK[args.clock]
+    outputs, start = [], clock()
     pad = eos if eos is not None else 0
     for i in range(0, len(prompts), batch):
         group = prompts[i:i + batch]
@@ -147,10 +171,9 @@ def run_hf_static(hf, prompts, batch, args, eos) -> dict:
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
         out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
-                          do_sample=False, eos_token_id=eos, pad_token_id=pad)
-        for row in out[:, width:].tolist():
-            outputs.append(row[: row.index(eos) + 1] if eos in row else row)
-    seconds = time.perf_counter() - start
+                          min_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
+        outputs += out[:, width:].tolist()
+    seconds = clock() - start
     tokens = sum(len(o) for o in outputs)
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, outputs=outputs)
 
@@ -166,25 +189,37 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        target, draft, tok, target_dir, label = load_models(args.random, args.quick, Path(tmp))
+        target, draft, tok, target_dir, label = load_models(args.random, args.quick, Path(tmp), args.model)
         hf = None
         if not args.skip_hf:
             from transformers import AutoModelForCausalLM
             hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else None
-    print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; {args.max_new_tokens} new tokens")
+    print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; {args.max_new_tokens} new tokens; "
+          f"{args.clock} clock, best of {args.repeats}")
 
     rows = []
     for batch in args.batch_sizes:
         prompts = make_prompts(max(4, args.requests_per_batch * batch), args.prompt_tokens, tok,
                                target.config.vocab_size)
-        reference = [ms.generate(target, p, max_new_tokens=args.max_new_tokens).tokens for p in prompts]
-        modes = {"engine": run_engine(target, prompts, batch, args),
-                 "engine+draft": run_engine(target, prompts, batch, args, draft=draft),
-                 "engine+ngram": run_engine(target, prompts, batch, args, drafter="ngram")}
-        if hf is not None:
-            modes["hf-continuous"] = run_hf_continuous(hf, prompts, batch, args, eos)
-            modes["hf-static"] = run_hf_static(hf, prompts, batch, args, eos)
+        reference = [ms.generate(target, p, max_new_tokens=args.max_new_tokens, eos_token_id=[]).tokens
+                     for p in prompts]
+        runs = {"engine": dict()}
+        for name, spec in (("draft", draft), ("ngram", "ngram")):
+            if spec is not None:
+                runs[f"engine+{name}"] = dict(drafter=spec)
+                runs[f"engine+{name} goodput"] = dict(drafter=spec, adaptive=True)
+        modes: dict[str, dict] = {}
+        for _ in range(args.repeats):        # interleaved, so a disturbance hits every mode alike
+            for name, kwargs in runs.items():
+                result = run_engine(target, prompts, batch, args, **kwargs)
+                if name not in modes or result["tokens_per_s"] > modes[name]["tokens_per_s"]:
+                    modes[name] = result
+            if hf is not None:
+                for name, run in (("hf-continuous", run_hf_continuous), ("hf-static", run_hf_static)):
+                    result = run(hf, prompts, batch, args, eos)
+                    if name not in modes or result["tokens_per_s"] > modes[name]["tokens_per_s"]:
+                        modes[name] = result
         for result in modes.values():
             outputs = result.pop("outputs")
             result["same_as_generate"] = sum(o == r for o, r in zip(outputs, reference, strict=True)) / len(prompts)
@@ -200,15 +235,17 @@ def main(argv=None) -> None:
 
 def print_row(batch: int, modes: dict) -> None:
     base = modes["engine"]["tokens_per_s"]
-    hf = modes.get("hf-continuous", {}).get("tokens_per_s")
+    hf = modes.get("hf-static", {}).get("tokens_per_s")
     print(f"\nbatch {batch}")
-    print(f"  {'mode':<14}{'tok/s':>9}{'vs engine':>11}{'vs hf-cb':>10}{'tok/fwd':>9}{'tok/batch-fwd':>15}{'same':>6}")
+    print(f"  {'mode':<22}{'tok/s':>9}{'vs engine':>11}{'vs hf-static':>13}{'tok/fwd':>9}"
+          f"{'tok/batch-fwd':>15}{'mean k':>8}{'same':>6}")
     for name, r in modes.items():
         vs_hf = f"{r['tokens_per_s'] / hf:.2f}x" if hf else "-"
         per_fwd = f"{r['tokens_per_target_forward']:.2f}" if "tokens_per_target_forward" in r else "-"
         per_batch = f"{r['tokens_per_batched_forward']:.1f}" if "tokens_per_batched_forward" in r else "-"
-        print(f"  {name:<14}{r['tokens_per_s']:>9.0f}{r['tokens_per_s'] / base:>10.2f}x{vs_hf:>10}"
-              f"{per_fwd:>9}{per_batch:>15}{r['same_as_generate']:>6.0%}")
+        mean_k = f"{r['mean_k']:.2f}" if r.get("mean_k") is not None else "-"
+        print(f"  {name:<22}{r['tokens_per_s']:>9.0f}{r['tokens_per_s'] / base:>10.2f}x{vs_hf:>13}"
+              f"{per_fwd:>9}{per_batch:>15}{mean_k:>8}{r['same_as_generate']:>6.0%}")
 
 
 def plot(rows: list[dict], path: Path, label: str) -> None:

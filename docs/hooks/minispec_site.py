@@ -1,4 +1,4 @@
-"""mkdocs hooks for the minispec site (registered under ``hooks:`` in mkdocs.yml).
+r"""mkdocs hooks for the minispec site (registered under ``hooks:`` in mkdocs.yml).
 
 What they do, in build order:
 
@@ -14,11 +14,24 @@ What they do, in build order:
     does not exist yet); images next to the card are copied to ``model-card-assets/``, other relative
     links (to files of the package) are shown as paths, so the card cannot break the strict build.
 * ``on_page_markdown``: a link to ``lessons/NN_*.ipynb`` (a glob) points at the lesson with that
-  number, or turns into plain text marked "in preparation" when no such notebook exists yet.
+  number, or turns into plain text marked "in preparation" when no such notebook exists yet; an
+  API page gets an autorefs anchor named after its module, so ``[`minispec.viz`][minispec.viz]``
+  links to it.
 * ``on_post_page``: removes what nbconvert's template injects into notebook pages and this site does
   not want: the MathJax 2 loader (pointing at a CDN, dead here; MathJax 3 is served by the site) and
-  the Mermaid loader (a CDN import). On API pages it drops the Sphinx role prefixes (``:func:``,
-  ``:class:``, ...) that docstrings use and that mkdocstrings would otherwise print literally.
+  the Mermaid loader (a CDN import); and gives each plot the alt text its code cell declares in
+  its metadata (``"alt"``) in place of nbconvert's "No description has been provided".
+
+``on_post_build`` turns the math in the search index into plain text, so that search previews
+show ``β = Σ_x min(p, q)`` rather than raw TeX.
+
+Lesson titles in the nav and the browser tab are plain text: ``$\gamma$`` in a notebook heading
+becomes ``γ`` there (the page's own heading keeps the typeset math). The build turns tqdm off
+(``TQDM_DISABLE=1``, inherited by the kernels that execute the lessons), so no progress bar or
+"IProgress not found" warning is written into a page.
+
+Sphinx roles in docstrings are rewritten into cross-references by the griffe extension in
+``griffe_crossrefs.py``, before mkdocstrings parses them.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import os
 import re
 from pathlib import Path, PurePosixPath
 
@@ -60,12 +74,102 @@ def _lesson_title(path: Path) -> str:
             src = "".join(src) if isinstance(src, list) else src
             m = re.search(r"^#\s+(.+?)\s*#*\s*$", src, re.MULTILINE)
             if m:
-                return re.sub(r"[`*]", "", m.group(1))
+                return plain_title(m.group(1))
     except (OSError, ValueError):
         pass  # a notebook being written right now: fall back to its name
     stem = path.stem
     num, _, rest = stem.partition("_")
     return f"{num} {rest.replace('_', ' ')}".strip() if num.isdigit() else stem.replace("_", " ")
+
+
+_TEX_SYMBOLS = {
+    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "lambda": "λ",
+    "mu": "μ", "sigma": "σ", "tau": "τ", "le": "≤", "ge": "≥", "times": "×", "cdot": "·",
+}
+
+
+def plain_title(heading: str) -> str:
+    """A Markdown heading as plain text for the nav and the browser tab.
+
+    Inline math loses its dollars and braces and TeX symbols become Unicode
+    (``$D_{LK}$`` -> ``D_LK``, ``$\\gamma$`` -> ``γ``); emphasis and code marks are dropped.
+    """
+    def math(m: re.Match) -> str:
+        tex = re.sub(r"\\([A-Za-z]+)", lambda s: _TEX_SYMBOLS.get(s.group(1), s.group(1)), m.group(1))
+        return re.sub(r"[{}]", "", tex).strip()
+
+    text = re.sub(r"\$([^$]+)\$", math, heading)
+    return re.sub(r"[`*]", "", text).strip()
+
+
+_TEX_WORDS = {
+    "min": "min", "max": "max", "sum": "Σ", "prod": "Π", "in": "∈", "infty": "∞", "approx": "≈",
+    "neq": "≠", "ne": "≠", "to": "→", "mid": "|", "dots": "…", "ldots": "…", "cdots": "…",
+    "log": "log", "exp": "exp", "argmax": "argmax", "norm": "norm", "hat": "", "tilde": "",
+    "bar": "", "mathbb": "", "mathrm": "", "text": "", "texttt": "", "operatorname": "",
+    "mathcal": "", "boldsymbol": "", "frac": "",
+}
+
+
+def _group(tex: str, i: int) -> tuple[str, int]:
+    """The brace group starting at or after ``tex[i]`` and the index after it."""
+    while i < len(tex) and tex[i].isspace():
+        i += 1
+    if i >= len(tex) or tex[i] != "{":
+        return (tex[i:i + 1], i + 1)
+    depth, j = 0, i
+    for j in range(i, len(tex)):
+        depth += {"{": 1, "}": -1}.get(tex[j], 0)
+        if depth == 0:
+            break
+    return tex[i + 1:j], j + 1
+
+
+def _fracs(tex: str) -> str:
+    """``\\frac{a}{b}`` -> ``(a)/(b)``, nested braces included."""
+    while m := re.search(r"\\[dt]?frac(?![A-Za-z])", tex):
+        i = m.start()
+        num, j = _group(tex, m.end())
+        den, k = _group(tex, j)
+        tex = f"{tex[:i]}({_fracs(num)})/({_fracs(den)}){tex[k:]}"
+    return tex
+
+
+def plain_math(tex: str) -> str:
+    """TeX as readable plain text for search previews: ``\\beta = \\sum_x \\min(p, q)`` ->
+    ``β = Σ_x min(p, q)``. Not a renderer: spacing and sizing commands are dropped."""
+    tex = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|displaystyle|quad|qquad)\b", " ", tex)
+    tex = re.sub(r"\\[,;:! ]", " ", tex)
+    tex = _fracs(tex)
+
+    def word(m: re.Match) -> str:
+        name = m.group(1)
+        return _TEX_SYMBOLS.get(name, _TEX_WORDS.get(name, name))
+
+    tex = re.sub(r"\\([A-Za-z]+)", word, tex)
+    tex = tex.replace("\\_", "_").replace("\\{", "{").replace("\\}", "}")
+    tex = re.sub(r"[{}]", "", tex)
+    return re.sub(r"\s+", " ", tex).strip()
+
+
+_SEARCH_MATH = re.compile(r"\\\((.+?)\\\)|\\\[(.+?)\\\]|\$\$(.+?)\$\$|(?<![\\$])\$([^$\n]+?)\$", re.DOTALL)
+
+
+def on_post_build(config) -> None:
+    """Search previews show math as plain text (``β = Σ_x min(p, q)``), not as raw TeX."""
+    index = Path(config["site_dir"]) / "search" / "search_index.json"
+    if not index.is_file():
+        return
+    data = json.loads(index.read_text(encoding="utf-8"))
+
+    def clean(text: str) -> str:
+        return _SEARCH_MATH.sub(lambda m: plain_math(next(g for g in m.groups() if g is not None)), text)
+
+    for doc in data.get("docs", []):
+        for key in ("title", "text"):
+            if isinstance(doc.get(key), str):
+                doc[key] = clean(doc[key])
+    index.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
 def _walk_nav(items):
@@ -103,6 +207,8 @@ def _expand_lessons(items, lesson_entries):
 
 
 def on_config(config):
+    # Lessons execute in kernels started by this process: they inherit the setting.
+    os.environ["TQDM_DISABLE"] = "1"
     root = _root(config)
     entries = [{_lesson_title(p): f"lessons/{p.name}"} for p in _lessons(root)]
     if config["nav"]:
@@ -193,6 +299,7 @@ def on_files(files: Files, config) -> Files:
     return files
 
 
+_AUTODOC = re.compile(r"^::: ([A-Za-z_][\w.]*)\s*$", re.MULTILINE)
 _LESSON_LINK = re.compile(r"\[([^\]]+)\]\((lessons/[^)\s]*\*[^)\s]*\.ipynb)\)")
 
 
@@ -210,7 +317,10 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
         rel = Path(*([".."] * len(here.parts)), target) if here.parts else target
         return f"[{label}]({rel.as_posix()})"
 
-    return _LESSON_LINK.sub(resolve, markdown)
+    markdown = _LESSON_LINK.sub(resolve, markdown)
+    # A module's page is the target of cross-references to the module itself: mkdocstrings shows
+    # no root heading here, so an autorefs Markdown anchor names the place.
+    return _AUTODOC.sub(lambda m: f"[](){{#{m.group(1)}}}\n\n{m.group(0)}", markdown)
 
 
 _MATHJAX2 = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.DOTALL)
@@ -218,14 +328,55 @@ _MERMAID = re.compile(r"<script type=\"module\">(?:(?!</script>).)*?mermaid(?:(?
                       re.DOTALL)
 
 
-_SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|exc|obj|const):(?=<code>)")
+_CELL_ID = re.compile(r'id="cell-id=([^"]+)"')
+_DEFAULT_ALT = 'alt="No description has been provided for this image"'
+
+
+def _figure_alts(notebook: Path) -> dict[str, list[str]]:
+    """Cell id -> the alt texts of its figures (code cell metadata ``alt``)."""
+    try:
+        cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
+    except (OSError, ValueError):
+        return {}
+    alts = {}
+    for cell in cells:
+        alt = cell.get("metadata", {}).get("alt")
+        if cell.get("cell_type") == "code" and alt and cell.get("id"):
+            alts[cell["id"]] = [alt] if isinstance(alt, str) else list(alt)
+    return alts
+
+
+def _with_alt_text(output: str, notebook: Path) -> str:
+    """Replace nbconvert's placeholder alt text with the cell's own description of its figures.
+
+    A lesson describes what each figure shows in its code cell's metadata (``"alt": "..."``, or a
+    list with one text per figure, in order); the page's cells carry the notebook's cell ids.
+    """
+    alts = _figure_alts(notebook)
+    if not alts:
+        return output
+    parts = _CELL_ID.split(output)  # [before, id1, html1, id2, html2, ...]
+    for i in range(1, len(parts), 2):
+        for text in alts.get(parts[i], []):
+            escaped = text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+            parts[i + 1] = parts[i + 1].replace(_DEFAULT_ALT, f'alt="{escaped}"', 1)
+        parts[i] = f'id="cell-id={parts[i]}"'
+    return "".join(parts)
+
+
+def on_page_context(context, page, config, nav):
+    # mkdocs-jupyter titles a lesson page with its notebook's first heading, TeX included; the
+    # browser tab and the nav show the plain-text form.
+    if page.file.src_uri.endswith(".ipynb") and page.title:
+        page.title = plain_title(str(page.title))
+    return context
 
 
 def on_post_page(output: str, page, config) -> str:
-    if page.file.src_uri.startswith("api/"):
-        return _SPHINX_ROLE.sub("", output)
     if not page.file.src_uri.endswith(".ipynb"):
         return output
     output = _MATHJAX2.sub("", output)
     output = _MERMAID.sub("", output)
+    if page.file.abs_src_path:
+        output = _with_alt_text(output, Path(page.file.abs_src_path))
     return output

@@ -1,0 +1,170 @@
+"""Benchmark draft trees against draft chains at equal depth, and r(N), the cost of verifying N nodes.
+
+For held-out prompts it runs, on the shipped pair (greedy by default, EOS ignored so the work is
+equal):
+
+* plain ``minispec.generate`` (the baseline: one target forward per token);
+* the chain: ``speculative_generate(k=depth)`` with the draft model and with n-gram drafting;
+* trees of the same depth (``minispec.tree_decoding.decode_tree``) for each ``--branching``, with
+  the draft model and with the n-gram table; ``(1,)`` is the chain through the tree machinery.
+
+and prints, side by side: tokens per target forward, draft forwards per token, seconds per token
+(process CPU time, the median over ``--repeats`` interleaved runs: the machine is shared) and the
+speedup over plain decoding; every output is checked token-equal to plain greedy. Then r(N): the
+median time of one target forward that scores a tree of N nodes after a context of ``--context``
+tokens, divided by the time of one token. A tree pays only while r(N) stays low.
+
+Examples::
+
+    python benchmarks/tree.py --threads 1 --repeats 5   # the shipped pair, default branchings
+    python benchmarks/tree.py --threads 1 --temperature 0.8  # sampled (trees draw i.i.d. children)
+    python benchmarks/tree.py --branching 3,2,1,1 4,2 2,2,2,2 --repeats 5 --threads 2
+
+Not a test: timings depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import minispec as ms
+from minispec.decoding import GenerationResult
+from minispec.kv_cache import ContiguousKVCache
+from minispec.model import TreeAttention
+from minispec.tree_decoding import decode_tree
+
+SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depth", type=int, default=4, help="k: drafts on the longest path")
+    parser.add_argument("--branching", nargs="+", default=["1", "2", "3,2,1,1", "4,2,1,1", "2,2,2,2"],
+                        help="children per depth, comma separated (padded with 1s)")
+    parser.add_argument("--prompts", type=int, default=4, help="held-out prompts")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per mode (median)")
+    parser.add_argument("--context", type=int, default=128, help="context length for r(N)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 5, 9, 13, 21, 32, 64])
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy (outputs checked equal); > 0: sampled, seed 0 per run")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    return parser.parse_args(argv)
+
+
+def sampling(args) -> ms.SamplingParams:
+    return ms.SamplingParams(temperature=args.temperature, seed=0)
+
+
+def tree_run(target, drafter, prompt, args, branching) -> GenerationResult:
+    seq = ms.Sequence.new("0", prompt, sampling(args), max_new_tokens=args.max_new_tokens,
+                          max_seq_len=target.config.max_position_embeddings,
+                          vocab_size=target.config.vocab_size, k=args.depth)
+    return GenerationResult.of(decode_tree(target, drafter, seq, args.depth, branching))
+
+
+def modes(target, draft, args) -> dict:
+    """name -> function(prompt) -> GenerationResult."""
+    out = {
+        "plain": lambda p: ms.generate(target, p, args.max_new_tokens, sampling(args), eos_token_id=[]),
+        "chain draft": lambda p: ms.speculative_generate(target, ms.ModelDrafter(draft), p,
+                                                         args.max_new_tokens, k=args.depth,
+                                                         sampling=sampling(args), eos_token_id=[]),
+        "chain ngram": lambda p: ms.speculative_generate(target, "ngram", p, args.max_new_tokens,
+                                                         k=args.depth, sampling=sampling(args),
+                                                         eos_token_id=[]),
+    }
+    for spec in args.branching:
+        branching = tuple(int(b) for b in spec.split(","))
+        out[f"tree draft {spec}"] = lambda p, b=branching: tree_run(target, draft, p, args, b)
+        out[f"tree ngram {spec}"] = lambda p, b=branching: tree_run(target, "ngram", p, args, b)
+    return out
+
+
+def compare(target, draft, prompts, args) -> None:
+    runs = modes(target, draft, args)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    results: dict[str, list[GenerationResult]] = {}
+    for _ in range(args.repeats):                          # interleaved: every mode sees the same load
+        for name, run in runs.items():
+            t0 = time.process_time()
+            results[name] = [run(p) for p in prompts]
+            times[name].append(time.process_time() - t0)
+    base = [r.tokens for r in results["plain"]]
+    base_time = statistics.median(times["plain"]) / sum(len(t) for t in base)
+    print(f"\n{'mode':24} {'tokens/fwd':>10} {'draft fwd/tok':>13} {'ms/token':>9} {'speedup':>8} equal")
+    for name in runs:
+        res = results[name]
+        tokens = sum(len(r.tokens) for r in res)
+        fwd = sum(r.stats.target_forwards for r in res)
+        dfwd = sum(r.stats.draft_forwards for r in res)
+        per_token = statistics.median(times[name]) / tokens
+        equal = (all(r.tokens == b for r, b in zip(res, base, strict=True))
+                 if args.temperature == 0 else "n/a (sampled)")
+        print(f"{name:24} {tokens / fwd:10.2f} {dfwd / tokens:13.2f} {per_token * 1e3:9.3f} "
+              f"{base_time / per_token:7.2f}x {equal}")
+
+
+def r_of_n(target, context: list[int], nodes: list[int], repeats: int = 30) -> None:
+    """Median time of one forward scoring a chain-shaped tree of N nodes, over one token."""
+    n = len(context)
+    cache = ContiguousKVCache.for_model(target, num_slots=1)
+    slot = cache.allocate()
+    target(torch.tensor([context[:-1]]), torch.arange(n - 1)[None], cache, [slot])
+    g = torch.Generator().manual_seed(0)
+
+    def step(size: int) -> float:
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, size)]
+        tree = ms.DraftTree(list(torch.randint(0, target.config.vocab_size, (size,), generator=g).tolist()),
+                            parents)
+        depth = [0] * size
+        for i in range(1, size):
+            depth[i] = depth[parents[i]] + 1
+        ids = torch.tensor([[context[-1]] + tree.tokens[1:]])
+        pos = torch.tensor([[n - 1 + d for d in depth]])
+        attn = TreeAttention.for_nodes(tree.ancestor_mask(), start=n - 1)
+        t0 = time.process_time()
+        target(ids, pos, cache, [slot], tree=attn)
+        elapsed = time.process_time() - t0
+        cache.truncate_to(slot, n - 1)
+        return elapsed
+
+    for size in nodes:                                     # one untimed step per shape
+        step(size)
+    samples: dict[int, list[float]] = {size: [] for size in nodes}
+    for _ in range(repeats):
+        for size in nodes:
+            samples[size].append(step(size))
+    median = {size: statistics.median(s) for size, s in samples.items()}
+    print(f"\nr(N) after {n} context tokens (median of {repeats}, process CPU time)")
+    print(f"{'N':>4} {'ms':>8} {'r(N)':>6}")
+    for size in nodes:
+        print(f"{size:4d} {median[size] * 1e3:8.3f} {median[size] / median[nodes[0]]:6.2f}")
+
+
+@torch.inference_mode()
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tok = ms.load("shakespeare-target")
+    draft, _ = ms.load("shakespeare-draft")
+    ids = tok.encode(SNIPPET.read_text())
+    step = max(1, (len(ids) - args.prompt_tokens) // max(1, args.prompts))
+    prompts = [ids[i * step:i * step + args.prompt_tokens] for i in range(args.prompts)]
+    mode = "greedy" if args.temperature == 0 else f"sampled at T={args.temperature}"
+    print(f"shipped pair, {mode}, depth k={args.depth}, {args.prompts} prompts x {args.max_new_tokens} "
+          f"new tokens, {torch.get_num_threads()} threads, median of {args.repeats}")
+    compare(target, draft, prompts, args)
+    r_of_n(target, (ids * 4)[: args.context], args.nodes)
+
+
+if __name__ == "__main__":
+    main()
