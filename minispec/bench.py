@@ -527,10 +527,11 @@ def format_costs(costs: Costs, comparison: Sequence[dict] = ()) -> str:
     lines = [
         f"one-token forward: target {costs.t_target * 1e3:.3f} ms, draft {costs.t_draft * 1e3:.3f} ms"
         f"  ->  c = {costs.c:.3f}   (cache of {costs.context} tokens, {costs.threads} threads)",
-        "verify ratio r(gamma) = t(gamma+1 tokens) / t(1 token): "
-        + ", ".join(f"r({g})={v:.2f}" for g, v in costs.r.items()),
-        f"alpha (T=1, sum min(p,q) on the prompts' text) = {costs.alpha_t1:.3f}; argmax agreement on "
-        f"that text = {costs.agreement_text:.3f}; along the greedy path = {costs.alpha_greedy:.3f}"
+        "verify ratio r(gamma) = t(gamma+1 tokens) / t(1 token):",
+        "  " + ", ".join(f"r({g})={v:.2f}" for g, v in costs.r.items()),
+        f"alpha (T=1, sum min(p,q) on the prompts' text) = {costs.alpha_t1:.3f}; "
+        f"argmax agreement on that text = {costs.agreement_text:.3f}",
+        f"argmax agreement along the greedy path = {costs.alpha_greedy:.3f}"
         "  <- predicts greedy speculation",
     ]
     if comparison:

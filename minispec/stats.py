@@ -108,11 +108,11 @@ class SpecStats:
         return max(0.0, self.total_time - self.draft_time - self.verify_time)
 
     def summary(self) -> str:
-        """One line for terminals: rounds, acceptance, tokens per target forward, time split."""
+        """Two lines for terminals: tokens per target forward and acceptance, then the time split."""
         return (
             f"{self.new_tokens} tokens in {self.rounds} target forwards "
             f"({self.tokens_per_target_forward:.2f} tokens/forward), k={self.k}, "
-            f"acceptance {self.acceptance_rate:.3f}, time {self.total_time * 1e3:.1f} ms "
-            f"(draft {self.draft_time * 1e3:.1f}, verify {self.verify_time * 1e3:.1f}, "
-            f"other {self.other_time * 1e3:.1f})"
+            f"acceptance {self.acceptance_rate:.3f}\n"
+            f"time {self.total_time * 1e3:.1f} ms (draft {self.draft_time * 1e3:.1f}, "
+            f"verify {self.verify_time * 1e3:.1f}, other {self.other_time * 1e3:.1f})"
         )

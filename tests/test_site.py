@@ -31,6 +31,7 @@ it as an artifact). Without Chromium or Playwright the browser test is skipped, 
 from __future__ import annotations
 
 import functools
+import html
 import json
 import os
 import re
@@ -476,3 +477,24 @@ def test_search_previews_hold_no_raw_tex(site: Path):
         for m in re.finditer(r"\\[(\[]|\$\$|\\(?:frac|sum|min|alpha|beta|gamma)\b", doc["text"])
     ]
     assert not raw, f"{len(raw)} raw TeX fragments in search previews: {raw[:10]}"
+
+
+# Characters of monospace output that fit the lessons' code column at 1400 px (measured in the
+# screenshots: 108 visible; 105 leaves a margin for font differences).
+OUTPUT_COLUMNS = 105
+_TEXT_OUTPUT = re.compile(
+    r'<div class="jp-RenderedText jp-OutputArea-output"[^>]*>\s*<pre>(.*?)</pre>', re.DOTALL)
+
+
+def test_lesson_outputs_fit_the_column(site: Path):
+    """No printed line of a lesson is wider than the column: a student would see it cut off."""
+    long = []
+    for page in _lesson_pages(site):
+        html_text = (site / page).read_text(encoding="utf-8")
+        blocks = _TEXT_OUTPUT.findall(html_text)
+        assert blocks or "01_" not in page, f"{page}: no text outputs found: did the markup change?"
+        for block in blocks:
+            text = html.unescape(re.sub(r"<[^>]+>", "", block))
+            long += [f"{page}: {len(line)} chars: {line[:80]!r}..."
+                     for line in text.splitlines() if len(line) > OUTPUT_COLUMNS]
+    assert not long, "\n".join(long)
