@@ -140,6 +140,8 @@ class Engine:
         self.costs = StepCosts()
         self.k_choices: deque[KChoice] = deque(maxlen=10_000)   # adaptive: the latest choices
         self._accepted = self._tested = 0                       # pooled over all requests
+        self._asked: dict[str, list[int]] = {}     # request -> [rounds asked to draft, proposed]
+        self._proposals = [0, 0]                   # the same, pooled over all requests
         self._retry: dict[int, tuple[int, int]] = {}    # bucket -> (step to draft again, interval)
         self._steps = 0
         self._ids = itertools.count()
@@ -250,10 +252,11 @@ class Engine:
         drafts = self.runner.draft(batch, ks)
         t1 = time.perf_counter()
         verdicts, hidden = self.runner.verify(batch, drafts)
-        t2 = time.perf_counter()
         self.runner.rollback(batch, verdicts, hidden)
-        self._learn(ks, drafts, verdicts, t1 - t0, t2 - t1)
-        return self.runner.emit(batch, drafts, verdicts)
+        emitted = self.runner.emit(batch, drafts, verdicts)
+        t2 = time.perf_counter()          # a round's cost beyond drafting: verify, rollback, emit
+        self._learn(batch, ks, drafts, verdicts, t1 - t0, t2 - t1)
+        return emitted
 
     def _draft_lengths(self, batch: list[Sequence]) -> list[int]:
         """Each request's ``k`` this step: its cap (``k`` shrunk near its limits), or with
@@ -265,7 +268,8 @@ class Engine:
         pooled = (self._accepted + 1) / (self._tested + 2)
         alphas = alpha_estimates([s.stats.accepted for s in batch], [s.stats.tested for s in batch],
                                  pooled)
-        choice = choose_ks(alphas, caps, self.k, self.costs)
+        choice = choose_ks(alphas, caps, self.k, self.costs,
+                           proposal_rates=self._proposal_rates(batch))
         if choice is None:                        # explore: measure a plain step, then a full one
             plain_known = self.costs.verify_seconds(len(batch), 1) is not None
             choice = KChoice(len(batch), caps if plain_known else [0] * len(batch), alphas, {})
@@ -274,6 +278,14 @@ class Engine:
             choice = KChoice(len(batch), [min(c, 1) for c in caps], alphas, {})
         self.k_choices.append(choice)
         return choice.ks
+
+    def _proposal_rates(self, batch: list[Sequence], strength: float = 4.0) -> list[float]:
+        """How often each request's drafter proposed anything when asked: its own rounds, shrunk
+        towards the pooled rate (which starts at 1: a drafter is trusted to propose until seen)."""
+        asked, proposed = self._proposals
+        pooled = (proposed + 1) / (asked + 1)
+        counts = [self._asked.get(seq.request_id, (0, 0)) for seq in batch]
+        return [(p + strength * pooled) / (a + strength) for a, p in counts]
 
     def _time_to_retry(self, rows: int) -> bool:
         """While drafting does not pay, draft anyway after 8, then 16, 32, ... plain steps (at this
@@ -287,14 +299,23 @@ class Engine:
         self._retry[rows] = (self._steps + 2 * interval, 2 * interval)
         return True
 
-    def _learn(self, ks: list[int], drafts: list, verdicts: list, draft_s: float, verify_s: float) -> None:
-        """Feed the step's measured costs and acceptance to the goodput model."""
+    def _learn(self, batch: list[Sequence], ks: list[int], drafts: list, verdicts: list,
+               draft_s: float, verify_s: float) -> None:
+        """Feed the step's measured costs and acceptance to the goodput model.
+
+        Acceptance is counted over the drafts proposed; how often a drafter proposes anything
+        when asked is counted apart (an n-gram table without a match proposes nothing).
+        """
         self.costs.record_verify(len(ks), 1 + max(len(d) for d in drafts), verify_s)
         self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
-        for d, v in zip(drafts, verdicts, strict=True):
-            if v is not None:
+        for seq, k, d, v in zip(batch, ks, drafts, verdicts, strict=True):
+            if v is not None and k > 0:
                 self._accepted += v.num_accepted
                 self._tested += v.num_accepted + (v.num_accepted < len(d))
+                counts = self._asked.setdefault(seq.request_id, [0, 0])
+                for c in (counts, self._proposals):
+                    c[0] += 1
+                    c[1] += len(d) > 0
 
     def _isolated(self, phase: Callable[[list[Sequence]], Any], batch: list[Sequence],
                   prefill: bool = False) -> list:
@@ -340,6 +361,7 @@ class Engine:
         """The request's final output (its last token, or none); forgets the request."""
         token, index = (tokens[-1], len(seq.generated) - 1) if tokens else (None, -1)
         del self._sequences[seq.request_id]
+        self._asked.pop(seq.request_id, None)
         self.scheduler.release(seq)                   # its blocks are free from now on
         if self.drafter is not None:
             self.drafter.release(seq)

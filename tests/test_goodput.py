@@ -27,7 +27,29 @@ def test_memory_bound_verify_drafts_the_most():
     choice = choose_ks([0.9], [4], 4, costs_with(lambda t: 1.0, 0.02, rows=1))
     assert choice.ks == [4]
     best = max(choice.goodput.values())
-    assert best == pytest.approx(expected_tokens(0.9, 4) / (1.0 + 4 * 0.02))
+    # drafting's extra seconds (four draft steps here) are charged 1 + margin times
+    assert best == pytest.approx(expected_tokens(0.9, 4) / (1.0 + 1.1 * 4 * 0.02))
+    unmargined = choose_ks([0.9], [4], 4, costs_with(lambda t: 1.0, 0.02, rows=1), margin=0.0)
+    assert max(unmargined.goodput.values()) == pytest.approx(expected_tokens(0.9, 4) / 1.08)
+
+
+def test_a_small_predicted_gain_is_not_taken():
+    """A plan that beats plain decoding by a few per cent on paper does not beat the margin."""
+    costs = costs_with(lambda t: 1.0 + 0.8 * (t - 1), 0.0, rows=16)   # k = 1: verify 1.8
+    alphas = [0.87] * 16                      # E = 1.87 tokens for 1.8 steps: +4 % on paper
+    assert choose_ks(alphas, [1] * 16, 1, costs, margin=0.0).ks == [1] * 16
+    assert choose_ks(alphas, [1] * 16, 1, costs).ks == [0] * 16
+
+
+def test_a_drafter_that_rarely_proposes_is_priced_by_its_proposal_rate():
+    """An n-gram table that proposes in one round of ten: in a big batch every round still pays
+    the wide verify, so drafting loses; at batch size 1 a round without proposal costs a plain
+    step, so drafting still pays."""
+    wide = costs_with(lambda t: 1.0 + 0.3 * (t - 1), 0.0, rows=16)
+    assert choose_ks([0.9] * 16, [4] * 16, 4, wide).ks == [4] * 16          # if it always proposed
+    assert choose_ks([0.9] * 16, [4] * 16, 4, wide, proposal_rates=[0.1] * 16).ks == [0] * 16
+    alone = costs_with(lambda t: 1.0 + 0.05 * (t - 1), 0.0, rows=1)
+    assert choose_ks([0.9], [4], 4, alone, proposal_rates=[0.1]).ks == [4]
 
 
 def test_compute_bound_verify_does_not_draft():
