@@ -1,7 +1,8 @@
 """Benchmark draft trees against draft chains at equal depth, and r(N), the cost of verifying N nodes.
 
 For held-out prompts it runs, on the shipped pair (greedy by default, EOS ignored so the work is
-equal):
+equal; with ``--model NAME``, a real chat model on minispec's five workloads instead, where only the
+n-gram table drafts, since there is no draft model):
 
 * plain ``minispec.generate`` (the baseline: one target forward per token);
 * the chain: ``speculative_generate(k=depth)`` with the draft model and with n-gram drafting;
@@ -19,6 +20,8 @@ Examples::
     python benchmarks/tree.py --threads 1 --repeats 5   # the shipped pair, default branchings
     python benchmarks/tree.py --threads 1 --temperature 0.8  # sampled (trees draw i.i.d. children)
     python benchmarks/tree.py --branching 3,2,1,1 4,2 2,2,2,2 --repeats 5 --threads 2
+    python benchmarks/tree.py --model smollm2-135m-instruct --threads 1 --repeats 1 \
+        --max-new-tokens 48 --branching 1 3,2,1,1 2,2,2,2 --context 300
 
 Not a test: timings depend on the machine and its load.
 """
@@ -33,6 +36,7 @@ from pathlib import Path
 import torch
 
 import minispec as ms
+from minispec import workloads
 from minispec.decoding import GenerationResult
 from minispec.kv_cache import ContiguousKVCache
 from minispec.model import TreeAttention
@@ -56,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy (outputs checked equal); > 0: sampled, seed 0 per run")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--model", default=None,
+                        help="a chat model (e.g. smollm2-135m-instruct) on the five workloads of "
+                             "minispec.workloads instead of the shipped pair; n-gram drafting only")
     return parser.parse_args(argv)
 
 
@@ -71,7 +78,7 @@ def tree_run(target, drafter, prompt, args, branching) -> GenerationResult:
 
 
 def modes(target, draft, args) -> dict:
-    """name -> function(prompt) -> GenerationResult."""
+    """name -> function(prompt) -> GenerationResult (no draft-model modes when ``draft`` is None)."""
     out = {
         "plain": lambda p: ms.generate(target, p, args.max_new_tokens, sampling(args), eos_token_id=[]),
         "chain draft": lambda p: ms.speculative_generate(target, ms.ModelDrafter(draft), p,
@@ -85,7 +92,7 @@ def modes(target, draft, args) -> dict:
         branching = tuple(int(b) for b in spec.split(","))
         out[f"tree draft {spec}"] = lambda p, b=branching: tree_run(target, draft, p, args, b)
         out[f"tree ngram {spec}"] = lambda p, b=branching: tree_run(target, "ngram", p, args, b)
-    return out
+    return {name: run for name, run in out.items() if draft is not None or "draft" not in name}
 
 
 def compare(target, draft, prompts, args) -> None:
@@ -154,13 +161,21 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tok = ms.load("shakespeare-target")
-    draft, _ = ms.load("shakespeare-draft")
-    ids = tok.encode(SNIPPET.read_text())
-    step = max(1, (len(ids) - args.prompt_tokens) // max(1, args.prompts))
-    prompts = [ids[i * step:i * step + args.prompt_tokens] for i in range(args.prompts)]
+    if args.model is None:
+        target, tok = ms.load("shakespeare-target")
+        draft, _ = ms.load("shakespeare-draft")
+        ids = tok.encode(SNIPPET.read_text())
+        step = max(1, (len(ids) - args.prompt_tokens) // max(1, args.prompts))
+        prompts = [ids[i * step:i * step + args.prompt_tokens] for i in range(args.prompts)]
+        label = "shipped pair"
+    else:
+        target, tok = ms.load(args.model)
+        draft = None
+        prompts = list(workloads.encode_tasks(tok).values())
+        ids = [t for p in prompts for t in p]
+        label = f"{args.model} on the {len(prompts)} workloads"
     mode = "greedy" if args.temperature == 0 else f"sampled at T={args.temperature}"
-    print(f"shipped pair, {mode}, depth k={args.depth}, {args.prompts} prompts x {args.max_new_tokens} "
+    print(f"{label}, {mode}, depth k={args.depth}, {len(prompts)} prompts x {args.max_new_tokens} "
           f"new tokens, {torch.get_num_threads()} threads, median of {args.repeats}")
     compare(target, draft, prompts, args)
     r_of_n(target, (ids * 4)[: args.context], args.nodes)

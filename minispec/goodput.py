@@ -113,12 +113,14 @@ class KChoice:
         ks: the draft length given to each request (0: plain decoding for it).
         alphas: each request's acceptance estimate.
         goodput: ``{(K, R): predicted tokens per second}`` of every plan considered.
+        proposal_rates: each request's proposal-rate estimate ``P_b`` (empty when not planned).
     """
 
     batch_size: int
     ks: list[int]
     alphas: list[float]
     goodput: dict[tuple[int, int], float]
+    proposal_rates: list[float] = field(default_factory=list)
 
 
 def alpha_estimates(accepted: list[int], tested: list[int], pooled: float, strength: float = 4.0,
@@ -178,7 +180,7 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     ks = [0] * B
     for b in order[:R]:
         ks[b] = min(K, caps[b])
-    return KChoice(B, ks, list(alphas), goodput)
+    return KChoice(B, ks, list(alphas), goodput, list(rates))
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:

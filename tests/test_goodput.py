@@ -113,3 +113,21 @@ def test_adaptive_engine_keeps_greedy_tokens_and_records_its_choices(kind):
     assert engine.costs.verify and engine.target_cache.num_used_blocks == 0
     drafted = [d for r in results for d in r.stats.drafted_per_round]
     assert max(drafted) <= 3
+    planned = [c for c in engine.k_choices if c.goodput]
+    assert all(len(c.proposal_rates) == c.batch_size for c in planned)
+    assert all(0 < p <= 1 for c in planned for p in c.proposal_rates)
+    if kind == "model":                     # a draft model always proposes: its rate stays 1
+        assert all(p == 1 for c in planned for p in c.proposal_rates)
+
+
+def test_proposal_rates_fall_for_a_drafter_without_matches():
+    """An n-gram table on prompts with nothing to copy proposes little: the engine's estimate of
+    its proposal rate falls below 1, and it stops pricing those rows as if they drafted."""
+    target = tiny_llama(seed=0)
+    prompts = [list(range(i, i + 11)) for i in (1, 12, 23, 34)]   # no repeated n-gram to look up
+    engine = ms.Engine(target, drafter="ngram", k=3, max_batch_size=4, block_size=4, adaptive=True)
+    engine.generate(prompts, progress=False, max_new_tokens=24)
+    asked, proposed = engine._proposals
+    assert asked > 0 and proposed < asked
+    planned = [c for c in engine.k_choices if c.goodput]
+    assert min(p for c in planned for p in c.proposal_rates) < 1
