@@ -1,9 +1,11 @@
-"""Step time, roofline, r(k) and start-up of the eager and the fast forward, side by side.
+"""Step time, roofline, r(k), c and start-up of the eager and the fast forward, side by side.
 
-The same as ``minispec bench costs``; see ``minispec.costs``. Examples::
+The same command as ``minispec bench costs`` (alias ``minispec bench roofline``), with the same
+options; see ``minispec.costs``. Examples::
 
-    python benchmarks/costs.py --threads 1                      # random-weight SmolLM2-135M shape
-    python benchmarks/costs.py --target shakespeare-target --draft shakespeare-draft
+    python benchmarks/costs.py --threads 1 --clock cpu          # the shipped pair (the default)
+    python benchmarks/costs.py --model smollm2-135m-instruct --threads 1 --clock cpu
+    python benchmarks/costs.py --target random:smollm2-135m     # random weights, SmolLM2's shape
 """
 
 import sys
@@ -11,4 +13,4 @@ import sys
 from minispec.costs import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], prog="benchmarks/costs.py"))

@@ -6,23 +6,27 @@ expected acceptance rate, ``c`` the cost of a draft step relative to a target st
 
 The layers, bottom-up (a module imports only from layers below it):
 
-1. maths: :mod:`~minispec.sampling`, :mod:`~minispec.speculative`, :mod:`~minispec.tree`,
-   :mod:`~minispec.theory`, :mod:`~minispec.stats`;
-2. machinery: :mod:`~minispec.block_manager`, :mod:`~minispec.kv_cache`,
-   :mod:`~minispec.paged_cache`, :mod:`~minispec.model`, :mod:`~minispec.fast`,
-   :mod:`~minispec.eagle_head`, :mod:`~minispec.zoo`, :mod:`~minispec.loader`, :mod:`~minispec.chat`;
-3. decoding: :mod:`~minispec.sequence`, :mod:`~minispec.ngram`, :mod:`~minispec.drafters`,
-   :mod:`~minispec.eagle`, :mod:`~minispec.runner`, :mod:`~minispec.adaptive`, :mod:`~minispec.tree_drafters`,
-   :mod:`~minispec.tree_decoding`, :mod:`~minispec.decoding`;
-4. serving: :mod:`~minispec.goodput`, :mod:`~minispec.scheduler`, :mod:`~minispec.engine`;
-5. faces: :mod:`~minispec.viz`, :mod:`~minispec.bench`, :mod:`~minispec.workloads`,
-   :mod:`~minispec.costs`, :mod:`~minispec.zoo.eagle_data`, :mod:`~minispec.zoo.train_eagle`,
-   :mod:`~minispec.cli`.
+1. maths: [`sampling`][minispec.sampling], [`speculative`][minispec.speculative],
+   [`tree`][minispec.tree], [`theory`][minispec.theory], [`stats`][minispec.stats];
+2. machinery: [`block_manager`][minispec.block_manager], [`kv_cache`][minispec.kv_cache],
+   [`paged_cache`][minispec.paged_cache], [`model`][minispec.model], [`fast`][minispec.fast],
+   [`eagle_head`][minispec.eagle_head], [`zoo`][minispec.zoo], [`loader`][minispec.loader],
+   [`chat`][minispec.chat];
+3. decoding: [`sequence`][minispec.sequence], [`ngram`][minispec.ngram],
+   [`drafters`][minispec.drafters], [`eagle`][minispec.eagle], [`runner`][minispec.runner],
+   [`adaptive`][minispec.adaptive], [`tree_drafters`][minispec.tree_drafters],
+   [`tree_decoding`][minispec.tree_decoding], [`decoding`][minispec.decoding];
+4. serving: [`goodput`][minispec.goodput], [`scheduler`][minispec.scheduler],
+   [`engine`][minispec.engine];
+5. faces: [`viz`][minispec.viz], [`bench`][minispec.bench], [`workloads`][minispec.workloads],
+   [`costs`][minispec.costs], ``minispec.zoo.eagle_data``, ``minispec.zoo.train_eagle``,
+   ``minispec.cli``.
 
 Within a layer, modules import each other in the order listed (the one round of speculative
-decoding, :mod:`~minispec.runner`, sits in layer 3 because both the single-sequence loop and the
-engine drive it; the EAGLE head's training recipe lives in :mod:`minispec.zoo` but drives the
-engine, so it is a face). ``tests/test_layers.py`` enforces this order by parsing every import.
+decoding, [`runner`][minispec.runner], sits in layer 3 because both the single-sequence loop and
+the engine drive it; the EAGLE head's training recipe lives in [`minispec.zoo`][minispec.zoo] but
+drives the engine, so it is a face). ``tests/test_layers.py`` enforces this order by parsing every
+import.
 """
 
 from minispec import adaptive, bench, chat, fast, goodput, theory, viz, workloads

@@ -2,21 +2,23 @@
 
 Two questions, two entry points:
 
-* :func:`run_speed` -- how fast is each way of decoding the same greedy continuation? minispec's
+* [`run_speed`][minispec.bench.run_speed] -- how fast is each way of decoding the same greedy
+continuation? minispec's
   ``generate``, ``speculative_generate`` with the draft model (every ``k``), with n-gram tables and
   with prompt lookup, against transformers' ``generate`` (greedy, assisted generation with the
   draft as assistant, prompt lookup). Every method's tokens are checked against minispec greedy:
   greedy speculation must not change a single token.
-* :func:`measure_costs` -- the quantities of Leviathan's Theorem 3.8 on *this* machine: the
+* [`measure_costs`][minispec.bench.measure_costs] -- the quantities of Leviathan's Theorem 3.8 on
+*this* machine: the
   acceptance rate ``alpha``, the cost ratio ``c`` and the verify ratio
-  ``r(gamma) = t(target forward of gamma + 1 tokens) / t(one-token forward)``. :func:`predict`
-  turns them into the speedup the cost model expects,
+  ``r(gamma) = t(target forward of gamma + 1 tokens) / t(one-token forward)``.
+  [`predict`][minispec.bench.predict] turns them into the speedup the cost model expects,
   ``E[tokens](alpha, gamma) / (gamma c + r(gamma))``, next to the paper's ``r = 1`` form.
 
 Timing protocol: methods are run round-robin (every repeat runs every method on every prompt), so a
 machine whose load changes during the run slows all methods alike; the first ``warmup`` repeats
 are thrown away; the reported time of a method is the median over repeats of its total time on the
-prompt set. ``minispec bench`` (see :mod:`minispec.cli`) drives both and writes JSON and a plot.
+prompt set. ``minispec bench`` (see `minispec.cli`) drives both and writes JSON and a plot.
 """
 
 from __future__ import annotations
@@ -218,15 +220,19 @@ def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[li
     """Time every method on its prompt set (round-robin, medians) and check its tokens.
 
     Args:
-        target, draft: the minispec models (``draft`` may be ``None``: no draft-model methods).
+        target: the minispec target model.
+        draft: the minispec draft model (``None``: no draft-model methods).
         prompt_sets: ``{"shakespeare": [...], "repetitive": [...]}`` lists of prompt ids.
         max_new_tokens: per prompt.
         ks: draft lengths for minispec's draft-model speculation.
         k_ngram: draft length of the n-gram and prompt-lookup drafters (both libraries).
         hf_ks: draft lengths for transformers' assisted generation (each adds a slow method).
-        repeats, warmup: timed and discarded repeats.
-        target_dir, draft_dir: Hugging Face directories of the same checkpoints; ``None`` skips
-            the transformers methods.
+        repeats: timed repeats.
+        warmup: discarded repeats before them.
+        target_dir: Hugging Face directory of the target's checkpoint; ``None`` skips the
+            transformers methods.
+        draft_dir: Hugging Face directory of the draft's checkpoint; ``None`` skips the
+            transformers methods.
         adaptive: a draft-length policy to benchmark as ``k=auto`` (``None``: skip).
         ngram: include the n-gram and prompt-lookup drafters (and the draft model on the
             repetitive set).
@@ -235,8 +241,8 @@ def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[li
             process's CPU time, which on one thread counts only its own work on a shared machine.
 
     Returns:
-        One :class:`MethodResult` per method, with ratios against both greedy baselines of the
-        same prompt set.
+        One [`MethodResult`][minispec.bench.MethodResult] per method, with ratios against both
+        greedy baselines of the same prompt set.
     """
     methods = _minispec_methods(target, draft, ks, max_new_tokens, adaptive)
     k_best = ks[len(ks) // 2] if ks else 1
@@ -262,13 +268,15 @@ def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int
         methods: what to time; each runs on ``prompt_sets[method.prompt_set]``.
         prompt_sets: ``{set name: [prompt ids, ...]}``.
         reference: ``{set name: [greedy tokens per prompt]}`` every method must reproduce.
-        repeats, warmup: timed and discarded repeats.
+        repeats: timed repeats.
+        warmup: discarded repeats before them.
         log: progress lines (``None``: silent).
-        clock: wall clock (default) or ``time.process_time`` (see :func:`run_speed`).
+        clock: wall clock (default) or ``time.process_time`` (see
+            [`run_speed`][minispec.bench.run_speed]).
 
     Returns:
-        One :class:`MethodResult` per method; ratios are against the methods named
-        ``"... generate"`` of each family on the same prompt set.
+        One [`MethodResult`][minispec.bench.MethodResult] per method; ratios are against the methods
+        named ``"... generate"`` of each family on the same prompt set.
     """
     say = log or (lambda _line: None)
     totals: dict[int, list[float]] = {i: [] for i in range(len(methods))}
@@ -291,7 +299,8 @@ def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int
 
 def _result(method: Method, totals: list[float], outputs: list[list[int]], stats: list,
             reference: list[list[int]], say: Callable[[str], None]) -> MethodResult:
-    """One method's timings and outputs as a :class:`MethodResult` (ratios filled in later)."""
+    """One method's timings and outputs as a [`MethodResult`][minispec.bench.MethodResult] (ratios
+    filled in later)."""
     mismatches = [j for j, (a, b) in enumerate(zip(outputs, reference, strict=True)) if a != b]
     if mismatches:
         say(f"!!! TOKEN MISMATCH: {method.name} differs from minispec greedy on prompts "
@@ -362,7 +371,8 @@ class Costs:
         alpha_greedy: how often they agree along the target's greedy continuation: the
             acceptance rate of greedy speculation (a draft is accepted iff it is the target's
             argmax), the ``alpha`` that predicts greedy runs.
-        context: cache length the forwards were timed at; threads: torch threads.
+        context: cache length the forwards were timed at.
+        threads: torch threads.
     """
 
     t_target: float
@@ -457,7 +467,8 @@ def measure_costs(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]],
     """Measure ``alpha``, ``c`` and ``r(gamma)`` for the pair on this machine.
 
     Args:
-        target, draft: the pair.
+        target: the target model of the pair.
+        draft: the draft model of the pair.
         prompts: prompt ids; ``alpha`` is measured on their text and on the target's greedy
             continuation of each, the forward timings at a cache of ``context`` tokens.
         max_gamma: ``r`` is measured for ``gamma = 1..max_gamma``.
@@ -465,7 +476,8 @@ def measure_costs(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]],
         max_new_tokens: length of the greedy continuations.
         context: cache length for the timings (default: the mean prompt length plus half of
             ``max_new_tokens``, the middle of a benchmark run).
-        clock: wall clock (default) or ``time.process_time`` (see :func:`run_speed`).
+        clock: wall clock (default) or ``time.process_time`` (see
+            [`run_speed`][minispec.bench.run_speed]).
     """
     if context is None:
         context = round(statistics.mean(len(p) for p in prompts) + max_new_tokens / 2)

@@ -141,7 +141,8 @@ def demo_shipped_pair(max_new_tokens: int, k: int) -> int:
                                                   k=k, tokenizer=tokenizer),
     }
     base = runs["target alone"].tokens
-    print(f"\nThe shipped pair, greedy, prompt {prompt!r}. Green: accepted drafts, red: rejected, blue: target's own token.\n")
+    print(f"\nThe shipped pair, greedy, prompt {prompt!r}: the draft-model run, round by round "
+          "(key below it).\n")
     print(prompt + str(ms.viz.trace(runs[f"draft model, k={k}"], tokenizer)) + "\n")
     for name, out in runs.items():
         same = "identical to target alone" if out.tokens == base else "DIFFERENT (a bug)"
@@ -168,7 +169,7 @@ def demo_real_model(name: str, max_new_tokens: int, k: int) -> int:
                     target, ms.PromptLookupDrafter(), messages, max_new_tokens, k=k,
                     tokenizer=tokenizer)}
         print(f"\n--- task {task!r}. User: {messages[-1]['content']}\n")
-        print("Assistant (prompt lookup; green: accepted drafts, red: rejected, blue: target's own):")
+        print("Assistant (prompt lookup, round by round; key below it):")
         print(str(ms.viz.trace(runs[f"prompt lookup, k={k}"], tokenizer)) + "\n")
         status |= _report_runs(runs)
     return status
@@ -274,6 +275,10 @@ def bench_command(args: argparse.Namespace) -> int:
 
     from minispec import bench
 
+    if args.mode == "costs":  # reached only with options before 'costs': main routes the rest
+        print("minispec bench: 'costs' takes its own options; write them after it: "
+              "minispec bench costs [OPTIONS] (see minispec bench costs --help)", file=sys.stderr)
+        return 2
     if args.model:
         return bench_workloads(args)
     from minispec.adaptive import AdaptiveK
@@ -300,7 +305,7 @@ def bench_command(args: argparse.Namespace) -> int:
           f"{args.repeats} repeats (+{args.warmup} warm-up), medians")
 
     costs, comparison, results = None, [], []
-    if args.mode in ("costs", "all"):
+    if args.mode == "all":
         print("\nmeasuring the cost model ...")
         costs = bench.measure_costs(target, draft, prompt_sets["shakespeare"], max_gamma=max(ks),
                                     repeats=args.cost_repeats, max_new_tokens=args.max_new_tokens)
@@ -389,14 +394,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "generate, speculative decoding with the draft model (each k), "
                                    "n-gram and prompt-lookup drafting, against transformers' "
                                    "generate, assisted generation and prompt lookup; every output "
-                                   "is checked token-equal to minispec greedy. 'costs' measures "
-                                   "alpha, c and r(gamma) and compares the predicted speedup "
-                                   "E[tokens] / (gamma c + r(gamma)) with the measured one. "
-                                   "'minispec bench roofline ARGS' measures a decode step against "
-                                   "the memory roofline and r(k), eager against the fast path "
-                                   "(minispec.costs; 'minispec bench roofline --help').")
+                                   "is checked token-equal to minispec greedy. 'all' also "
+                                   "measures alpha, c and r(gamma) on the generated text and "
+                                   "compares the predicted speedup E[tokens] / (gamma c + "
+                                   "r(gamma)) with the measured one. 'minispec bench costs "
+                                   "[ARGS]' (alias 'roofline') is a separate command with its "
+                                   "own options: a decode step against the memory roofline, r(k), "
+                                   "c and the predicted speedups, eager and the fast path side by "
+                                   "side ('minispec bench costs --help').")
     b.add_argument("mode", nargs="?", choices=("all", "speed", "costs"), default="all",
-                   help="speed table, cost model, or both (default all)")
+                   help="speed table and cost model (all, the default), the speed table alone "
+                        "(speed); 'costs' must come right after 'bench' and takes its own options "
+                        "(minispec bench costs --help)")
     b.add_argument("--model", metavar="NAME",
                    help=f"benchmark a real chat model on the real workloads instead (e.g. {REAL_MODEL}): "
                         "minispec greedy, n-gram and prompt lookup against transformers' greedy and "
@@ -444,10 +453,10 @@ def _shipped_pair_present() -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``minispec`` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["bench", "roofline"]:        # eager against fast: its own options
+    if argv[:2] in (["bench", "costs"], ["bench", "roofline"]):  # eager against fast: own options
         from minispec import costs
 
-        return costs.main(argv[2:])
+        return costs.main(argv[2:], prog=f"minispec bench {argv[1]}")
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         if args.samples < 1 or args.k < 1 or args.max_new_tokens < 1:

@@ -1,14 +1,18 @@
-"""``minispec bench roofline``: what a decode step costs on this machine, eager against fast.
+"""``minispec bench costs``: what a decode step costs on this machine, eager against fast.
+
+(``minispec bench roofline`` is the same command under its older name.)
 
 Decoding is memory-bound: a step reads every weight once, so its floor (the *roofline*) is
 ``weight bytes / read bandwidth``. Theorem 3.8 also assumes that scoring k+1 tokens costs about as
 much as scoring one; the ratio ``r(k) = t(k+1 tokens) / t(1 token)`` measures how far that holds.
 This benchmark measures, in one run and side by side for the eager forward and the packed one
-(:mod:`minispec.fast`):
+([`minispec.fast`][minispec.fast]):
 
 * the read bandwidth (a sum over a 256 MB tensor, probed between the timed steps so that it sees
   the same machine load; the median) and the roofline step time;
-* the one-token step time, its multiple of the roofline, and ``r(k)`` for k = 0..8 at batch 1 and
+* the one-token step time, its multiple of the roofline and the fraction of the roofline it
+  achieves (``roofline / step``; above 1 when the weights fit in a cache, as the shipped pair's
+  do), and ``r(k)`` for k = 0..8 at batch 1 and
   at a larger batch (every row k+1 new tokens after a ``context``-token prefix in a KV cache);
 * the start-up cost of the fast path (packing the weights; nothing is compiled, so there is no
   compile cache to warm);
@@ -17,6 +21,9 @@ This benchmark measures, in one run and side by side for the eager forward and t
 
 Timing protocol: round-robin (every repeat times every mode and every shape once, so a change of
 machine load slows all alike), one warm-up repeat thrown away, medians over the rest.
+
+``matmul_ms`` shows the cause of ``r > 1`` on one matrix: eager ``x @ W.T`` for a few rows against
+the same product from weights packed once ([`PackedLinear`][minispec.fast.PackedLinear]).
 """
 
 from __future__ import annotations
@@ -25,15 +32,17 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from minispec import theory
-from minispec.fast import is_fast, make_fast
+from minispec.fast import PackedLinear, is_fast, make_fast
 from minispec.kv_cache import ContiguousKVCache
 from minispec.model import Llama, ModelConfig
 
@@ -104,6 +113,36 @@ def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     """Memory read bandwidth in GB/s: the median of ``repeats`` probes."""
     probe = BandwidthProbe(megabytes)
     return statistics.median(probe() for _ in range(repeats))
+
+
+@torch.inference_mode()
+def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[int] = (1, 5),
+              repeats: int = 15, clock: str = "wall", seed: int = 0) -> dict[str, dict[int, float]]:
+    """Median ms of one product ``x @ W.T`` with ``W`` (out_features, in_features) in float32 and
+    ``x`` of each number of ``rows``: eager, and from ``W`` packed once (``PackedLinear``).
+
+    The skinny-GEMM effect on one matrix: a decode step is dozens of such products. Round-robin
+    (every repeat times every mode and row count once), one warm-up repeat thrown away.
+    The default shape is 85 MB, larger than the last-level cache of most CPUs (or one core's share
+    of it), so every product reads it from memory.
+
+    Returns: {"eager": {rows: ms}, "fast": {rows: ms}}.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5
+    packed = PackedLinear(weight)
+    xs = {m: torch.randn(m, in_features, generator=gen) for m in rows}
+    run = {"eager": lambda x: x @ weight.T, "fast": packed}
+    tick = CLOCKS[clock]
+    times: dict[str, dict[int, list[float]]] = {mode: {m: [] for m in rows} for mode in run}
+    for rep in range(repeats + 1):
+        for mode, fn in run.items():
+            for m, x in xs.items():
+                start = tick()
+                fn(x)
+                if rep > 0:  # the first repeat is a warm-up
+                    times[mode][m].append((tick() - start) * 1e3)
+    return {mode: {m: statistics.median(v) for m, v in per.items()} for mode, per in times.items()}
 
 
 @dataclass
@@ -249,10 +288,10 @@ def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> s
         eager, fast = (next(m for m in report.modes if m.batch == batch and m.mode == mode)
                        for mode in ("eager", "fast"))
         roof = report.roofline_ms  # a step of any batch reads the weights once
-        lines.append(f"\nbatch {batch}: one-token step  eager {eager.step_ms[1]:.1f} ms "
-                     f"({eager.step_ms[1] / roof:.2f}x roofline)   fast {fast.step_ms[1]:.1f} ms "
-                     f"({fast.step_ms[1] / roof:.2f}x roofline)   "
-                     f"fast/eager {fast.step_ms[1] / eager.step_ms[1]:.2f}")
+        e1, f1 = eager.step_ms[1], fast.step_ms[1]
+        lines.append(f"\nbatch {batch}: one-token step  eager {e1:.1f} ms ({e1 / roof:.2f}x roofline, "
+                     f"fraction achieved {roof / e1:.2f})   fast {f1:.1f} ms ({f1 / roof:.2f}x "
+                     f"roofline, fraction achieved {roof / f1:.2f})   fast/eager {f1 / e1:.2f}")
         lines.append(f"  {'k':>2} {'tokens':>6} {'eager ms':>9} {'r eager':>8} {'fast ms':>8} "
                      f"{'r fast':>7}")
         for k in sorted(eager.r):
@@ -365,16 +404,34 @@ def format_speedups(rows: Sequence[SpeedupRow]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``minispec bench roofline``); returns the exit status."""
+#: What ``minispec bench costs`` measures when neither ``--target`` nor ``--model`` is given.
+SHIPPED_PAIR = ("shakespeare-target", "shakespeare-draft")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") -> int:
+    """Command-line entry point (``minispec bench costs``, alias ``minispec bench roofline``);
+    returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="minispec bench roofline",
-        description="Step time, roofline, r(k) and start-up of the eager and the fast "
-                    "(oneDNN-packed) forward, side by side.")
-    parser.add_argument("--target", default="random:smollm2-135m",
-                        help="a model name/dir for minispec.load, or random:SHAPE "
-                             f"(shapes: {', '.join(SHAPES)}); default %(default)s")
+        prog=prog,
+        description="A decode step against the memory roofline, eager and fast (oneDNN-packed "
+                    "weights, minispec.fast) side by side: read bandwidth, roofline step time "
+                    "(weight bytes / bandwidth) and the fraction achieved, one-token step time, "
+                    "r(k) = t(k+1 tokens) / t(1 token), the draft's c, the fast path's start-up, "
+                    "and the speedup Theorem 3.8 predicts with each mode's r. Default: the "
+                    f"shipped pair ({' + '.join(SHIPPED_PAIR)}). Both modes are always measured.")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--model", default=None, metavar="NAME",
+                       help="a chat model to measure as the target, with no draft model unless "
+                            "--draft is given (c = 0, a context drafter), e.g. "
+                            "smollm2-135m-instruct")
+    which.add_argument("--target", default=None,
+                       help="a model name/dir for minispec.load, or random:SHAPE (random weights, "
+                            f"the real model's speed; shapes: {', '.join(SHAPES)}); default "
+                            f"{SHIPPED_PAIR[0]}, with draft {SHIPPED_PAIR[1]}")
     parser.add_argument("--draft", default=None, help="a draft model, to measure c")
+    parser.add_argument("--fast", action="store_true",
+                        help="accepted for symmetry with 'minispec bench --model --fast'; changes "
+                             "nothing: eager and fast are always measured side by side")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8],
                         help="batch sizes (default: 1 8)")
     parser.add_argument("--context", type=int, default=300, help="cached tokens per row")
@@ -388,25 +445,47 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="weights' dtype; bfloat16 is a different (rounded) model")
     parser.add_argument("--speedups", action="store_true",
                         help="also time greedy decoding with each drafter, eager and fast "
-                             "(needs a loadable --target with a tokenizer)")
+                             "(needs a loadable target with a tokenizer)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per --speedups run")
     parser.add_argument("--clock", default="wall", choices=list(CLOCKS),
                         help="wall time, or this process's CPU time (steadier on a shared "
                              "machine; use with --threads 1)")
-    parser.add_argument("--json", default=None, help="also write the report as JSON here")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="also write the report as JSON to FILE")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="also write the report as JSON to DIR/costs.json")
     args = parser.parse_args(argv)
+    if min(args.batch) < 1 or args.max_k < 0 or args.repeats < 1 or args.context < 1:
+        parser.error("--batch, --repeats and --context must be >= 1, --max-k >= 0")
+    if 1 not in args.batch:
+        parser.error("--batch must include 1 (r and the predicted speedup are at batch 1)")
+    if args.fast:
+        print(f"{prog}: note: --fast changes nothing here; eager and fast are always measured "
+              "side by side", file=sys.stderr)
+    target, draft = args.model or args.target, args.draft
+    if target is None:
+        target, draft = SHIPPED_PAIR[0], draft or SHIPPED_PAIR[1]
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    report = measure(args.target, args.draft, args.batch, args.context, args.max_k, args.repeats,
-                     dtype=getattr(torch, args.dtype), clock=args.clock)
+    try:
+        report = measure(target, draft, args.batch, args.context, args.max_k, args.repeats,
+                         dtype=getattr(torch, args.dtype), clock=args.clock)
+    except (RuntimeError, ValueError, OSError) as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2
     print(format_report(report, args.alpha), flush=True)
     rows = []
     if args.speedups:
-        rows = measure_speedups(args.target, args.draft, args.new_tokens, k=4, clock=args.clock)
+        rows = measure_speedups(target, draft, args.new_tokens, k=4, clock=args.clock)
         print(format_speedups(rows))
-    if args.json:
-        with open(args.json, "w") as f:
+    paths = [args.json] if args.json else []
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        paths.append(str(Path(args.out) / "costs.json"))
+    for path in paths:
+        with open(path, "w") as f:
             json.dump({"costs": asdict(report), "speedups": [asdict(r) for r in rows]}, f, indent=1)
+        print(f"wrote {path}")
     return 0
 
 

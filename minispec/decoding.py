@@ -1,7 +1,8 @@
 """Single-sequence decoding: plain ``generate`` and ``speculative_generate`` (Leviathan Algorithm 1).
 
-The loop drives the same round as the :class:`~minispec.engine.Engine` -- the phases of
-:class:`~minispec.runner.SpeculativeRunner` on a batch of one -- so the two cannot drift apart:
+The loop drives the same round as the [`Engine`][minispec.engine.Engine] -- the phases of
+[`SpeculativeRunner`][minispec.runner.SpeculativeRunner] on a batch of one -- so the two cannot
+drift apart:
 
 1. **draft**: the drafter guesses ``k`` tokens after the context (with the ``q`` of each);
 2. **verify**: one target forward scores ``[last, d_1..d_k]`` and the accept rule keeps a prefix of
@@ -47,8 +48,8 @@ class GenerationResult:
         text: ``tokens`` decoded (and cut before a stop string), when a tokenizer was given.
         finish_reason: ``"length"`` (max_new_tokens), ``"eos"``, ``"stop"`` (stop token id or
             string), ``"max_seq_len"`` (the context is full), ``"error"`` or ``"abort"`` (engine).
-        stats: a :class:`minispec.stats.SpecStats`.
-        rounds: every round's drafts and outcome (drawn by :mod:`minispec.viz`).
+        stats: a [`minispec.stats.SpecStats`][minispec.stats.SpecStats].
+        rounds: every round's drafts and outcome (drawn by [`minispec.viz`][minispec.viz]).
         error: what went wrong, for ``finish_reason="error"``.
     """
 
@@ -69,7 +70,8 @@ def generate(model: Llama, prompt_ids: Any, max_new_tokens: int = 64,
              sampling: SamplingParams | None = None, **kwargs) -> GenerationResult:
     """Plain autoregressive decoding: one target forward per token.
 
-    Args and keyword arguments: as :func:`speculative_generate`, without a drafter.
+    Args and keyword arguments: as [`speculative_generate`][minispec.decoding.speculative_generate],
+    without a drafter.
     """
     return speculative_generate(model, None, prompt_ids, max_new_tokens, k=0, sampling=sampling, **kwargs)
 
@@ -94,7 +96,7 @@ def speculative_generate(
 
     Args:
         target: the target model ``p``.
-        drafter: a draft :class:`~minispec.model.Llama`, a drafter (``ModelDrafter``,
+        drafter: a draft [`Llama`][minispec.model.Llama], a drafter (``ModelDrafter``,
             ``NGramDrafter``, ``PromptLookupDrafter``, any object with ``propose``), a name
             (``"ngram"``, ``"prompt_lookup"``), or ``None`` for plain decoding.
         prompt_ids: prompt token ids, a string or chat messages ``[{"role": ..., "content": ...}]``
@@ -102,8 +104,9 @@ def speculative_generate(
             also stops at the template's end-of-turn token).
         max_new_tokens: at most this many new tokens (an integer >= 0).
         k: drafts per round (gamma), an integer >= 1 with a drafter; shrunk near ``max_seq_len``.
-            Or a draft-length policy such as :class:`minispec.adaptive.AdaptiveK`, asked before
-            every round (``next_k()``) and told the outcome after it; reset once per call.
+            Or a draft-length policy such as
+            [`minispec.adaptive.AdaptiveK`][minispec.adaptive.AdaptiveK], asked before every round
+            (``next_k()``) and told the outcome after it; reset once per call.
         sampling: the adjustments applied to both models' logits and the seed of the one
             ``torch.Generator`` of this call (default: greedy).
         tokenizer: a Hugging Face tokenizer to encode the prompt, decode the result and match
@@ -114,12 +117,12 @@ def speculative_generate(
         max_seq_len: limit on prompt + new tokens, in ``[1, max_position_embeddings]``.
         branching: draft a tree instead of a chain: children per node at each depth, e.g.
             ``(3, 2, 1, 1)`` (``k`` is the depth), all verified in one target forward with tree
-            attention (:func:`minispec.tree_decoding.decode_tree`; draft model or n-gram table).
-            ``None``: the chain of Algorithm 1.
+            attention ([`minispec.tree_decoding.decode_tree`][minispec.tree_decoding.decode_tree];
+            draft model or n-gram table). ``None``: the chain of Algorithm 1.
 
     Returns:
-        A :class:`GenerationResult`; greedy output is token-for-token the target's greedy output,
-        sampled output has the target's law.
+        A [`GenerationResult`][minispec.decoding.GenerationResult]; greedy output is token-for-token
+        the target's greedy output, sampled output has the target's law.
 
     Raises:
         ValueError: for a bad request or configuration (the same checks as ``Engine.add_request``),
@@ -187,7 +190,7 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
                   eos_token_id: int | Seq[int] | None = None) -> Sequence:
     """A request as both loops build it: the prompt encoded (ids, text or chat messages), its EOS
     ids (given, or the target config's, plus the chat template's end of turn for messages), and
-    every check of :meth:`Sequence.new`.
+    every check of [`Sequence.new`][minispec.sequence.Sequence.new].
 
     Raises:
         ValueError: for a bad request, with the same message in either loop.

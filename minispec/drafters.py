@@ -1,7 +1,8 @@
 """Drafters: where the ``k`` guesses of each round come from, behind one batched interface.
 
-Both decoding loops (:func:`minispec.speculative_generate` for one sequence, the
-:class:`~minispec.engine.Engine` for many) talk to a drafter through the same three calls:
+Both decoding loops ([`minispec.speculative_generate`][minispec.decoding.speculative_generate] for
+one sequence, the [`Engine`][minispec.engine.Engine] for many) talk to a drafter through the same
+three calls:
 
 * ``propose_batch(seqs, ks) -> list[Draft]`` -- row ``b`` guesses up to ``ks[b]`` tokens after
   ``seqs[b].context`` and says which distribution ``q`` each guess was drawn from (``probs=None``
@@ -13,13 +14,15 @@ Both decoding loops (:func:`minispec.speculative_generate` for one sequence, the
 
 The drafters:
 
-* :class:`ModelDrafter` runs a small draft model (Leviathan et al.), all rows in one forward per
+* [`ModelDrafter`][minispec.drafters.ModelDrafter] runs a small draft model (Leviathan et al.), all
+rows in one forward per
   draft step, with its own KV cache;
-* :class:`PerRequestDrafter` drives one single-sequence drafter per request: the n-gram and
-  prompt-lookup drafters of :mod:`minispec.ngram` (``propose(context, k) -> Draft``).
+* [`PerRequestDrafter`][minispec.drafters.PerRequestDrafter] drives one single-sequence drafter per
+request: the n-gram and
+  prompt-lookup drafters of [`minispec.ngram`][minispec.ngram] (``propose(context, k) -> Draft``).
 
-:func:`as_drafter` turns what a user passes (a draft model, a drafter, ``"ngram"``, a factory) into
-one of these, the same way for both loops.
+[`as_drafter`][minispec.drafters.as_drafter] turns what a user passes (a draft model, a drafter,
+``"ngram"``, a factory) into one of these, the same way for both loops.
 """
 
 from __future__ import annotations
@@ -87,12 +90,14 @@ def keeps_cache(drafter: Any) -> bool:
 
 
 def as_drafter(spec: Any, copy_per_request: bool = False) -> Drafter | None:
-    """What a user passes as a drafter -> a batched :class:`Drafter` (or ``None``: plain decoding).
+    """What a user passes as a drafter -> a batched [`Drafter`][minispec.drafters.Drafter] (or
+    ``None``: plain decoding).
 
     Args:
-        spec: ``None``; a draft :class:`~minispec.model.Llama`; a batched drafter (has
-            ``propose_batch``, e.g. :class:`ModelDrafter`); ``"ngram"`` or ``"prompt_lookup"``; a
-            single-sequence drafter instance (has ``propose``); or a factory making one.
+        spec: ``None``; a draft [`Llama`][minispec.model.Llama]; a batched drafter (has
+            ``propose_batch``, e.g. [`ModelDrafter`][minispec.drafters.ModelDrafter]); ``"ngram"``
+            or ``"prompt_lookup"``; a single-sequence drafter instance (has ``propose``); or a
+            factory making one.
         copy_per_request: give every request its own deep copy of a single-sequence instance (the
             engine); otherwise the instance itself drafts (one sequence).
     """
@@ -152,17 +157,18 @@ class PerRequestDrafter:
 class ModelDrafter:
     """Drafts with a small language model that shares the target's tokenizer, all rows batched.
 
-    The draft model has its own KV cache (:meth:`attach`; the decoding loop makes it the same kind as
-    the target's). Row ``b`` of a draft step feeds what its cache lacks -- ``seq.context[draft_len:]``:
-    one token normally, two after a round that accepted all ``k`` drafts (``d_k`` was sampled but
-    never fed: the draft lags by one), the whole context on first use or after a preemption (a lazy
-    prefill, done in its own forward so short rows are not padded to the prompt's length). Then
-    ``k - 1`` more steps feed the previous draft. Every row turns its logits into ``q`` with its own
-    ``SamplingParams`` and samples with its own generator. After verify, :meth:`observe` rolls the
-    cache back to the accepted length.
+    The draft model has its own KV cache ([`attach`][minispec.drafters.ModelDrafter.attach]; the
+    decoding loop makes it the same kind as the target's). Row ``b`` of a draft step feeds what its
+    cache lacks -- ``seq.context[draft_len:]``: one token normally, two after a round that accepted
+    all ``k`` drafts (``d_k`` was sampled but never fed: the draft lags by one), the whole context
+    on first use or after a preemption (a lazy prefill, done in its own forward so short rows are
+    not padded to the prompt's length). Then ``k - 1`` more steps feed the previous draft. Every row
+    turns its logits into ``q`` with its own ``SamplingParams`` and samples with its own generator.
+    After verify, [`observe`][minispec.drafters.ModelDrafter.observe] rolls the cache back to the
+    accepted length.
 
     Args:
-        model: the draft :class:`~minispec.model.Llama`.
+        model: the draft [`Llama`][minispec.model.Llama].
         max_seq_len: longest context its cache may hold (default: the model's).
     """
 
@@ -174,7 +180,7 @@ class ModelDrafter:
                                model.config.max_position_embeddings)
         self.cache: KVCache | None = None
         self.forwards = 0
-        self._probe: Sequence | None = None      # the state of :meth:`propose`
+        self._probe: Sequence | None = None      # the state of ``propose``
 
     def attach(self, cache: KVCache) -> None:
         """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``)."""
@@ -185,7 +191,8 @@ class ModelDrafter:
         return ModelDrafter(self.model, self.max_seq_len)
 
     def check_target(self, target: Llama) -> None:
-        """``ValueError`` unless the draft shares ``target``'s token ids (:func:`check_compatible`)."""
+        """``ValueError`` unless the draft shares ``target``'s token ids
+        ([`check_compatible`][minispec.drafters.check_compatible])."""
         check_compatible(target.config, self.model.config)
 
     @torch.inference_mode()
@@ -261,12 +268,13 @@ class ModelDrafter:
 
     @property
     def fed(self) -> list[int]:
-        """Token ids whose keys and values sit in :meth:`propose`'s cache slot."""
+        """Token ids whose keys and values sit in
+        [`propose`][minispec.drafters.ModelDrafter.propose]'s cache slot."""
         return [] if self._probe is None else self._probe.context[: self._probe.draft_len]
 
     @property
     def slot(self) -> int | None:
-        """:meth:`propose`'s cache slot."""
+        """[`propose`][minispec.drafters.ModelDrafter.propose]'s cache slot."""
         return None if self._probe is None else self._probe.draft_slot
 
 

@@ -26,7 +26,7 @@ SmolLM2-135M the full head is 28 M of 135 M parameters, a fifth of a target step
 (the FR-Spec lever). ``q`` is zero outside ``V'``, so verification stays exact.
 
 Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding, norm
-and LM head are the target's, bound with :meth:`EagleHead.bind`.
+and LM head are the target's, bound with [`EagleHead.bind`][minispec.eagle_head.EagleHead.bind].
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class EagleHead(nn.Module):
     """The head's own weights, plus references to the target's frozen embedding, norm and LM head.
 
     Args:
-        config: the target's :class:`~minispec.model.ModelConfig`; the head uses one layer of it
-            (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV cache).
+        config: the target's [`ModelConfig`][minispec.model.ModelConfig]; the head uses one layer of
+            it (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV cache).
         vocab: the draft vocabulary ``V'`` as sorted token ids, or ``None`` for the full one.
     """
 
@@ -111,7 +111,7 @@ class EagleHead(nn.Module):
 
     @property
     def target(self) -> Llama:
-        """The bound target (``ValueError`` before :meth:`bind`)."""
+        """The bound target (``ValueError`` before [`bind`][minispec.eagle_head.EagleHead.bind])."""
         if not self._target:
             raise ValueError("the head is not bound to a target: call head.bind(target)")
         return self._target[0]
@@ -139,7 +139,8 @@ class EagleHead(nn.Module):
             input_ids: (B, T) the tokens ``x_t``.
             features: (B, T, D) the features ``f_{t-1}`` (the target's, or the head's own).
             positions: (B, T) pair index ``t - 1`` of each row; -1 marks padding.
-            cache, slots: the head's KV cache and each row's slot, or both None (causal over T).
+            cache: the head's KV cache, or None (causal over T; then ``slots`` is None too).
+            slots: each row's slot in ``cache``, or None with no cache.
 
         Returns:
             (logits (B, T, V') over the draft vocabulary, predicted features f'_t (B, T, D)).
@@ -169,9 +170,10 @@ class EagleHead(nn.Module):
         return F.linear(feature, self.head_weight)                              # (B, T, V')
 
     def make_fast(self) -> EagleHead:
-        """Pack ``fc``, the layer and the ``V'`` rows for oneDNN (:mod:`minispec.fast`), in place,
-        for inference: the same drafts up to float rounding. Warns and stays eager where the fast
-        path is unavailable; :meth:`bind` again after it to re-pack the LM head rows."""
+        """Pack ``fc``, the layer and the ``V'`` rows for oneDNN ([`minispec.fast`][minispec.fast]),
+        in place, for inference: the same drafts up to float rounding. Warns and stays eager where
+        the fast path is unavailable; [`bind`][minispec.eagle_head.EagleHead.bind] again after it to
+        re-pack the LM head rows."""
         reason = fast.unavailable_reason(self.target)
         if reason is not None:
             warnings.warn(f"minispec.fast: {reason}; the head runs eager", RuntimeWarning, stacklevel=2)
@@ -212,7 +214,8 @@ def save_head(head: EagleHead, directory: str | Path, *, dtype: torch.dtype = to
 
 
 def load_head(directory: str | Path, target: Llama) -> EagleHead:
-    """A head saved by :func:`save_head`, bound to ``target`` on its device and dtype.
+    """A head saved by [`save_head`][minispec.eagle_head.save_head], bound to ``target`` on its
+    device and dtype.
 
     Raises:
         FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.

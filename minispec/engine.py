@@ -1,11 +1,14 @@
 """A continuous-batching speculative decoding engine: many requests, one batched round per step.
 
-Requests come and go while the engine runs (continuous batching): :meth:`Engine.add_request`
-queues one, :meth:`Engine.step` runs one speculative round for every running request and returns
-the tokens it produced, :meth:`Engine.generate` and :meth:`Engine.stream` drive the loop for a list
-of prompts, :meth:`Engine.abort` cancels one. The round itself is
-:class:`~minispec.runner.SpeculativeRunner`'s, the same one :func:`minispec.speculative_generate`
-drives for a single sequence; the engine only adds scheduling (:mod:`minispec.scheduler`) and the
+Requests come and go while the engine runs (continuous batching):
+[`Engine.add_request`][minispec.engine.Engine.add_request] queues one,
+[`Engine.step`][minispec.engine.Engine.step] runs one speculative round for every running request
+and returns the tokens it produced, [`Engine.generate`][minispec.engine.Engine.generate] and
+[`Engine.stream`][minispec.engine.Engine.stream] drive the loop for a list of prompts,
+[`Engine.abort`][minispec.engine.Engine.abort] cancels one. The round itself is
+[`SpeculativeRunner`][minispec.runner.SpeculativeRunner]'s, the same one
+[`minispec.speculative_generate`][minispec.decoding.speculative_generate] drives for a single
+sequence; the engine only adds scheduling ([`minispec.scheduler`][minispec.scheduler]) and the
 guarantee that one bad request never hurts another.
 """
 
@@ -69,9 +72,10 @@ class Engine:
 
     Args:
         target: the target model ``p``; the engine runs on its device.
-        drafter: what drafts, as for :func:`minispec.speculative_generate`: a draft model, a
-            ``ModelDrafter``, ``"ngram"``, ``"prompt_lookup"``, a single-sequence drafter instance
-            (copied per request) or a factory; ``None`` for plain decoding.
+        drafter: what drafts, as for
+            [`minispec.speculative_generate`][minispec.decoding.speculative_generate]: a draft
+            model, a ``ModelDrafter``, ``"ngram"``, ``"prompt_lookup"``, a single-sequence drafter
+            instance (copied per request) or a factory; ``None`` for plain decoding.
         draft: a draft model (the same as ``drafter=draft``; kept for the familiar spelling).
         k: drafts per round (gamma), an integer >= 1 with a drafter; ignored without one.
         max_batch_size: most requests running at once.
@@ -83,14 +87,14 @@ class Engine:
         tokenizer: for chat-message prompts and stop strings (optional).
         adaptive: choose each step's draft length per request (0..k) to maximise the batch's
             expected tokens per second, from each request's acceptance and the step costs the
-            engine measures (:mod:`minispec.goodput`); the choices are in :attr:`k_choices`.
-            ``False``: every request drafts ``k`` (shrunk only near its limits).
+            engine measures ([`minispec.goodput`][minispec.goodput]); the choices are in
+            `k_choices`. ``False``: every request drafts ``k`` (shrunk only near its limits).
         max_num_batched_tokens: a per-step token budget (vLLM's name): the running requests'
             rounds come first, and prompts are prefilled in chunks with what is left, so a long
             prompt never stalls the requests already decoding (chunked prefill). ``None``: each
             admitted prompt is prefilled whole in the step that admits it.
 
-    One :meth:`step`:
+    One [`step`][minispec.engine.Engine.step]:
 
     1. **schedule** -- retire finished requests, reserve ``n + k_round`` cache positions for each
        running request (preempting the newest by recompute when the pool is short), admit waiting
@@ -102,9 +106,9 @@ class Engine:
        per-request accept/reject with each request's own generator, per-request truncation of both
        caches, tokens appended until each request's stop rules fire.
 
-    A request with something wrong is refused by :meth:`add_request` with a ``ValueError``; one
-    that fails inside a step (NaN logits, a drafter raising) finishes alone with
-    ``finish_reason="error"``, its memory is freed and the other requests go on.
+    A request with something wrong is refused by [`add_request`][minispec.engine.Engine.add_request]
+    with a ``ValueError``; one that fails inside a step (NaN logits, a drafter raising) finishes
+    alone with ``finish_reason="error"``, its memory is freed and the other requests go on.
     """
 
     def __init__(self, target: Llama, draft: Llama | None = None, drafter: Any = None, k: int = 4,
@@ -176,7 +180,8 @@ class Engine:
                     request_id: str | None = None, max_new_tokens: int = 64,
                     stop_token_ids: Seq[int] = (), stop: str | Seq[str] = (),
                     eos_token_id: int | Seq[int] | None = None) -> str:
-        """Queue a request; returns its id. Arguments as :func:`minispec.speculative_generate`.
+        """Queue a request; returns its id. Arguments as
+        [`minispec.speculative_generate`][minispec.decoding.speculative_generate].
 
         Raises:
             ValueError: for a bad request (the same checks as ``speculative_generate``: ids outside
@@ -219,7 +224,8 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
-        """Schedule, prefill, draft, verify, roll back, emit (see :class:`Engine`)."""
+        """Schedule, prefill, draft, verify, roll back, emit (see
+        [`Engine`][minispec.engine.Engine])."""
         outputs, self._pending = self._pending, []
         self._steps += 1
         scheduled = self.scheduler.schedule()
@@ -260,8 +266,9 @@ class Engine:
 
     def _draft_lengths(self, batch: list[Sequence]) -> list[int]:
         """Each request's ``k`` this step: its cap (``k`` shrunk near its limits), or with
-        ``adaptive`` the goodput-maximising choice (:func:`minispec.goodput.choose_ks`). While the
-        costs at this batch size are unknown, a plain step and a full step measure them."""
+        ``adaptive`` the goodput-maximising choice
+        ([`minispec.goodput.choose_ks`][minispec.goodput.choose_ks]). While the costs at this batch
+        size are unknown, a plain step and a full step measure them."""
         caps = [seq.round_k(self.k) for seq in batch]
         if not self.adaptive or not any(caps):
             return caps
@@ -383,10 +390,13 @@ class Engine:
             sampling: one ``SamplingParams`` for all (each request seeds its own generator from
                 it), or one per prompt.
             progress: a tqdm bar counting finished requests (off when ``TQDM_DISABLE`` is set).
-            max_new_tokens: as :meth:`add_request`, for every prompt.
-            stop_token_ids: as :meth:`add_request`, for every prompt.
-            stop: as :meth:`add_request`, for every prompt.
-            eos_token_id: as :meth:`add_request` (``[]``: every request runs to ``max_new_tokens``).
+            max_new_tokens: as [`add_request`][minispec.engine.Engine.add_request], for every
+                prompt.
+            stop_token_ids: as [`add_request`][minispec.engine.Engine.add_request], for every
+                prompt.
+            stop: as [`add_request`][minispec.engine.Engine.add_request], for every prompt.
+            eos_token_id: as [`add_request`][minispec.engine.Engine.add_request] (``[]``: every
+                request runs to ``max_new_tokens``).
 
         Raises:
             ValueError: for any bad prompt; then no request of this call is left behind.
@@ -401,8 +411,8 @@ class Engine:
     def stream(self, prompts: Seq[Any], sampling: SamplingParams | Seq[SamplingParams] | None = None,
                max_new_tokens: int = 64, stop_token_ids: Seq[int] = (), stop: str | Seq[str] = (),
                eos_token_id: int | Seq[int] | None = None) -> Iterator[StepOutput]:
-        """Like :meth:`generate`, but yield each ``StepOutput`` of these prompts as it is accepted
-        (several per step when drafts are accepted)."""
+        """Like [`generate`][minispec.engine.Engine.generate], but yield each ``StepOutput`` of
+        these prompts as it is accepted (several per step when drafts are accepted)."""
         ids = set(self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id))
         open_ids = set(ids)
         while open_ids:

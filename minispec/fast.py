@@ -11,8 +11,8 @@ The fix is to pay the packing once. ``make_fast(model)`` replaces each ``nn.Line
 ``PackedLinear`` that keeps the weight in oneDNN's blocked layout, reordered once, and calls the
 same primitive torch's own compiler (inductor, ``freezing=True``, dynamic shapes) emits for a
 linear layer on CPU: ``torch.ops.mkldnn._linear_pointwise``. Nothing is compiled, so there is no
-start-up beyond the reorder (0.4-0.9 s for SmolLM2-135M on 2 cores), and every shape (any batch,
-any number of tokens) is served by the same packed weights.
+start-up beyond the reorder (0.4-0.9 s for SmolLM2-135M on 2 cores, 0.5-1.8 s on one loaded
+core), and every shape (any batch, any number of tokens) is served by the same packed weights.
 
 Exactness: the packed GEMM adds the same products in a different order than eager's BLAS call, so
 logits differ from eager by float32 rounding only, a few 1e-6 of the logits' scale: 0 on the tiny
@@ -30,13 +30,37 @@ and pickle the ``state_dict``, not the module.
 Where oneDNN is not available (a torch built without it, a non-CPU device, a dtype it does not
 pack) ``make_fast`` warns once and leaves the model eager.
 
-What is left (SmolLM2-135M, one thread, CPU time, ``minispec bench roofline --clock cpu``): the
-roofline is 538 MB / 37.5 GB/s = 14.3 ms; the packed GEMMs alone stream at ~29 GB/s (18.7 ms,
-1.3x the roofline); the ~1,300 small operations of a step (norms, RoPE, cache writes, attention,
-residuals; ~10 us per oneDNN call against ~1-3 us for an eager ``mm``) add ~8 ms, so a one-token
-step takes ~28 ms (2x the roofline). Fusing those small operations (a compiler's job) is the next
-term; verification is already nearly free at batch 1 (r(4) about 1.2). At batch 8 r grows
-again because 8 x (k+1) rows make the step arithmetic-bound, which no packing changes.
+What it achieves, and what is left: SmolLM2-135M-Instruct, batch 1, one thread, CPU time,
+``minispec bench costs --model smollm2-135m-instruct --threads 1 --clock cpu --batch 1``. The
+numbers move with the machine and its load (shared 2-core virtual machines), so two runs are
+given: an earlier one, as an audit of issue 12 recorded it, and a loaded one on an Intel Xeon:
+
+| SmolLM2-135M, batch 1          | earlier, ~37 GB/s | loaded, 14.5-15.1 GB/s (3 runs) |
+| ------------------------------ | ----------------- | ------------------------------- |
+| roofline (538 MB / bandwidth)  | 14.5 ms           | 35.6-37.0 ms                    |
+| one-token step, eager / fast   | 41 / 26.1 ms      | 47.4-52.5 / 54.7-59.8 ms        |
+| step / roofline, eager / fast  | 2.83x / 1.80x     | 1.33-1.42x / 1.50-1.61x         |
+| r(4) (5 tokens), eager / fast  | 1.74-1.78 / 1.32  | 1.65-1.74 / 1.12-1.20           |
+| r(8) (9 tokens), eager / fast  | not recorded      | 2.23-2.33 / 1.32-1.34           |
+
+The goals of issue 12 are not met cleanly. The packed one-token step is 1.5-1.8x the roofline
+(goal 1.5x); under load it is even slower than eager's (the bandwidth probe is shared too, so
+the roofline grows and every ratio flatters). r(4) is 1.12-1.32 (goal 1.2): met in the loaded
+runs, missed in the earlier one; verification is much cheaper than eager's, not free. What limits:
+
+* oneDNN's kernel for one row streams no faster than the BLAS's GEMV (loaded run): on one 85 MB
+  matrix (2304 x 9216, ``minispec.costs.matmul_ms``) one row takes 5.6 ms packed against 4.6 ms
+  eager; packing wins on 5 rows (6.7 against 9.4 ms, 1.2x its one row against eager's 2.1x), not
+  on one. So in the loaded runs the packed one-token step loses to eager's;
+  the earlier run's gain on the step (26.1 against 41 ms) did not reproduce there.
+* the ~1,300 small operations of a step (norms, RoPE, cache writes, attention, residuals; ~10 us
+  per oneDNN call against ~1-3 us for an eager ``mm``) add several ms; fusing them is a
+  compiler's job.
+* at batch 8, 8 x (k+1) rows make the step arithmetic-bound and r grows again, which no packing
+  changes.
+
+On the shipped pair (19 MB, which fits in the cache) neither mode pays much for k+1 tokens (r(4)
+0.95-1.06) and the per-call overhead makes the packed step slower (4.3 against 3.3 ms).
 """
 
 from __future__ import annotations
@@ -159,7 +183,7 @@ def is_fast(model: Llama) -> bool:
 def make_fast(model: Llama) -> Llama:
     """Pack every projection and the LM head of ``model`` once, in place; returns ``model``.
 
-    Every layer is packed by :func:`pack_block`; the LM head gets a packed copy. Logits equal eager's up to float rounding, for any batch size and number of tokens.
+    Every layer is packed by [`pack_block`][minispec.fast.pack_block]; the LM head gets a packed copy. Logits equal eager's up to float rounding, for any batch size and number of tokens.
     Calling it twice is harmless. Where the fast path is unavailable (see ``unavailable_reason``)
     it warns once and returns the model unchanged (eager).
 
@@ -198,7 +222,7 @@ def pack_block(layer: Block) -> Block:
 
 
 def unpack_block(layer: Block) -> Block:
-    """Undo :func:`pack_block` in place."""
+    """Undo [`pack_block`][minispec.fast.pack_block] in place."""
     attn, mlp = layer.self_attn, layer.mlp
     attn.qkv_proj = mlp.gate_up_proj = None
     if isinstance(attn.o_proj, PackedLinear):

@@ -8,17 +8,21 @@ compute-bound, ``k + 1`` tokens per row cost nearly ``k + 1`` times as much, and
 Which side of the crossover a step is on depends on the batch size, the model, the machine and each
 request's acceptance, so nothing here is hard-coded; everything is measured:
 
-* :class:`StepCosts` learns the seconds of a verify forward by shape ``(B rows, T tokens per
+* [`StepCosts`][minispec.goodput.StepCosts] learns the seconds of a verify forward by shape
+``(B rows, T tokens per
   row)`` and of one draft step by the number of drafting rows, from the engine's own steps
-  (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...: :func:`bucket`). Until
-  both a plain step and a full-``k`` step have been seen at a bucket, the engine runs one of each
-  (real steps that emit tokens: nothing is spent on calibration);
-* :func:`alpha_estimates` gives each request's acceptance estimate: its own accepted / tested drafts,
+  (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
+  [`bucket`][minispec.goodput.bucket]). Until both a plain step and a full-``k`` step have been seen
+  at a bucket, the engine runs one of each (real steps that emit tokens: nothing is spent on
+  calibration);
+* [`alpha_estimates`][minispec.goodput.alpha_estimates] gives each request's acceptance estimate:
+its own accepted / tested drafts,
   shrunk towards the pooled acceptance of all requests (a Beta prior), so a new request starts from
   what the engine has seen, plus one standard deviation of optimism (an upper confidence bound):
   a request that stopped drafting on an unlucky start gets to try again as the bonus outweighs
   the evidence, and one with a long record is judged on it;
-* :func:`choose_ks` picks, for every ``K`` in ``0..k_max`` and every ``R``, the plan "the ``R``
+* [`choose_ks`][minispec.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and every ``R``,
+the plan "the ``R``
   requests with the highest acceptance draft ``K`` tokens, the others none" with the most expected
   tokens per second::
 
@@ -35,7 +39,8 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   ``benchmarks/engine.py``. Charging the extra cost (not the whole step) keeps cheap bets: at
   batch size 1 a drafter that proposes nothing costs a plain step, so trying it costs little.
 
-The choices and their inputs are kept as :class:`KChoice` records (``Engine.k_choices``).
+The choices and their inputs are kept as [`KChoice`][minispec.goodput.KChoice] records
+(``Engine.k_choices``).
 """
 
 from __future__ import annotations
@@ -58,9 +63,10 @@ def bucket(rows: int) -> int:
 class StepCosts:
     """Measured seconds of the engine's two kinds of forward, by shape (module docstring).
 
-    Everything comes from the engine's own steps (moving averages, kept per :func:`bucket` of the
-    batch size); a shape not measured yet is read off a straight line through the measured ones
-    (a forward's cost grows about linearly with the tokens it scores).
+    Everything comes from the engine's own steps (moving averages, kept per
+    [`bucket`][minispec.goodput.bucket] of the batch size); a shape not measured yet is read off a
+    straight line through the measured ones (a forward's cost grows about linearly with the tokens
+    it scores).
 
     Attributes:
         verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.

@@ -60,9 +60,10 @@ def load(
         dtype: e.g. ``torch.bfloat16`` or ``"bfloat16"``. Default: float32 on CPU (fast and exact
             there), the checkpoint's own ``dtype``/``torch_dtype`` on other devices.
         local_files_only: never download a hub id (``HF_HUB_OFFLINE=1`` does the same).
-        fast: pack the weights once for oneDNN's GEMM kernels (:func:`minispec.fast.make_fast`):
-            the same model and, up to float rounding, the same logits, with verifying ``k + 1``
-            tokens nearly as cheap as one on CPU; warns once and stays eager where unavailable.
+        fast: pack the weights once for oneDNN's GEMM kernels
+            ([`minispec.fast.make_fast`][minispec.fast.make_fast]): the same model and, up to float
+            rounding, the same logits, with verifying ``k + 1`` tokens nearly as cheap as one on
+            CPU; warns once and stays eager where unavailable.
 
     Returns:
         (model in eval mode, ``transformers`` tokenizer or None when the checkpoint has none).

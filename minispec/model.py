@@ -10,10 +10,10 @@ and position -1 marks padding. That is what speculative decoding needs: a verify
 and the KV cache is rolled back by simply forgetting positions.
 
 A draft *tree* is scored in one forward too (SpecInfer's tree attention): pass a
-:class:`TreeAttention`. Siblings share a RoPE position (committed length + depth), so the cache
-cannot store tree nodes by position: each new token also gets a *storage* index (its cache
-position), and attention sees every committed cache position plus exactly the tree nodes the mask
-allows. After verification the cache keeps the accepted path only (``KVCache.compact``).
+[`TreeAttention`][minispec.model.TreeAttention]. Siblings share a RoPE position (committed length +
+depth), so the cache cannot store tree nodes by position: each new token also gets a *storage* index
+(its cache position), and attention sees every committed cache position plus exactly the tree nodes
+the mask allows. After verification the cache keeps the accepted path only (``KVCache.compact``).
 
 Shapes: B batch, T new tokens, S keys attended to, D hidden size, V vocabulary,
 n_h query heads, n_kv key/value heads, hd head dim.
@@ -319,8 +319,9 @@ class TreeAttention:
 def tree_attention_mask(tree: TreeAttention, key_positions: torch.Tensor) -> torch.Tensor:
     """Boolean mask (B, 1, T, S) of a tree forward: committed keys, plus the tree nodes allowed.
 
-    Args: tree — see :class:`TreeAttention`; key_positions (B, S) cache position of each key
-    column, -1 where there is none. Padding queries see every key (their output is ignored).
+    Args: tree — see [`TreeAttention`][minispec.model.TreeAttention]; key_positions (B, S) cache
+    position of each key column, -1 where there is none. Padding queries see every key (their output
+    is ignored).
     """
     B, T, W = tree.mask.shape
     start = tree.start.view(B, 1)  # (B, 1)
@@ -392,8 +393,9 @@ class Llama(nn.Module):
                 anyway, so asking costs nothing.
             tree: score a draft tree (tree attention). ``positions`` are then the RoPE positions
                 (committed length + depth: siblings share one), the keys/values are stored at
-                ``tree.storage`` and attention follows ``tree.mask`` (see :class:`TreeAttention`).
-                ``None``: the chain path, storage = positions, causal by position.
+                ``tree.storage`` and attention follows ``tree.mask`` (see
+                [`TreeAttention`][minispec.model.TreeAttention]). ``None``: the chain path, storage
+                = positions, causal by position.
 
         Returns:
             logits (B, T, V) in the model dtype, or ``(logits, hidden)`` with ``return_hidden``.

@@ -1,15 +1,18 @@
 """Drafters without a model: draft by looking the continuation up in the text itself.
 
-* :class:`NGramDrafter` is akunu's predictor: counts of 2- to 4-grams over a window of recent
+* [`NGramDrafter`][minispec.ngram.NGramDrafter] is akunu's predictor: counts of 2- to 4-grams over a
+window of recent
   tokens, most frequent continuation, longest context first.
-* :class:`PromptLookupDrafter` copies what followed the last earlier occurrence of the context's
+* [`PromptLookupDrafter`][minispec.ngram.PromptLookupDrafter] copies what followed the last earlier
+occurrence of the context's
   suffix (prompt lookup decoding).
 
 Both are deterministic, so ``q`` is one-hot (``Draft.probs is None``) and sampling stays exact.
 Each answers ``propose(context, k) -> Draft`` for one sequence and syncs its tables with
 ``context`` on every call, so rollback needs no extra call: the context *is* the accepted sequence.
-The decoding loops drive them through :class:`minispec.drafters.PerRequestDrafter` (one instance
-per request).
+The decoding loops drive them through
+[`minispec.drafters.PerRequestDrafter`][minispec.drafters.PerRequestDrafter] (one instance per
+request).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """One speculative round, written once: prefill, draft, verify, roll back, emit.
 
-:class:`SpeculativeRunner` owns the target model, its KV cache and the drafter, and turns a batch
-of :class:`~minispec.sequence.Sequence` objects into tokens. Both decoding loops call its phases in
-the same order -- :func:`minispec.speculative_generate` with a batch of one, the
-:class:`~minispec.engine.Engine` with every running request::
+[`SpeculativeRunner`][minispec.runner.SpeculativeRunner] owns the target model, its KV cache and the
+drafter, and turns a batch of [`Sequence`][minispec.sequence.Sequence] objects into tokens. Both
+decoding loops call its phases in the same order --
+[`minispec.speculative_generate`][minispec.decoding.speculative_generate] with a batch of one, the
+[`Engine`][minispec.engine.Engine] with every running request::
 
     drafts = runner.draft(seqs, ks)                     # 1. k_b guesses per row (+ q)
     verdicts, hidden = runner.verify(seqs, drafts)      # 2. ONE target forward, accept / reject
@@ -12,8 +13,9 @@ the same order -- :func:`minispec.speculative_generate` with a batch of one, the
 
 so every rule of a round exists once: the verify forward (row ``b`` feeds ``[last, d_1..d_kb]`` at
 positions ``n_b-1..``), the accept rule (greedy rows compare argmaxes, sampled rows go through
-:func:`~minispec.speculative.verify_batch` with their own generators), the NaN check, the rollback of
-both caches, the drafter's hook, the stop rules (in :meth:`Sequence.append`) and the statistics.
+[`verify_batch`][minispec.speculative.verify_batch] with their own generators), the NaN check, the
+rollback of both caches, the drafter's hook, the stop rules (in
+[`Sequence.append`][minispec.sequence.Sequence.append]) and the statistics.
 
 A request whose logits contain NaN fails alone (``finish_reason="error"``): it gets no verdict and
 no token, and the other rows go on. The counters ``target_forwards``, ``draft_forwards`` and
@@ -42,7 +44,7 @@ class SpeculativeRunner:
     Args:
         target: the target model ``p``; the runner works on its device.
         target_cache: its KV cache; each sequence's slot is ``seq.slot``, reserved for the round.
-        drafter: a batched :class:`~minispec.drafters.Drafter`, or ``None`` (plain decoding).
+        drafter: a batched [`Drafter`][minispec.drafters.Drafter], or ``None`` (plain decoding).
     """
 
     def __init__(self, target: Llama, target_cache, drafter: Drafter | None = None) -> None:

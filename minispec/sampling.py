@@ -168,7 +168,8 @@ def one_hot(tokens: Tensor, vocab_size: int) -> Tensor:
 
 def probs_for_rows(logits: Tensor, params: Sequence[SamplingParams],
                    contexts: Sequence[Sequence[int]] | None = None) -> Tensor:
-    """:func:`probs_from_logits` with each row's own ``SamplingParams`` (rows of a batch).
+    """[`probs_from_logits`][minispec.sampling.probs_from_logits] with each row's own
+    ``SamplingParams`` (rows of a batch).
 
     Args:
         logits: ``(N, V)`` raw scores.

@@ -1,7 +1,8 @@
 """The continuous-batching scheduler: who runs this step, and who waits (vLLM's names).
 
 Requests queue in ``waiting`` (FIFO) and move to ``running`` when admitted; every step the engine
-runs one speculative round for every running sequence. :meth:`Scheduler.schedule` does, in order:
+runs one speculative round for every running sequence.
+[`Scheduler.schedule`][minispec.scheduler.Scheduler.schedule] does, in order:
 
 1. **retire** finished sequences (their cache slots and blocks go back to the pool);
 2. **reserve** the positions each running sequence's round will write (``n + k_round``: the
@@ -15,14 +16,17 @@ runs one speculative round for every running sequence. :meth:`Scheduler.schedule
    a request preempted for lack of blocks is not readmitted into the same shortage at once, only
    when the pool has some slack again.
 
-The engine hands each request back with :meth:`Scheduler.release` as soon as it finishes (or is
-aborted), so its blocks are free at once; :meth:`Scheduler.schedule` still retires, once per step,
-anything that finished without being released.
+The engine hands each request back with [`Scheduler.release`][minispec.scheduler.Scheduler.release]
+as soon as it finishes (or is aborted), so its blocks are free at once;
+[`Scheduler.schedule`][minispec.scheduler.Scheduler.schedule] still retires, once per step, anything
+that finished without being released.
 
-A request that could not fit even in an empty pool is refused by :meth:`Scheduler.add` with a
-``ValueError``, so the loop above always makes progress. The scheduler is pure Python: it sees
-the KV memory only through the small :class:`CacheSpace` interface, which
-:class:`KVCacheSpace` implements on top of the engine's target (and draft) ``KVCache``.
+A request that could not fit even in an empty pool is refused by
+[`Scheduler.add`][minispec.scheduler.Scheduler.add] with a ``ValueError``, so the loop above always
+makes progress. The scheduler is pure Python: it sees the KV memory only through the small
+[`CacheSpace`][minispec.scheduler.CacheSpace] interface, which
+[`KVCacheSpace`][minispec.scheduler.KVCacheSpace] implements on top of the engine's target (and
+draft) ``KVCache``.
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ class CacheSpace(Protocol):
 
 
 class KVCacheSpace:
-    """:class:`CacheSpace` over a target ``KVCache`` and, optionally, the draft model's.
+    """[`CacheSpace`][minispec.scheduler.CacheSpace] over a target ``KVCache`` and, optionally, the
+    draft model's.
 
     The two caches are reserved in lockstep (the same positions), so admission and preemption
     account for both pools. Slots are recorded on the sequence (``slot``, ``draft_slot``).
@@ -140,7 +145,7 @@ class Scheduler:
     """Waiting and running queues, admission, reservation and preemption (module docstring).
 
     Args:
-        space: the KV memory, seen through :class:`CacheSpace`.
+        space: the KV memory, seen through [`CacheSpace`][minispec.scheduler.CacheSpace].
         max_batch_size: most sequences running at once.
         k: drafts per round (0 for plain decoding); a round of a sequence with ``n`` tokens
             reserves ``n + k_round`` positions (``k_round`` shrinks near the limits).

@@ -1,16 +1,20 @@
 """One request: its tokens, its limits, its stop rules, its random stream (vLLM's ``Sequence``).
 
-A :class:`Sequence` is everything a decoding loop knows about one request, and the same object is
-driven by both loops: :func:`minispec.speculative_generate` makes one, the
-:class:`~minispec.engine.Engine` makes one per request. So the rules that belong to a request are
+A [`Sequence`][minispec.sequence.Sequence] is everything a decoding loop knows about one request,
+and the same object is driven by both loops:
+[`minispec.speculative_generate`][minispec.decoding.speculative_generate] makes one, the
+[`Engine`][minispec.engine.Engine] makes one per request. So the rules that belong to a request are
 written here, once:
 
-* **what a valid request is** (:meth:`Sequence.new`): integral token ids inside the vocabulary, an
+* **what a valid request is** ([`Sequence.new`][minispec.sequence.Sequence.new]): integral token ids
+inside the vocabulary, an
   integral ``max_new_tokens >= 0``, stop ids inside the vocabulary, non-empty stop strings, a prompt
   that fits ``max_seq_len`` -- a bad request is refused with a ``ValueError`` before it can run;
-* **how long a round may be** (:func:`round_k`): ``k`` shrinks near ``max_seq_len`` and
+* **how long a round may be** ([`round_k`][minispec.sequence.round_k]): ``k`` shrinks near
+``max_seq_len`` and
   ``max_new_tokens``;
-* **when to stop** (:meth:`Sequence.append`): at an EOS id, a stop id, a stop string, the token
+* **when to stop** ([`Sequence.append`][minispec.sequence.Sequence.append]): at an EOS id, a stop
+id, a stop string, the token
   budget or the context limit -- even in the middle of an accepted block;
 * **its own random stream**: one ``torch.Generator`` made once from ``sampling.seed`` and never
   reseeded (not even on preemption), so a request draws the same numbers in either loop.
@@ -38,7 +42,8 @@ from minispec.stats import SpecStats
 __all__ = ["FINISH_REASONS", "Round", "Sequence", "SequenceStatus", "round_k"]
 
 #: Why a request ended: the token budget, an EOS id, a stop id or string, the context limit, an
-#: error of its own (the message is in ``Sequence.error``), or :meth:`Engine.abort`.
+#: error of its own (the message is in ``Sequence.error``), or
+#: [`Engine.abort`][minispec.engine.Engine.abort].
 FINISH_REASONS = ("length", "eos", "stop", "max_seq_len", "error", "abort")
 
 
@@ -98,7 +103,8 @@ def as_token_ids(ids: Iterable[Any], what: str, vocab_size: int) -> list[int]:
 
 @dataclass(eq=False)
 class Sequence:
-    """One request's state (see the module docstring). Make one with :meth:`Sequence.new`.
+    """One request's state (see the module docstring). Make one with
+    [`Sequence.new`][minispec.sequence.Sequence.new].
 
     Attributes:
         request_id: unique name of the request.
@@ -195,7 +201,8 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def round_k(self, k: int) -> int:
-        """Drafts this sequence may propose in its next round (see :func:`round_k`)."""
+        """Drafts this sequence may propose in its next round (see
+        [`round_k`][minispec.sequence.Sequence.round_k])."""
         return round_k(k, self.num_tokens, len(self.generated), self.max_new_tokens, self.max_seq_len)
 
     def round_len(self, k: int) -> int:
@@ -258,7 +265,7 @@ class Sequence:
     # ------------------------------------------------------------------ lifecycle
 
     def finish(self, reason: str) -> None:
-        """Mark the request done with one of :data:`FINISH_REASONS`."""
+        """Mark the request done with one of `FINISH_REASONS`."""
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.stats.new_tokens = len(self.generated)

@@ -2,8 +2,8 @@
 
 Notation (Leviathan et al. 2023): ``p`` is the target distribution, ``q`` the draft distribution,
 both over a vocabulary of ``V`` tokens and both *after* the same sampling adjustments
-(:func:`minispec.sampling.probs_from_logits`). ``k`` (gamma in the paper) is the number of draft
-tokens checked in one round.
+([`minispec.sampling.probs_from_logits`][minispec.sampling.probs_from_logits]). ``k`` (gamma in the
+paper) is the number of draft tokens checked in one round.
 
 The one rule everything here is built from (Leviathan §2.3, Stratos §1):
 
@@ -11,8 +11,9 @@ The one rule everything here is built from (Leviathan §2.3, Stratos §1):
 * on rejection, draw from the residual ``norm(max(0, p - q))``.
 
 The accepted-or-resampled token is distributed exactly as ``p`` (Leviathan App. A.1).
-:func:`verify` applies the rule to ``k`` drafts in a row (Algorithm 1), :func:`verify_batch` to a
-batch of rows at once, and ``minispec.tree`` generalises it to several proposals and draft trees.
+[`verify`][minispec.speculative.verify] applies the rule to ``k`` drafts in a row (Algorithm 1),
+[`verify_batch`][minispec.speculative.verify_batch] to a batch of rows at once, and
+``minispec.tree`` generalises it to several proposals and draft trees.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
 
 
 def _residual(p: Tensor, q: Tensor) -> Tensor:
-    """:func:`residual` on inputs already checked (the verify loop's inner step)."""
+    """[`residual`][minispec.speculative.residual] on inputs already checked (the verify loop's
+    inner step)."""
     excess = (p - q).clamp_min(0)                                     # (..., V)
     mass = excess.sum(dim=-1, keepdim=True)                           # (..., 1)
     safe_mass = mass.clamp_min(torch.finfo(excess.dtype).tiny)
@@ -143,7 +145,8 @@ def speculative_sample(
 def speculative_sample_batch(
     p: Tensor, q: Tensor, num_samples: int, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
-    """``num_samples`` independent runs of :func:`speculative_sample`, vectorised.
+    """``num_samples`` independent runs of
+    [`speculative_sample`][minispec.speculative.speculative_sample], vectorised.
 
     Used for Monte Carlo checks. Every run draws its residual token up front, and keeps it only on
     rejection, which leaves the law of each run unchanged.
@@ -195,7 +198,8 @@ class Verdict:
 
 @dataclass(frozen=True)
 class GreedyVerdict:
-    """The outcome of :func:`verify_greedy`: the tokens to append and how many drafts were kept."""
+    """The outcome of [`verify_greedy`][minispec.speculative.verify_greedy]: the tokens to append
+    and how many drafts were kept."""
 
     tokens: list[int]
     num_accepted: int
@@ -211,7 +215,8 @@ def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
     Returns:
         The drafts up to the first one that differs from the target's argmax, then the target's
         argmax at that position (or the bonus argmax when all ``k`` match) -- exactly what
-        :func:`verify` returns on one-hot target rows, without building them.
+        [`verify`][minispec.speculative.verify] returns on one-hot target rows, without building
+        them.
     """
     accepted = 0
     while accepted < len(draft_tokens) and draft_tokens[accepted] == target_argmax[accepted]:
@@ -230,9 +235,10 @@ def verify(
 ) -> Verdict:
     """Algorithm 1's accept loop for one sequence (Leviathan et al. 2023, §2.3), written as the loop.
 
-    This is the scalar reference a student reads; :func:`verify_batch` is the same rule on tensors
-    for many rows at once and draws the same random numbers (``k`` uniforms first, then the last
-    token), so the two agree token for token; the exact-law tests check both.
+    This is the scalar reference a student reads;
+    [`verify_batch`][minispec.speculative.verify_batch] is the same rule on tensors for many rows at
+    once and draws the same random numbers (``k`` uniforms first, then the last token), so the two
+    agree token for token; the exact-law tests check both.
 
     Args:
         draft_tokens: ``[k]`` the drafted tokens ``d_1..d_k``.
@@ -248,7 +254,7 @@ def verify(
             for exact enumeration in tests).
 
     Returns:
-        A :class:`Verdict` with ``1..k+1`` tokens.
+        A [`Verdict`][minispec.speculative.Verdict] with ``1..k+1`` tokens.
     """
     if not isinstance(draft_tokens, Tensor):
         draft_tokens = torch.tensor(list(draft_tokens), dtype=torch.long, device=target_probs.device)
@@ -304,7 +310,7 @@ def verify_batch(
         uniforms: ``[B, k]`` optional acceptance uniforms.
 
     Returns:
-        One :class:`Verdict` per row.
+        One [`Verdict`][minispec.speculative.Verdict] per row.
     """
     B, k = _check_verify_inputs(draft_tokens, draft_probs, target_probs, uniforms)
     if generators is not None and not isinstance(generators, torch.Generator):

@@ -141,6 +141,19 @@ TRACE_STYLES = {
     "bonus": ("#9467bd", "\x1b[35;1m"),
 }
 
+#: What each kind of span is, as the legend under a trace says it.
+TRACE_LABELS = {
+    "accepted": "accepted draft",
+    "rejected": "rejected draft",
+    "correction": "correction (from the residual)",
+    "bonus": "bonus (target's extra token)",
+}
+
+
+def _html_style(kind: str) -> str:
+    style = f"color:{TRACE_STYLES[kind][0]}"
+    return style + ";text-decoration:line-through" if kind == "rejected" else style
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -150,7 +163,8 @@ class Trace:
     refused; later drafts of that round were never tested and are not shown), ``"correction"``
     (the token drawn from the residual in its place) or ``"bonus"`` (the target's extra token after
     a round where every draft was accepted). Displays as HTML in a notebook and with ANSI colours
-    in a terminal (``print(trace)``).
+    in a terminal (``print(trace)``), each with a legend of the four colours
+    (``TRACE_LABELS``) and ``|`` between rounds.
     """
 
     rounds: list[list[tuple[str, str]]]
@@ -167,18 +181,28 @@ class Trace:
         parts = []
         for spans in self.rounds:
             for text, kind in spans:
-                style = f"color:{TRACE_STYLES[kind][0]}"
-                if kind == "rejected":
-                    style += ";text-decoration:line-through"
-                parts.append(f'<span class="ms-{kind}" style="{style}">{html.escape(text)}</span>')
+                parts.append(f'<span class="ms-{kind}" style="{_html_style(kind)}">'
+                             f"{html.escape(text)}</span>")
             parts.append('<span style="color:#999">|</span>')
-        return '<div class="ms-trace" style="font-family:monospace;white-space:pre-wrap">' + "".join(parts) + "</div>"
+        legend = " &nbsp; ".join(
+            f'<span class="ms-legend-{kind}" style="{_html_style(kind)}">{html.escape(label)}</span>'
+            for kind, label in TRACE_LABELS.items()
+        ) + ' &nbsp; <span style="color:#999">|</span> end of a round'
+        return ('<div class="ms-trace-figure">'
+                '<div class="ms-trace" style="font-family:monospace;white-space:pre-wrap">'
+                + "".join(parts) + "</div>"
+                + '<div class="ms-trace-legend" style="font-size:0.85em;margin-top:0.4em">'
+                + legend + "</div></div>")
 
     def __str__(self) -> str:
+        """The trace in ANSI colours, then a one-line legend."""
         reset = "\x1b[0m"
-        return "\x1b[2m|\x1b[0m".join(
+        text = "\x1b[2m|\x1b[0m".join(
             "".join(f"{TRACE_STYLES[kind][1]}{text}{reset}" for text, kind in spans) for spans in self.rounds
         )
+        legend = "  ".join(f"{TRACE_STYLES[kind][1]}{label}{reset}"
+                           for kind, label in TRACE_LABELS.items())
+        return f"{text}\n\x1b[2mkey:{reset} {legend}  \x1b[2m|{reset} end of a round"
 
 
 def trace(result: Any, tokenizer: Any = None) -> Trace:

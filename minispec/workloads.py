@@ -132,17 +132,21 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
     untimed call for the same reason.
 
     Args:
-        target: the minispec model; tokenizer: its tokenizer (with a chat template).
+        target: the minispec model.
+        tokenizer: its tokenizer (with a chat template).
         target_dir: the checkpoint directory for transformers (``None``: minispec only).
         tasks: which tasks of ``TASKS`` (default all).
-        max_new_tokens: per prompt; k: draft length of both context drafters (both libraries).
-        repeats, warmup: timed and discarded repeats of the whole table.
+        max_new_tokens: per prompt.
+        k: draft length of both context drafters (both libraries).
+        repeats: timed repeats of the whole table.
+        warmup: discarded repeats of the whole table before them.
         drafters: more minispec drafters, ``{name: (factory, k)}`` (e.g. an EAGLE head:
             ``{"eagle": (lambda: drafter, 2)}``); each shows as ``minispec <name> k=<k>``.
         log: progress lines (``None``: silent).
 
     Returns:
-        One :class:`minispec.bench.MethodResult` per (task, method); ``prompt_set`` is the task.
+        One [`minispec.bench.MethodResult`][minispec.bench.MethodResult] per (task, method);
+        ``prompt_set`` is the task.
     """
     say = log or (lambda _line: None)
     prompt_sets = {task: [ids] for task, ids in encode_tasks(tokenizer, tuple(tasks or TASKS)).items()}

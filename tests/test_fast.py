@@ -194,6 +194,52 @@ def test_costs_benchmark_reports_both_modes(tiny_gqa, capsys):
     assert exit_info.value.code == 0
 
 
+def test_matmul_ms_times_eager_and_packed_for_each_row_count():
+    from minispec.costs import matmul_ms
+
+    times = matmul_ms(32, 48, rows=(1, 5), repeats=1)
+    assert set(times) == {"eager", "fast"} and all(set(t) == {1, 5} for t in times.values())
+    assert all(ms_ > 0 for t in times.values() for ms_ in t.values())
+
+
+def test_bench_costs_command_shows_eager_and_fast_side_by_side(tiny_gqa, tmp_path, capsys):
+    """``minispec bench costs`` (and its alias ``roofline``) is the eager-against-fast report."""
+    import json
+
+    from minispec.cli import main
+
+    quick = ["--batch", "1", "--context", "8", "--max-k", "2", "--repeats", "1"]
+    for name in ("costs", "roofline"):
+        assert main(["bench", name, "--model", str(tiny_gqa.path), *quick,
+                     "--out", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert "eager" in out and "fast" in out and "roofline" in out and "fraction achieved" in out
+        assert "r eager" in out and "r fast" in out and "c = 0" in out
+    report = json.loads((tmp_path / "costs.json").read_text())["costs"]
+    assert {m["mode"] for m in report["modes"]} == {"eager", "fast"}
+    # --fast is accepted and said to change nothing; an unknown flag is an error, not ignored
+    assert main(["bench", "costs", "--fast", "--target", str(tiny_gqa.path), *quick]) == 0
+    assert "changes nothing" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "costs", "--no-such-flag"])
+    assert main(["bench", "--threads", "1", "costs"]) == 2  # options belong after 'costs'
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "costs", "--help"])
+    assert exit_info.value.code == 0
+    assert "eager and fast" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not SHIPPED.exists(), reason="the shipped model pair is not built yet")
+def test_bench_costs_defaults_to_the_shipped_pair_and_measures_c(capsys):
+    from minispec.cli import main
+
+    assert main(["bench", "costs", "--batch", "1", "--context", "8", "--max-k", "1",
+                 "--repeats", "1", "--clock", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "target shakespeare-target" in out and "draft shakespeare-draft: c eager" in out
+    assert "c fast" in out
+
+
 @pytest.mark.skipif(not SHIPPED.exists(), reason="the shipped model pair is not built yet")
 def test_costs_speedups_check_every_output_against_eager_greedy():
     from minispec.costs import format_speedups, measure_speedups

@@ -1,9 +1,10 @@
 """The layer order documented in ``minispec/__init__.py`` holds: a module imports only from layers
 below it, or from modules listed before it in its own layer; and no private name crosses modules.
 
-The order is read from the package docstring ("1. maths: :mod:`~minispec.sampling`, ..."), and the
-imports from every module's source with ``ast`` (``TYPE_CHECKING`` imports included: a type hint
-pointing up the stack is a dependency too).
+The order is read from the package docstring ("1. maths: [`sampling`][minispec.sampling], ...";
+a module with no API page is inline code, ``minispec.cli``), and the imports from every module's
+source with ``ast`` (``TYPE_CHECKING`` imports included: a type hint pointing up the stack is a
+dependency too).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def documented_order() -> dict[str, tuple[int, int]]:
     for line in minispec.__doc__.splitlines():
         if m := re.match(r"\s*(\d)\. \w+:", line):
             layer = int(m.group(1))
-        if layer and (mods := re.findall(r":mod:`~minispec\.([\w.]+)`", line)):
+        if layer and (mods := re.findall(r"\bminispec\.([\w.]+)(?=[\]`])", line)):
             for mod in mods:
                 order[mod] = (layer, sum(lay == layer for lay, _ in order.values()))
         if not line.strip():

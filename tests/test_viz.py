@@ -110,3 +110,14 @@ def test_trace_figure_1_kinds():
     page = t._repr_html_()
     assert page.count('class="ms-rejected"') == 2 and "line-through" in page
     assert "\x1b[31;9m[3]" in str(t)
+    # A legend names all four kinds, in both forms; the correction (drawn from the residual) and
+    # the bonus (the target's extra token) are told apart by colour.
+    colours = {kind: html_colour for kind, (html_colour, _) in ms.viz.TRACE_STYLES.items()}
+    assert len(set(colours.values())) == 4
+    assert colours["correction"] != colours["bonus"]
+    assert ms.viz.TRACE_STYLES["correction"][1] != ms.viz.TRACE_STYLES["bonus"][1]
+    assert 'class="ms-trace-legend"' in page
+    legend = page[page.index('class="ms-trace-legend"'):]
+    for kind, label in ms.viz.TRACE_LABELS.items():
+        assert f'class="ms-legend-{kind}" style="color:{colours[kind]}' in legend
+        assert f"{ms.viz.TRACE_STYLES[kind][1]}{label}" in str(t).splitlines()[-1]

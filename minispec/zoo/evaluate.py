@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
 import platform
@@ -222,13 +223,15 @@ def render_markdown(card: dict) -> str:
               "machine and its load; pass `--steps N` with the counts above for a repeatable run "
               "(the learning-rate schedule then follows steps instead of wall clock).", ""]
     lines += ["## Samples", "", "Continuations by transformers `generate` (greedy, and sampled at "
-              "T = 0.8 with `torch.manual_seed(0)`). Expect play-shaped text and word salad; greedy "
-              "text loops, which is where n-gram drafting shines.", ""]
+              "T = 0.8 with `torch.manual_seed(0)`). In each sample the prompt is in **bold**; the "
+              "model wrote the rest. Expect play-shaped text and word salad; greedy text loops, "
+              "which is where n-gram drafting shines.", ""]
     for name, rows in card["samples"].items():
         for row in rows:
             for mode in ("greedy", "T=0.8"):
-                text = (row["prompt"] + row[mode]).replace("\n", "\n    ")
-                lines += [f"**{name}, {mode}:**", "", "    " + text, ""]
+                # HTML, not an indented code block, so that the prompt can be bold.
+                sample = f"<b>{html.escape(row['prompt'])}</b>{html.escape(row[mode])}"
+                lines += [f"**{name}, {mode}:**", "", f"<pre>{sample}</pre>", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

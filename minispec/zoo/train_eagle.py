@@ -8,11 +8,12 @@ Stages, all under ``--out`` (each one is skipped when its file is already there,
 continues with ``--resume``):
 
 1. ``data.pt``   -- the target's answers to the prompt set, plus Shakespeare and stdlib code, turned
-   into features (:mod:`minispec.zoo.eagle_data`); 5 % of the chunks are held out;
+   into features (`minispec.zoo.eagle_data`); 5 % of the chunks are held out;
 2. the draft vocabulary ``V'``: the most frequent greedy tokens covering ``--coverage`` of positions;
 3. training, in one cosine learning-rate schedule spanning ``--steps`` or ``--time-budget`` minutes;
    a checkpoint ``ckpt.pt`` every two minutes (and the head so far in ``head-latest/``);
-4. ``head/``     -- the head (:func:`minispec.eagle_head.save_head`, float16) and ``training.json``:
+4. ``head/``     -- the head ([`minispec.eagle_head.save_head`][minispec.eagle_head.save_head],
+float16) and ``training.json``:
    the curve (loss, held-out top-1 accuracy of the first draft) and the data's sizes;
 5. the evaluation -- greedy speculative decoding with the head on minispec's evaluation tasks
    (alpha, tokens per target forward by task, checked token for token), written with everything
@@ -164,7 +165,7 @@ def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> d
 @torch.no_grad()
 def evaluate(target, tokenizer, drafter, k: int = 4, max_new_tokens: int = 96) -> dict:
     """Held-out alpha and tokens per target forward by task, on minispec's evaluation tasks
-    (:data:`minispec.workloads.TASKS`, never in the training prompts), greedy; with prompt lookup
+    (`minispec.workloads.TASKS`, never in the training prompts), greedy; with prompt lookup
     beside it. Every run is checked token for token against plain greedy decoding."""
     from minispec.decoding import generate, speculative_generate
     from minispec.ngram import PromptLookupDrafter
