@@ -33,9 +33,9 @@ pack) ``make_fast`` warns once and leaves the model eager.
 What it achieves, and what is left: SmolLM2-135M-Instruct, batch 1, one thread, CPU time,
 ``minispec bench costs --model smollm2-135m-instruct --threads 1 --clock cpu --batch 1``. The
 numbers move with the machine and its load (shared 2-core virtual machines), so two runs are
-given: an earlier one, as an audit of issue 12 recorded it, and a loaded one on an Intel Xeon:
+given: an earlier one on a quieter AMD EPYC (Zen 3), and three loaded ones on an Intel Xeon:
 
-| SmolLM2-135M, batch 1          | earlier, ~37 GB/s | loaded, 14.5-15.1 GB/s (3 runs) |
+| SmolLM2-135M, batch 1          | AMD, ~37 GB/s     | Xeon, loaded, 14.5-15.1 GB/s    |
 | ------------------------------ | ----------------- | ------------------------------- |
 | roofline (538 MB / bandwidth)  | 14.5 ms           | 35.6-37.0 ms                    |
 | one-token step, eager / fast   | 41 / 26.1 ms      | 47.4-52.5 / 54.7-59.8 ms        |
