@@ -22,6 +22,17 @@ Examples::
     python benchmarks/tree.py --branching 3,2,1,1 4,2 2,2,2,2 --repeats 5 --threads 2
     python benchmarks/tree.py --model smollm2-135m-instruct --threads 1 --repeats 1 \
         --max-new-tokens 48 --branching 1 3,2,1,1 2,2,2,2 --context 300
+    python benchmarks/tree.py --model smollm2-135m-instruct --eagle smollm2-135m-instruct-eagle \
+        --threads 1 --repeats 3 --max-new-tokens 48 --chains 4 2 --branching 3,2,1,1 2,2,1,1 3,1:2
+
+With ``--eagle HEAD`` (needs ``--model``) the shipped EAGLE head drafts instead of the n-gram table:
+chains of each ``--chains`` length and trees of each ``--branching``; a spec ``B:K`` gives a tree its
+own depth ``K``. Draft compute is counted two ways, both printed per round: head FORWARDS (a chain of
+k costs k: the catch-up forward over the real pairs, then one per further draft; a tree of depth k
+costs k too: the catch-up, then ONE tree-attention forward per fed depth, however wide) and head
+ROWS (tokens fed to the head past the catch-up, plus 1: a chain of k feeds k, a tree feeds its root
+and every node above the last depth). Chain k=4 and tree (3,2,1,1) spend equal forwards; chain k=4
+and tree (3,1) of depth 2 (3 + 1 rows) equal rows.
 
 Not a test: timings depend on the machine and its load.
 """
@@ -41,6 +52,7 @@ from minispec.decoding import GenerationResult
 from minispec.kv_cache import ContiguousKVCache
 from minispec.model import TreeAttention
 from minispec.tree_decoding import decode_tree
+from minispec.tree_drafters import check_branching
 
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
 
@@ -60,6 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy (outputs checked equal); > 0: sampled, seed 0 per run")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--eagle", default=None, help="an EAGLE head for --model (e.g. "
+                        "smollm2-135m-instruct-eagle): chains and trees drafted by the head")
+    parser.add_argument("--chains", type=int, nargs="+", default=[4, 2],
+                        help="with --eagle: chain lengths k to compare")
     parser.add_argument("--model", default=None,
                         help="a chat model (e.g. smollm2-135m-instruct) on the five workloads of "
                              "minispec.workloads instead of the shipped pair; n-gram drafting only")
@@ -70,11 +86,44 @@ def sampling(args) -> ms.SamplingParams:
     return ms.SamplingParams(temperature=args.temperature, seed=0)
 
 
-def tree_run(target, drafter, prompt, args, branching) -> GenerationResult:
+def tree_run(target, drafter, prompt, args, branching, depth=None) -> GenerationResult:
+    depth = depth or args.depth
     seq = ms.Sequence.new("0", prompt, sampling(args), max_new_tokens=args.max_new_tokens,
                           max_seq_len=target.config.max_position_embeddings,
-                          vocab_size=target.config.vocab_size, k=args.depth)
-    return GenerationResult.of(decode_tree(target, drafter, seq, args.depth, branching))
+                          vocab_size=target.config.vocab_size, k=depth)
+    return GenerationResult.of(decode_tree(target, drafter, seq, depth, branching))
+
+
+def parse_spec(spec: str, depth: int) -> tuple[tuple[int, ...], int]:
+    """``"3,2,1,1"`` -> ((3, 2, 1, 1), depth); ``"3,1:2"`` -> ((3, 1), 2)."""
+    branching, _, k = spec.partition(":")
+    return tuple(int(b) for b in branching.split(",")), int(k) if k else depth
+
+
+def head_rows(branching: tuple[int, ...], depth: int) -> int:
+    """Rows a round feeds the head past its catch-up, plus one: the root and every fed node."""
+    branching = check_branching(branching, depth)
+    rows, width = 1, 1
+    for b in branching[:-1]:                               # the last depth is never fed
+        width *= b
+        rows += width
+    return rows
+
+
+def eagle_modes(target, head, args) -> dict:
+    """name -> function(prompt): plain, EAGLE chains, EAGLE trees (greedy or sampled)."""
+    out = {"plain": lambda p: ms.generate(target, p, args.max_new_tokens, sampling(args),
+                                          eos_token_id=[])}
+    for k in args.chains:
+        out[f"chain eagle k={k} [{k} fwd, {k} rows]"] = (
+            lambda p, k=k: ms.speculative_generate(target, head, p, args.max_new_tokens, k=k,
+                                                   sampling=sampling(args), eos_token_id=[]))
+    for spec in args.branching:
+        branching, depth = parse_spec(spec, args.depth)
+        name = (f"tree eagle {','.join(map(str, branching))} k={depth} "
+                f"[{depth} fwd, {head_rows(branching, depth)} rows]")
+        out[name] = lambda p, b=branching, d=depth: tree_run(target, head, p, args, b, d)
+    return out
 
 
 def modes(target, draft, args) -> dict:
@@ -95,8 +144,8 @@ def modes(target, draft, args) -> dict:
     return {name: run for name, run in out.items() if draft is not None or "draft" not in name}
 
 
-def compare(target, draft, prompts, args) -> None:
-    runs = modes(target, draft, args)
+def compare(target, draft, prompts, args, head=None) -> None:
+    runs = modes(target, draft, args) if head is None else eagle_modes(target, head, args)
     times: dict[str, list[float]] = {name: [] for name in runs}
     results: dict[str, list[GenerationResult]] = {}
     for _ in range(args.repeats):                          # interleaved: every mode sees the same load
@@ -106,7 +155,9 @@ def compare(target, draft, prompts, args) -> None:
             times[name].append(time.process_time() - t0)
     base = [r.tokens for r in results["plain"]]
     base_time = statistics.median(times["plain"]) / sum(len(t) for t in base)
-    print(f"\n{'mode':24} {'tokens/fwd':>10} {'draft fwd/tok':>13} {'ms/token':>9} {'speedup':>8} equal")
+    width = max(24, *(len(name) for name in runs))
+    print(f"\n{'mode':{width}} {'tokens/fwd':>10} {'draft fwd/tok':>13} {'ms/token':>9} "
+          f"{'speedup':>8} equal")
     for name in runs:
         res = results[name]
         tokens = sum(len(r.tokens) for r in res)
@@ -115,7 +166,7 @@ def compare(target, draft, prompts, args) -> None:
         per_token = statistics.median(times[name]) / tokens
         equal = (all(r.tokens == b for r, b in zip(res, base, strict=True))
                  if args.temperature == 0 else "n/a (sampled)")
-        print(f"{name:24} {tokens / fwd:10.2f} {dfwd / tokens:13.2f} {per_token * 1e3:9.3f} "
+        print(f"{name:{width}} {tokens / fwd:10.2f} {dfwd / tokens:13.2f} {per_token * 1e3:9.3f} "
               f"{base_time / per_token:7.2f}x {equal}")
 
 
@@ -161,6 +212,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.eagle and args.model is None:
+        raise SystemExit("--eagle needs --model (the target the head was trained for)")
+    head = None
     if args.model is None:
         target, tok = ms.load("shakespeare-target")
         draft, _ = ms.load("shakespeare-draft")
@@ -171,13 +225,17 @@ def main(argv=None) -> None:
     else:
         target, tok = ms.load(args.model)
         draft = None
+        if args.eagle:
+            head = ms.load_drafter(args.eagle, target)
         prompts = list(workloads.encode_tasks(tok).values())
         ids = [t for p in prompts for t in p]
         label = f"{args.model} on the {len(prompts)} workloads"
+        if args.eagle:
+            label += f", drafted by {args.eagle}"
     mode = "greedy" if args.temperature == 0 else f"sampled at T={args.temperature}"
     print(f"{label}, {mode}, depth k={args.depth}, {len(prompts)} prompts x {args.max_new_tokens} "
           f"new tokens, {torch.get_num_threads()} threads, median of {args.repeats}")
-    compare(target, draft, prompts, args)
+    compare(target, draft, prompts, args, head)
     r_of_n(target, (ids * 4)[: args.context], args.nodes)
 
 

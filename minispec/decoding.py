@@ -118,7 +118,7 @@ def speculative_generate(
         branching: draft a tree instead of a chain: children per node at each depth, e.g.
             ``(3, 2, 1, 1)`` (``k`` is the depth), all verified in one target forward with tree
             attention ([`minispec.tree_decoding.decode_tree`][minispec.tree_decoding.decode_tree];
-            draft model or n-gram table). ``None``: the chain of Algorithm 1.
+            a draft model, an EAGLE head or an n-gram table). ``None``: the chain of Algorithm 1.
 
     Returns:
         A [`GenerationResult`][minispec.decoding.GenerationResult]; greedy output is token-for-token

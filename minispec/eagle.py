@@ -1,16 +1,16 @@
-""":class:`EagleDrafter`: draft from the target's features with an EAGLE-style head, all rows batched.
+"""[`EagleDrafter`][minispec.eagle.EagleDrafter]: draft from the target's features with an EAGLE-style head, all rows batched.
 
-The head (:mod:`minispec.eagle_head`) reads pairs ``(f_{t-1}, x_t)``: the target's feature at
+The head ([`minispec.eagle_head`][minispec.eagle_head]) reads pairs ``(f_{t-1}, x_t)``: the target's feature at
 ``t - 1`` and the token at ``t``. Which features exist when:
 
 * after the target's **prefill** of ``context[:-1]`` (positions ``0..n-2``), the runner hands the
-  drafter ``f_0..f_{n-2}`` (:meth:`EagleDrafter.observe_prefill`); the pairs
+  drafter ``f_0..f_{n-2}`` ([`EagleDrafter.observe_prefill`][minispec.eagle.EagleDrafter.observe_prefill]); the pairs
   ``(f_j, x_{j+1})``, ``j = 0..n-2``, are all known;
 * after a **verify** that accepted ``a`` drafts, the runner hands the features at the accepted
-  positions only, ``[last, d_1..d_a]`` (:meth:`EagleDrafter.observe`): ``a + 1`` new pairs, whose
+  positions only, ``[last, d_1..d_a]`` ([`EagleDrafter.observe`][minispec.eagle.EagleDrafter.observe]): ``a + 1`` new pairs, whose
   tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next round.
 
-A round (:meth:`EagleDrafter.propose_batch`) feeds each row's pending real pairs into the head's
+A round ([`EagleDrafter.propose_batch`][minispec.eagle.EagleDrafter.propose_batch]) feeds each row's pending real pairs into the head's
 cache, then drafts ``k`` tokens: ``d_1`` from the head's output at the last real pair, and ``d_{i+1}``
 from the pair ``(f'_i, d_i)`` -- the head's own predicted feature, since the target has not scored
 ``d_i`` yet (EAGLE-1). Those ``k - 1`` speculative pairs are dropped from the head's cache after
@@ -33,15 +33,15 @@ from minispec.drafters import choose_drafts, draft_rows, mark_fed
 from minispec.eagle_head import EagleHead, load_head
 from minispec.fast import is_fast
 from minispec.kv_cache import KVCache
-from minispec.model import Llama
+from minispec.model import Llama, TreeAttention, tree_attention_mask
 from minispec.sequence import Sequence
 from minispec.speculative import Draft
 
-__all__ = ["EagleDrafter", "load_drafter"]
+__all__ = ["EagleDrafter", "head_forward", "load_drafter"]
 
 
 class EagleDrafter:
-    """Drafts with an :class:`~minispec.eagle_head.EagleHead` bound to the target.
+    """Drafts with an [`EagleHead`][minispec.eagle_head.EagleHead] bound to the target.
 
     Args:
         head: the head, bound to the target the loop verifies with.
@@ -177,23 +177,59 @@ class EagleDrafter:
 
     def _full_vocab(self, logits: Tensor) -> Tensor:
         """Draft logits over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'`` (q = 0 there)."""
-        V = self.model.config.vocab_size
-        if logits.shape[-1] == V:
-            return logits
-        full = logits.new_full((logits.shape[0], V), float("-inf"))
-        return full.index_copy_(1, self.model.vocab, logits)
+        return full_vocab(self.model, logits)
+
+
+def head_forward(head: EagleHead, ids: Tensor, features: Tensor, positions: Tensor, cache: KVCache,
+                 slot: int, tree: TreeAttention | None = None) -> tuple[Tensor, Tensor]:
+    """One cached head forward of ONE row, optionally with tree attention (for tree drafting).
+
+    [`EagleHead.forward`][minispec.eagle_head.EagleHead.forward] for ``slots=[slot]``, except that with ``tree`` the new pairs are
+    stored at ``tree.storage`` and attend by ``tree.mask`` ([`TreeAttention`][minispec.model.TreeAttention]),
+    as in the target's tree forward: the head's layer is a plain decoder block, mask-agnostic.
+
+    Args: ids (1, T) tokens; features (1, T, D) the features paired with them; positions (1, T)
+    pair positions (RoPE); cache, slot: the head's cache; tree: None for a causal chain.
+
+    Returns: (logits over the FULL vocabulary (T, V), -inf outside ``V'``; features (1, T, D)).
+    """
+    if tree is None:
+        logits, feature = head(ids, features, positions, cache, [slot])
+    else:
+        target = head.target
+        e = target.embed_tokens(ids).to(features.dtype)                         # (1, T, D)
+        h = head.fc(torch.cat([e, features], dim=-1))                            # (1, T, D)
+        index = positions.clamp(min=0)
+        cos = head.rope_cos[index].to(h.dtype).unsqueeze(2)                      # (1, T, 1, hd)
+        sin = head.rope_sin[index].to(h.dtype).unsqueeze(2)
+        plan = cache.prepare([slot], tree.storage)
+        mask = tree_attention_mask(tree, plan.key_positions)                     # (1, 1, T, S)
+        h = head.layer(h, cos, sin, mask, cache, plan)
+        cache.commit(plan)
+        feature = target.norm(h)
+        logits = head.logits(feature)
+    return full_vocab(head, logits[0]), feature
+
+
+def full_vocab(head: EagleHead, logits: Tensor) -> Tensor:
+    """Draft logits ``(R, V')`` over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'``."""
+    V = head.config.vocab_size
+    if logits.shape[-1] == V:
+        return logits
+    full = logits.new_full((logits.shape[0], V), float("-inf"))
+    return full.index_copy_(1, head.vocab, logits)
 
 
 def load_drafter(name_or_path: str | Path, target: Llama, max_seq_len: int | None = None,
                  fast: bool | None = None) -> EagleDrafter:
-    """An :class:`EagleDrafter` for ``target`` from a shipped head's name or a directory.
+    """An [`EagleDrafter`][minispec.eagle.EagleDrafter] for ``target`` from a shipped head's name or a directory.
 
     Args:
         name_or_path: ``"smollm2-135m-instruct-eagle"`` or a directory written by
-            :func:`minispec.eagle_head.save_head`.
+            [`save_head`][minispec.eagle_head.save_head].
         target: the target the head drafts for (its embedding, norm and LM head are used).
         max_seq_len: longest context (default: the target's).
-        fast: pack the head for oneDNN (:meth:`EagleHead.make_fast`); default: when the target
+        fast: pack the head for oneDNN ([`EagleHead.make_fast`][minispec.eagle_head.EagleHead.make_fast]); default: when the target
             runs packed (``ms.load(..., fast=True)``).
 
     Raises:

@@ -1,22 +1,22 @@
 """Tree speculative decoding of one sequence: a tree of drafts verified in one target forward.
 
-A round, as in :func:`minispec.speculative_generate` but with a tree instead of a chain:
+A round, as in [`speculative_generate`][minispec.decoding.speculative_generate] but with a tree instead of a chain:
 
-1. **draft**: a tree drafter (:mod:`minispec.tree_drafters`) proposes a tree of depth ``k`` with
+1. **draft**: a tree drafter ([`minispec.tree_drafters`][minispec.tree_drafters]) proposes a tree of depth ``k`` with
    ``branching[t]`` children per node at depth ``t``;
 2. **verify**: ONE target forward scores the root (the last context token) and every node, with
-   tree attention (:class:`minispec.model.TreeAttention`): node ``i`` sits at RoPE position
+   tree attention ([`TreeAttention`][minispec.model.TreeAttention]): node ``i`` sits at RoPE position
    ``n - 1 + depth(i)``, is stored at cache position ``n - 1 + i`` and sees the context and its
-   own ancestors only. Then the walk down the tree: greedy, :func:`minispec.tree.verify_tree`
+   own ancestors only. Then the walk down the tree: greedy, [`verify_tree`][minispec.tree.verify_tree]
    (the longest path whose every token is the target's argmax, Stratos App. A); sampled,
-   :func:`minispec.tree.iterative_speculative_sample` at each node over the draws made there
+   [`iterative_speculative_sample`][minispec.tree.iterative_speculative_sample] at each node over the draws made there
    (SpecInfer's multi-step speculative sampling, Stratos §2): the output has the target's law;
 3. **compact**: both caches keep exactly the accepted path, moved to consecutive positions
-   (:meth:`minispec.kv_cache.KVCache.compact`);
+   ([`KVCache.compact`][minispec.kv_cache.KVCache.compact]);
 4. **emit**: the accepted tokens plus the target's own next token, until a stop rule fires.
 
-:func:`decode_tree` runs one validated :class:`~minispec.sequence.Sequence`; it sits below
-:mod:`minispec.decoding` so that ``speculative_generate(..., branching=...)`` can hand it a request.
+[`decode_tree`][minispec.tree_decoding.decode_tree] runs one validated
+[`Sequence`][minispec.sequence.Sequence]; it sits below [`minispec.decoding`][minispec.decoding] so that ``speculative_generate(..., branching=...)`` can hand it a request.
 
 Statistics: ``drafted_per_round`` records the tree's depth (so ``acceptance_rate`` is the chance to
 go one level deeper), ``target_forwards`` one per round.
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from minispec.drafters import ModelDrafter
+from minispec.eagle import EagleDrafter
 from minispec.kv_cache import ContiguousKVCache, cache_args_for_model
 from minispec.model import Llama, TreeAttention
 from minispec.ngram import NGramDrafter
@@ -38,6 +39,7 @@ from minispec.sampling import one_hot, probs_for_rows, sample
 from minispec.sequence import Sequence
 from minispec.tree import iterative_speculative_sample, verify_tree
 from minispec.tree_drafters import (
+    EagleTreeDrafter,
     NGramTreeDrafter,
     TreeModelDrafter,
     TreeProposal,
@@ -49,16 +51,20 @@ __all__ = ["as_tree_drafter", "decode_tree", "score_tree", "tree_round", "verify
 
 
 def as_tree_drafter(drafter: Any, max_seq_len: int, max_nodes: int):
-    """A draft model, a :class:`ModelDrafter`, ``"ngram"``, an :class:`NGramDrafter` or a tree
-    drafter -> a tree drafter. ValueError for anything else."""
-    if isinstance(drafter, (TreeModelDrafter, NGramTreeDrafter)):
+    """A draft model, a [`ModelDrafter`][minispec.drafters.ModelDrafter], an
+    [`EagleDrafter`][minispec.eagle.EagleDrafter] (its head), ``"ngram"``, an
+    [`NGramDrafter`][minispec.ngram.NGramDrafter] or a tree drafter -> a tree drafter. ValueError
+    for anything else."""
+    if isinstance(drafter, (TreeModelDrafter, NGramTreeDrafter, EagleTreeDrafter)):
         return drafter
     if isinstance(drafter, (Llama, ModelDrafter)):
         return TreeModelDrafter(drafter, max_seq_len, max_nodes)
+    if isinstance(drafter, EagleDrafter):
+        return EagleTreeDrafter(drafter, max_seq_len, max_nodes)
     if drafter == "ngram" or isinstance(drafter, NGramDrafter):
         return NGramTreeDrafter(None if drafter == "ngram" else drafter)
-    raise ValueError(f"a tree drafter is a draft model, a ModelDrafter, 'ngram' or an NGramDrafter, "
-                     f"got {drafter!r}")
+    raise ValueError(f"a tree drafter is a draft model, a ModelDrafter, an EagleDrafter, 'ngram' "
+                     f"or an NGramDrafter, got {drafter!r}")
 
 
 @torch.inference_mode()
@@ -66,14 +72,17 @@ def decode_tree(target: Llama, drafter: Any, seq: Sequence, k: int,
                 branching: tuple[int, ...] = (3, 2, 1, 1)) -> Sequence:
     """Run ``seq`` to its end with a draft tree of depth ``k`` per round (module docstring).
 
-    The caller validates the request (``seq`` made by :meth:`Sequence.new` with ``max_seq_len``
+    The caller validates the request (``seq`` made by [`Sequence.new`][minispec.sequence.Sequence.new] with ``max_seq_len``
     already checked against both models); this makes the caches, prefills and loops.
 
     Args:
         target: the target model ``p``.
-        drafter: a draft :class:`~minispec.model.Llama` or :class:`~minispec.drafters.ModelDrafter`
-            (top-b children when greedy, b i.i.d. draws when sampled), ``"ngram"`` or an
-            :class:`~minispec.ngram.NGramDrafter` (the b most frequent continuations).
+        drafter: a draft [`Llama`][minispec.model.Llama], a
+            [`ModelDrafter`][minispec.drafters.ModelDrafter] or an
+            [`EagleDrafter`][minispec.eagle.EagleDrafter] (top-b children when greedy, b i.i.d.
+            draws when sampled; the EAGLE head gets the target's features of the prefill and of
+            each round's accepted path only), ``"ngram"`` or an
+            [`NGramDrafter`][minispec.ngram.NGramDrafter] (the b most frequent continuations).
         seq: a new, validated request; its ``sampling`` and ``generator`` are used.
         k: depth of the tree (drafts on the longest path), >= 1; shrunk near the limits.
         branching: children per node at each depth (padded with 1s to ``k``, cut to ``k``).
@@ -90,6 +99,9 @@ def decode_tree(target: Llama, drafter: Any, seq: Sequence, k: int,
     branching = check_branching(branching, k)
     nodes = tree_size(branching)
     tree_drafter = as_tree_drafter(drafter, seq.max_seq_len, nodes)
+    wants_hidden = getattr(tree_drafter, "wants_hidden", False)
+    if wants_hidden:
+        tree_drafter.check_target(target)
     args = cache_args_for_model(target, seq.max_seq_len)
     args["max_seq_len"] += nodes                      # the tree is stored past the context
     cache = ContiguousKVCache(num_slots=1, **args)
@@ -98,8 +110,11 @@ def decode_tree(target: Llama, drafter: Any, seq: Sequence, k: int,
         seq.finish(reason)
     elif seq.num_tokens > 1:                          # prefill all but the last prompt token
         n = seq.num_tokens
-        target(torch.tensor([seq.context[:-1]], device=target.device),
-               torch.arange(n - 1, device=target.device)[None], cache, [seq.slot])
+        out = target(torch.tensor([seq.context[:-1]], device=target.device),
+                     torch.arange(n - 1, device=target.device)[None], cache, [seq.slot],
+                     return_hidden=wants_hidden)
+        if wants_hidden:                              # the head's first real pairs
+            tree_drafter.observe_prefill(out[1][0])
         seq.stats.prefill_tokens = n - 1
     while not seq.is_finished:
         tree_round(target, cache, tree_drafter, seq, branching[:seq.round_k(k)])
@@ -115,11 +130,14 @@ def tree_round(target: Llama, cache, drafter, seq: Sequence, branching: tuple[in
         proposal = TreeProposal.build([-1], [seq.context[-1]], [[]])
     seq.stats.draft_forwards += drafter.forwards - before
     t1 = time.perf_counter()
-    probs = score_tree(target, cache, seq, proposal)  # 2. one target forward scores every node
-    path, tokens = verify_proposal(proposal, probs, seq)   # and the walk down the tree
+    wants_hidden = getattr(drafter, "wants_hidden", False)
+    probs, hidden = score_tree(target, cache, seq, proposal, return_hidden=True)
+    path, tokens = verify_proposal(proposal, probs, seq)   # 2. one forward, walk down the tree
     n = seq.num_tokens
     cache.compact(seq.slot, n, [n - 1 + node for node in path])   # 3. keep the accepted path
-    if branching:
+    if wants_hidden:                                  # a feature head: the root's and the
+        drafter.observe(proposal, path, hidden[[0] + path])   # accepted path's features only
+    elif branching:
         drafter.observe(proposal, path)               # the draft cache too
     seq.stats.draft_time += t1 - t0
     seq.stats.verify_time += time.perf_counter() - t1
@@ -127,8 +145,10 @@ def tree_round(target: Llama, cache, drafter, seq: Sequence, branching: tuple[in
     seq.append(tokens, main_chain(proposal, path), len(path))   # 4. emit, until a stop rule
 
 
-def score_tree(target: Llama, cache, seq: Sequence, proposal: TreeProposal) -> Tensor:
-    """The target's adjusted distribution at every node, from one forward: ``(N, V)``."""
+def score_tree(target: Llama, cache, seq: Sequence, proposal: TreeProposal,
+               return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """The target's adjusted distribution at every node, from one forward: ``(N, V)`` (and, with
+    ``return_hidden``, the target's final-normed hidden states at the nodes, ``(N, D)``)."""
     tree, n, device = proposal.tree, seq.num_tokens, target.device
     depth = [0] * len(tree)
     for i in range(1, len(tree)):
@@ -136,22 +156,25 @@ def score_tree(target: Llama, cache, seq: Sequence, proposal: TreeProposal) -> T
     ids = torch.tensor([[seq.context[-1]] + tree.tokens[1:]], device=device)          # (1, N)
     positions = torch.tensor([[n - 1 + d for d in depth]], device=device)             # (1, N)
     attn = TreeAttention.for_nodes(tree.ancestor_mask().to(device), start=n - 1)
-    logits = target(ids, positions, cache, [seq.slot], tree=attn)[0]                  # (N, V)
+    logits, hidden = target(ids, positions, cache, [seq.slot], tree=attn, return_hidden=True)
+    logits, hidden = logits[0], hidden[0]                                             # (N, V), (N, D)
     if torch.isnan(logits).any():
         raise ValueError("logits contain NaN")
     if seq.sampling.raw_argmax:
-        return one_hot(logits.argmax(dim=-1), logits.shape[-1])
-    paths = [seq.context]
-    for i in range(1, len(tree)):
-        paths.append(paths[tree.parents[i]] + [tree.tokens[i]])
-    return probs_for_rows(logits, [seq.sampling] * len(tree), paths)
+        probs = one_hot(logits.argmax(dim=-1), logits.shape[-1])
+    else:
+        paths = [seq.context]
+        for i in range(1, len(tree)):
+            paths.append(paths[tree.parents[i]] + [tree.tokens[i]])
+        probs = probs_for_rows(logits, [seq.sampling] * len(tree), paths)
+    return (probs, hidden) if return_hidden else probs
 
 
 def verify_proposal(proposal: TreeProposal, probs: Tensor, seq: Sequence) -> tuple[list[int], list[int]]:
     """Walk down the tree; returns ``(accepted nodes, emitted tokens)`` (accepted + one more).
 
-    Greedy: :func:`~minispec.tree.verify_tree`. Sampled: at each node the draws made there are
-    tried in order by :func:`~minispec.tree.iterative_speculative_sample` against the target's
+    Greedy: [`verify_tree`][minispec.tree.verify_tree]. Sampled: at each node the draws made there are
+    tried in order by [`iterative_speculative_sample`][minispec.tree.iterative_speculative_sample] against the target's
     ``p`` at that node; the first accepted one is the next node, and if all are rejected the token
     is drawn from what is left (a leaf: from ``p``).
     """

@@ -2,25 +2,30 @@
 
 ``branching = (3, 2, 1, 1)`` means: 3 children of the root (the last context token), 2 children of
 each of those, then single children -- a tree of depth ``k = 4`` with 3 + 6 + 6 + 6 = 21 nodes. The
-target scores the whole tree in one forward (:class:`minispec.model.TreeAttention`) and
-:mod:`minispec.tree_decoding` walks down it.
+target scores the whole tree in one forward ([`TreeAttention`][minispec.model.TreeAttention]) and
+[`minispec.tree_decoding`][minispec.tree_decoding] walks down it.
 
 How children are chosen, and which ``q`` each one carries (``q`` must be the distribution a token was
 actually drawn from, or verification is not exact):
 
 * **greedy** (temperature 0): the top-``b`` tokens of the drafter at the node, distinct. The target
   accepts a child only if it is its own argmax, so any choice is exact (Stratos App. A).
-* **sampled**, draft model: ``b`` tokens drawn **independently, with replacement** from ``q(. | node)``
+* **sampled**, draft model or EAGLE head: ``b`` tokens drawn **independently, with replacement**
+  from ``q(. | node)``
   -- SpecInfer's expansion, verified with its multi-step speculative sampling, i.e.
-  :func:`minispec.tree.iterative_speculative_sample` (Stratos §2) at every node: the draws are tried
+  [`iterative_speculative_sample`][minispec.tree.iterative_speculative_sample] (Stratos §2) at every node: the draws are tried
   one after another, each against what the target has left. Equal draws share one child node but
   are each tried (a repeated proposal is exact; dropping it would not be).
 * n-gram table: the ``b`` most frequent distinct continuations, deterministic, so ``q`` is one-hot
   (``None``); iterative sampling with one-hot proposals stays exact.
 
-A :class:`TreeProposal` numbers its nodes depth-first (like :class:`minispec.tree.DraftTree`); the
-drafter remembers what it stored and, after verification, :meth:`TreeModelDrafter.observe` compacts
-its own cache to the accepted path.
+A [`TreeProposal`][minispec.tree_drafters.TreeProposal] numbers its nodes depth-first (like
+[`DraftTree`][minispec.tree.DraftTree]); the drafter remembers what it stored and, after
+verification, [`TreeModelDrafter.observe`][minispec.tree_drafters.TreeModelDrafter.observe] compacts
+its own cache to the accepted path. The EAGLE head
+([`EagleTreeDrafter`][minispec.tree_drafters.EagleTreeDrafter]) instead drops its tree pairs (fed
+with its own guessed features) and takes the target's features of the accepted path only.
+[`LevelTreeDrafter`][minispec.tree_drafters.LevelTreeDrafter] holds what the two share.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from torch import Tensor
 
 from minispec.drafters import ModelDrafter
+from minispec.eagle import EagleDrafter, head_forward
 from minispec.kv_cache import ContiguousKVCache, cache_args_for_model
 from minispec.model import Llama, TreeAttention
 from minispec.ngram import NGramDrafter
@@ -38,7 +44,8 @@ from minispec.sampling import SamplingParams, probs_for_rows, sample
 from minispec.sequence import Sequence
 from minispec.tree import DraftTree
 
-__all__ = ["NGramTreeDrafter", "TreeModelDrafter", "TreeProposal", "check_branching", "tree_size"]
+__all__ = ["EagleTreeDrafter", "LevelTreeDrafter", "NGramTreeDrafter", "TreeModelDrafter", "TreeProposal",
+           "check_branching", "tree_size"]
 
 
 def check_branching(branching, k: int) -> tuple[int, ...]:
@@ -67,7 +74,7 @@ class TreeProposal:
 
     Attributes:
         tree: the nodes, depth-first (node 0 = root = last context token); ``draft_nodes`` holds
-            the root-to-leaf paths, so :func:`minispec.tree.verify_tree` can walk it greedily.
+            the root-to-leaf paths, so [`verify_tree`][minispec.tree.verify_tree] can walk it greedily.
         draws: for each node, the proposals tried at it, in draw order: ``(child node, q)`` with
             ``q`` the ``[V]`` distribution the child was drawn from, or ``None`` (one-hot: greedy
             or deterministic). A child drawn twice appears twice.
@@ -108,42 +115,37 @@ class TreeProposal:
         return cls(tree, remapped, order)
 
 
-class TreeModelDrafter:
-    """Proposes a tree with a draft model: one draft forward per depth, all nodes of a depth at once.
+class LevelTreeDrafter:
+    """What the cached tree drafters share: expand every node, one forward per depth.
 
-    The draft model scores the frontier with tree attention: its cache holds the context at
-    positions ``0..n-1``, and the nodes fed so far at ``n, n+1, ...`` (breadth-first); the last depth
-    is never fed. :meth:`observe` compacts that cache to the accepted path.
+    At each depth every frontier node gets ``b`` children by the rule of the module docstring
+    (``_choose``); then, unless it is the last depth, the new nodes are fed in ONE forward with
+    tree attention: the cache holds ``start`` committed positions, node ``i`` (creation order) is
+    stored past them and sees them plus its own fed ancestors. A subclass says how the root's
+    logits are obtained (``_start``) and how a level is scored (``_forward_level``).
 
-    Args:
-        model: the draft :class:`~minispec.model.Llama` (or a :class:`ModelDrafter`: its model).
-        max_seq_len: longest context (the cache gets room for one tree on top).
-        max_nodes: most tree nodes one round may feed.
+    Attributes: cache, slot -- the drafter's own cache; storage -- created node -> cache position
+    (fed nodes of the current tree); forwards -- drafter forwards so far.
     """
 
-    def __init__(self, model: Llama | ModelDrafter, max_seq_len: int, max_nodes: int) -> None:
-        self.model = model.model if isinstance(model, ModelDrafter) else model
-        args = cache_args_for_model(self.model, max_seq_len)
-        args["max_seq_len"] += max_nodes            # tree nodes are stored past the context
-        self.cache = ContiguousKVCache(num_slots=1, **args)
-        self.slot = self.cache.allocate()
-        self.fed: list[int] = []                    # context tokens at positions 0..len-1
-        self.storage: dict[int, int] = {}           # created node -> cache position (fed nodes)
+    cache: ContiguousKVCache
+    slot: int
+
+    def __init__(self) -> None:
+        self.storage: dict[int, int] = {}
         self.forwards = 0
 
     @torch.inference_mode()
     def propose(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
         """A tree after ``seq.context`` with ``branching[t]`` children per node at depth ``t``."""
-        context, n = seq.context, seq.num_tokens
-        common = 0
-        while common < min(len(self.fed), n - 1) and self.fed[common] == context[common]:
-            common += 1
-        self.cache.truncate_to(self.slot, common)
-        feed = context[common:]                     # at least the last token: the root's logits
-        logits = self._forward(feed, list(range(common, n)), None)[-1:]             # (1, V)
-        self.fed, self.storage = list(context), {}
+        context = seq.context
+        root = self._start(seq)
+        self.storage = {}
         parents, tokens, paths = [-1], [context[-1]], [[]]
         draws: list[list[tuple[int, Tensor | None]]] = [[]]
+        if root is None:                             # nothing to draft from yet: the root alone
+            return TreeProposal.build(parents, tokens, draws)
+        logits, start = root                         # (1, V); cache positions held
         frontier = [0]
         for depth, b in enumerate(branching, start=1):
             children = []
@@ -159,8 +161,8 @@ class TreeModelDrafter:
                         children.append(child)
                     draws[node].append((child, q))
             frontier = children
-            if depth < len(branching):
-                logits = self._feed_level(frontier, parents, tokens, n - 1 + depth)        # (F, V)
+            if depth < len(branching):               # depth t is fed at position start + t - 1
+                logits = self._feed_level(frontier, parents, tokens, start, start + depth - 1)
         return TreeProposal.build(parents, tokens, draws)
 
     def _choose(self, seq: Sequence, logits: Tensor, context: list[int], b: int):
@@ -172,9 +174,9 @@ class TreeModelDrafter:
         return [(int(sample(q, seq.generator)), q) for _ in range(b)]
 
     def _feed_level(self, frontier: list[int], parents: list[int], tokens: list[int],
-                    position: int) -> Tensor:
-        """Feed one depth of nodes at RoPE ``position``; each sees the context and its ancestors."""
-        start = len(self.fed)
+                    start: int, position: int) -> Tensor:
+        """Feed one depth of nodes at RoPE ``position``; each sees the committed ``start``
+        positions and its fed ancestors. The drafter's logits at each node: ``(F, V)``."""
         first = start + len(self.storage)
         for i, node in enumerate(frontier):
             self.storage[node] = first + i
@@ -185,16 +187,65 @@ class TreeModelDrafter:
                 mask[0, row, self.storage[node] - start] = True
                 node = parents[node]
         storage = torch.arange(first, first + len(frontier))[None]
-        tree = TreeAttention(storage, torch.tensor([start]), mask)
-        return self._forward([tokens[node] for node in frontier], [position] * len(frontier), tree)
+        device = self.cache.device
+        tree = TreeAttention(storage.to(device), torch.tensor([start], device=device),
+                             mask.to(device))
+        self.forwards += 1
+        return self._forward_level(frontier, parents, tokens, [position] * len(frontier), tree)
+
+    def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
+        """Sync the cache with ``seq.context``: the root's logits ``(1, V)`` and the cache
+        positions now held (or None: no tree this round)."""
+        raise NotImplementedError
+
+    def _forward_level(self, frontier: list[int], parents: list[int], tokens: list[int],
+                       positions: list[int], tree: TreeAttention) -> Tensor:
+        """Score the frontier nodes (one forward with ``tree``): logits ``(F, V)``."""
+        raise NotImplementedError
+
+
+class TreeModelDrafter(LevelTreeDrafter):
+    """Proposes a tree with a draft model: one draft forward per depth, all nodes of a depth at once.
+
+    The draft model scores the frontier with tree attention: its cache holds the context at
+    positions ``0..n-1``, and the nodes fed so far at ``n, n+1, ...`` (breadth-first); the last depth
+    is never fed. [`observe`][minispec.tree_drafters.TreeModelDrafter.observe] compacts that cache to the accepted path.
+
+    Args:
+        model: the draft [`Llama`][minispec.model.Llama] (or a
+            [`ModelDrafter`][minispec.drafters.ModelDrafter]: its model).
+        max_seq_len: longest context (the cache gets room for one tree on top).
+        max_nodes: most tree nodes one round may feed.
+    """
+
+    def __init__(self, model: Llama | ModelDrafter, max_seq_len: int, max_nodes: int) -> None:
+        super().__init__()
+        self.model = model.model if isinstance(model, ModelDrafter) else model
+        args = cache_args_for_model(self.model, max_seq_len)
+        args["max_seq_len"] += max_nodes            # tree nodes are stored past the context
+        self.cache = ContiguousKVCache(num_slots=1, **args)
+        self.slot = self.cache.allocate()
+        self.fed: list[int] = []                    # context tokens at positions 0..len-1
+
+    def _start(self, seq: Sequence) -> tuple[Tensor, int]:
+        """Feed the context past the common prefix (at least the last token: the root)."""
+        context, n = seq.context, seq.num_tokens
+        common = 0
+        while common < min(len(self.fed), n - 1) and self.fed[common] == context[common]:
+            common += 1
+        self.cache.truncate_to(self.slot, common)
+        logits = self._forward(context[common:], list(range(common, n)), None)[-1:]     # (1, V)
+        self.forwards += 1
+        self.fed = list(context)
+        return logits, n
+
+    def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
+        return self._forward([tokens[node] for node in frontier], positions, tree)
 
     def _forward(self, ids: list[int], positions: list[int], tree: TreeAttention | None) -> Tensor:
         device = self.model.device
-        if tree is not None:
-            tree = TreeAttention(tree.storage.to(device), tree.start.to(device), tree.mask.to(device))
         logits = self.model(torch.tensor([ids], device=device), torch.tensor([positions], device=device),
                             self.cache, [self.slot], tree=tree)                          # (1, T, V)
-        self.forwards += 1
         return logits[0]
 
     def observe(self, proposal: TreeProposal, path: list[int]) -> None:
@@ -206,11 +257,87 @@ class TreeModelDrafter:
         self.storage = {}
 
 
+class EagleTreeDrafter(LevelTreeDrafter):
+    """Proposes a tree with an EAGLE head ([`minispec.eagle`][minispec.eagle]): one head forward per depth.
+
+    The head's cache holds the real pairs ``(f_j, x_{j+1})``, ``j = 0..n-2``, fed from the target's
+    features. A tree node ``d`` at depth ``t`` is the pair ``(f'_parent, d)`` at pair position
+    ``n - 2 + t``: the head's OWN predicted feature of its parent (the root's: the head's output
+    at the last real pair), as EAGLE-1 drafts a chain; siblings share a position and see only
+    their ancestors (tree attention in the head's layer). After the target's verify,
+    [`observe`][minispec.tree_drafters.EagleTreeDrafter.observe] drops every tree pair (they were fed guessed features) and keeps the target's
+    features of the root and the ACCEPTED path only, fed as real pairs next round. Draft logits
+    over the head's ``V'`` are spread over the full vocabulary (``-inf``, so ``q = 0``, outside).
+
+    Args:
+        head: an [`EagleHead`][minispec.eagle_head.EagleHead] bound to the target (or an
+            [`EagleDrafter`][minispec.eagle.EagleDrafter]: its head).
+        max_seq_len: longest context (the cache gets room for one tree on top).
+        max_nodes: most tree nodes one round may feed.
+    """
+
+    wants_hidden = True
+
+    def __init__(self, head, max_seq_len: int, max_nodes: int) -> None:
+        super().__init__()
+        self.model = head.model if isinstance(head, EagleDrafter) else head
+        args = cache_args_for_model(self.model, max_seq_len)
+        args["max_seq_len"] += max_nodes
+        self.cache = ContiguousKVCache(num_slots=1, **args)
+        self.slot = self.cache.allocate()
+        self.pending: Tensor | None = None          # (m, D) real features not fed yet
+        self.features: dict[int, Tensor] = {}       # created node -> the head's feature (D,)
+
+    check_target = EagleDrafter.check_target        # the head must be bound to the target itself
+
+    def observe_prefill(self, hidden: Tensor) -> None:
+        """The target's features of the prefilled ``context[:-1]``: ``(n - 1, D)``."""
+        self.cache.truncate_to(self.slot, 0)
+        self.pending = hidden
+
+    def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
+        """Feed the pending real pairs; the root's logits come from the last one."""
+        held, n = self.cache.length(self.slot), seq.num_tokens
+        f = self.pending if self.pending is not None else self.model.fc.weight.new_zeros(
+            0, self.model.config.hidden_size)      # a one-token prompt: no prefill, no pair
+        if held + len(f) != n - 1:
+            raise RuntimeError(f"the head holds {held} pairs and {len(f)} pending features, but "
+                               f"the context has {n - 1} (was the prefill observed?)")
+        if n < 2:                                    # no pair yet: nothing to draft from
+            return None
+        device = self.model.device
+        ids = torch.tensor([seq.context[held + 1:]], device=device)
+        positions = torch.arange(held, n - 1, device=device)[None]
+        logits, feature = head_forward(self.model, ids, f[None], positions, self.cache, self.slot)
+        self.forwards += 1
+        self.pending = f[:0]
+        self.features = {0: feature[0, -1]}
+        return logits[-1:], n - 1
+
+    def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
+        device = self.model.device
+        ids = torch.tensor([[tokens[node] for node in frontier]], device=device)
+        parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
+        logits, feature = head_forward(self.model, ids, parent, torch.tensor([positions], device=device),
+                                       self.cache, self.slot, tree)            # (F, V), (1, F, D)
+        self.features.update(zip(frontier, feature[0], strict=True))
+        return logits
+
+    def observe(self, proposal: TreeProposal, path: list[int], hidden: Tensor) -> None:
+        """Drop the tree's pairs; ``hidden`` is the target's ``(len(path) + 1, D)`` features of
+        the root and the accepted ``path``, the next round's real pairs."""
+        if len(hidden) != len(path) + 1:
+            raise ValueError(f"expected {len(path) + 1} feature rows (root + accepted), got {len(hidden)}")
+        self.cache.truncate_to(self.slot, self.cache.length(self.slot) - len(self.storage))
+        self.pending = torch.cat([self.pending, hidden]) if self.pending is not None else hidden
+        self.storage, self.features = {}, {}
+
+
 class NGramTreeDrafter:
     """Proposes a tree from an n-gram table: the ``b`` most frequent distinct continuations per node.
 
     Args:
-        ngram: the :class:`~minispec.ngram.NGramDrafter` whose tables are used (a new one if None).
+        ngram: the [`NGramDrafter`][minispec.ngram.NGramDrafter] whose tables are used (a new one if None).
     """
 
     def __init__(self, ngram: NGramDrafter | None = None) -> None:
