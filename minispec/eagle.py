@@ -33,11 +33,11 @@ from minispec.drafters import choose_drafts, draft_rows, mark_fed
 from minispec.eagle_head import EagleHead, load_head
 from minispec.fast import is_fast
 from minispec.kv_cache import KVCache
-from minispec.model import Llama, TreeAttention, tree_attention_mask
+from minispec.model import Llama
 from minispec.sequence import Sequence
 from minispec.speculative import Draft
 
-__all__ = ["EagleDrafter", "head_forward", "load_drafter"]
+__all__ = ["EagleDrafter", "full_vocab", "load_drafter"]
 
 
 class EagleDrafter:
@@ -178,37 +178,6 @@ class EagleDrafter:
     def _full_vocab(self, logits: Tensor) -> Tensor:
         """Draft logits over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'`` (q = 0 there)."""
         return full_vocab(self.model, logits)
-
-
-def head_forward(head: EagleHead, ids: Tensor, features: Tensor, positions: Tensor, cache: KVCache,
-                 slot: int, tree: TreeAttention | None = None) -> tuple[Tensor, Tensor]:
-    """One cached head forward of ONE row, optionally with tree attention (for tree drafting).
-
-    [`EagleHead.forward`][minispec.eagle_head.EagleHead.forward] for ``slots=[slot]``, except that with ``tree`` the new pairs are
-    stored at ``tree.storage`` and attend by ``tree.mask`` ([`TreeAttention`][minispec.model.TreeAttention]),
-    as in the target's tree forward: the head's layer is a plain decoder block, mask-agnostic.
-
-    Args: ids (1, T) tokens; features (1, T, D) the features paired with them; positions (1, T)
-    pair positions (RoPE); cache, slot: the head's cache; tree: None for a causal chain.
-
-    Returns: (logits over the FULL vocabulary (T, V), -inf outside ``V'``; features (1, T, D)).
-    """
-    if tree is None:
-        logits, feature = head(ids, features, positions, cache, [slot])
-    else:
-        target = head.target
-        e = target.embed_tokens(ids).to(features.dtype)                         # (1, T, D)
-        h = head.fc(torch.cat([e, features], dim=-1))                            # (1, T, D)
-        index = positions.clamp(min=0)
-        cos = head.rope_cos[index].to(h.dtype).unsqueeze(2)                      # (1, T, 1, hd)
-        sin = head.rope_sin[index].to(h.dtype).unsqueeze(2)
-        plan = cache.prepare([slot], tree.storage)
-        mask = tree_attention_mask(tree, plan.key_positions)                     # (1, 1, T, S)
-        h = head.layer(h, cos, sin, mask, cache, plan)
-        cache.commit(plan)
-        feature = target.norm(h)
-        logits = head.logits(feature)
-    return full_vocab(head, logits[0]), feature
 
 
 def full_vocab(head: EagleHead, logits: Tensor) -> Tensor:

@@ -42,7 +42,15 @@ from torch import nn
 
 from minispec import fast
 from minispec.kv_cache import KVCache
-from minispec.model import Block, Llama, ModelConfig, attention_mask, rope_tables
+from minispec.model import (
+    Block,
+    Llama,
+    ModelConfig,
+    TreeAttention,
+    attention_mask,
+    rope_tables,
+    tree_attention_mask,
+)
 
 __all__ = ["EagleHead", "load_head", "save_head"]
 
@@ -131,8 +139,8 @@ class EagleHead(nn.Module):
     # ------------------------------------------------------------------ forward
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                cache: KVCache | None = None, slots: list[int] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                cache: KVCache | None = None, slots: list[int] | None = None,
+                tree: TreeAttention | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Predict the next features and the draft logits for every pair.
 
         Args:
@@ -141,6 +149,9 @@ class EagleHead(nn.Module):
             positions: (B, T) pair index ``t - 1`` of each row; -1 marks padding.
             cache: the head's KV cache, or None (causal over T; then ``slots`` is None too).
             slots: each row's slot in ``cache``, or None with no cache.
+            tree: draft-tree pairs (needs ``cache``): stored at ``tree.storage`` and attending by
+                ``tree.mask``, as in the target's tree forward
+                ([`TreeAttention`][minispec.model.TreeAttention]); None for causal pairs.
 
         Returns:
             (logits (B, T, V') over the draft vocabulary, predicted features f'_t (B, T, D)).
@@ -153,9 +164,13 @@ class EagleHead(nn.Module):
         sin = self.rope_sin[index].to(h.dtype).unsqueeze(2)
         plan, key_positions = None, positions
         if cache is not None:
-            plan = cache.prepare(slots, positions)
+            plan = cache.prepare(slots, positions if tree is None else tree.storage)
             key_positions = plan.key_positions                                  # (B, S)
-        h = self.layer(h, cos, sin, attention_mask(positions, key_positions), cache, plan)
+        if tree is None:
+            mask = attention_mask(positions, key_positions)                     # (B, 1, T, S)
+        else:
+            mask = tree_attention_mask(tree, key_positions)                     # (B, 1, T, S)
+        h = self.layer(h, cos, sin, mask, cache, plan)
         if cache is not None:
             cache.commit(plan)
         feature = target.norm(h)                                                # (B, T, D)

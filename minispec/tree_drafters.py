@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from minispec.drafters import ModelDrafter
-from minispec.eagle import EagleDrafter, head_forward
+from minispec.eagle import EagleDrafter, full_vocab
 from minispec.kv_cache import ContiguousKVCache, cache_args_for_model
 from minispec.model import Llama, TreeAttention
 from minispec.ngram import NGramDrafter
@@ -308,20 +308,20 @@ class EagleTreeDrafter(LevelTreeDrafter):
         device = self.model.device
         ids = torch.tensor([seq.context[held + 1:]], device=device)
         positions = torch.arange(held, n - 1, device=device)[None]
-        logits, feature = head_forward(self.model, ids, f[None], positions, self.cache, self.slot)
+        logits, feature = self.model(ids, f[None], positions, self.cache, [self.slot])
         self.forwards += 1
         self.pending = f[:0]
         self.features = {0: feature[0, -1]}
-        return logits[-1:], n - 1
+        return full_vocab(self.model, logits[0, -1:]), n - 1
 
     def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
         device = self.model.device
         ids = torch.tensor([[tokens[node] for node in frontier]], device=device)
         parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
-        logits, feature = head_forward(self.model, ids, parent, torch.tensor([positions], device=device),
-                                       self.cache, self.slot, tree)            # (F, V), (1, F, D)
+        logits, feature = self.model(ids, parent, torch.tensor([positions], device=device),
+                                     self.cache, [self.slot], tree=tree)      # (1, F, V'), (1, F, D)
         self.features.update(zip(frontier, feature[0], strict=True))
-        return logits
+        return full_vocab(self.model, logits[0])                              # (F, V)
 
     def observe(self, proposal: TreeProposal, path: list[int], hidden: Tensor) -> None:
         """Drop the tree's pairs; ``hidden`` is the target's ``(len(path) + 1, D)`` features of
