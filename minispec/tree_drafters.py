@@ -124,14 +124,17 @@ class LevelTreeDrafter:
     stored past them and sees them plus its own fed ancestors. A subclass says how the root's
     logits are obtained (``_start``) and how a level is scored (``_forward_level``).
 
-    Attributes: cache, slot -- the drafter's own cache; storage -- created node -> cache position
-    (fed nodes of the current tree); forwards -- drafter forwards so far.
+    Attributes: model -- the draft model or head; cache, slot -- its own one-slot cache, with room
+    for one tree past ``max_seq_len``; storage -- created node -> cache position (fed nodes of the
+    current tree); forwards -- drafter forwards so far.
     """
 
-    cache: ContiguousKVCache
-    slot: int
-
-    def __init__(self) -> None:
+    def __init__(self, model, max_seq_len: int, max_nodes: int) -> None:
+        self.model = model
+        args = cache_args_for_model(model, max_seq_len)
+        args["max_seq_len"] += max_nodes            # tree nodes are stored past the context
+        self.cache = ContiguousKVCache(num_slots=1, **args)
+        self.slot = self.cache.allocate()
         self.storage: dict[int, int] = {}
         self.forwards = 0
 
@@ -219,12 +222,8 @@ class TreeModelDrafter(LevelTreeDrafter):
     """
 
     def __init__(self, model: Llama | ModelDrafter, max_seq_len: int, max_nodes: int) -> None:
-        super().__init__()
-        self.model = model.model if isinstance(model, ModelDrafter) else model
-        args = cache_args_for_model(self.model, max_seq_len)
-        args["max_seq_len"] += max_nodes            # tree nodes are stored past the context
-        self.cache = ContiguousKVCache(num_slots=1, **args)
-        self.slot = self.cache.allocate()
+        super().__init__(model.model if isinstance(model, ModelDrafter) else model, max_seq_len,
+                         max_nodes)
         self.fed: list[int] = []                    # context tokens at positions 0..len-1
 
     def _start(self, seq: Sequence) -> tuple[Tensor, int]:
@@ -279,12 +278,8 @@ class EagleTreeDrafter(LevelTreeDrafter):
     wants_hidden = True
 
     def __init__(self, head, max_seq_len: int, max_nodes: int) -> None:
-        super().__init__()
-        self.model = head.model if isinstance(head, EagleDrafter) else head
-        args = cache_args_for_model(self.model, max_seq_len)
-        args["max_seq_len"] += max_nodes
-        self.cache = ContiguousKVCache(num_slots=1, **args)
-        self.slot = self.cache.allocate()
+        super().__init__(head.model if isinstance(head, EagleDrafter) else head, max_seq_len,
+                         max_nodes)
         self.pending: Tensor | None = None          # (m, D) real features not fed yet
         self.features: dict[int, Tensor] = {}       # created node -> the head's feature (D,)
 
