@@ -4,7 +4,7 @@ For each batch size it runs the same greedy prompts through
 
 * ``minispec.Engine`` without speculation, with the draft model and with n-gram drafting, each
   with a fixed ``k`` and with goodput control (``adaptive=True``: ``k`` per request and step from
-  the measured costs, see ``minispec.goodput``);
+  the measured costs, see ``minispec.serving.goodput``);
 * transformers' continuous batching (``model.generate_batch``) and static batched ``generate``
   (left-padded; every request runs to ``max_new_tokens``, EOS ignored, so the work is equal);
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 import minispec as ms
-from minispec.engine import Engine
+from minispec.serving.engine import Engine
 
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
 #: The shipped pair's shapes (notes/tiny-models.md), for random stand-ins when it is not built.

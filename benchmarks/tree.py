@@ -6,7 +6,7 @@ n-gram table drafts, since there is no draft model):
 
 * plain ``minispec.generate`` (the baseline: one target forward per token);
 * the chain: ``speculative_generate(k=depth)`` with the draft model and with n-gram drafting;
-* trees of the same depth (``minispec.tree_decoding.decode_tree``) for each ``--branching``, with
+* trees of the same depth (``minispec.decoding.tree_loop.decode_tree``) for each ``--branching``, with
   the draft model and with the n-gram table; ``(1,)`` is the chain through the tree machinery.
 
 and prints, side by side: tokens per target forward, draft forwards per token, seconds per token
@@ -47,12 +47,12 @@ from pathlib import Path
 import torch
 
 import minispec as ms
-from minispec import workloads
-from minispec.decoding import GenerationResult
-from minispec.kv_cache import ContiguousKVCache
-from minispec.model import TreeAttention
-from minispec.tree_decoding import decode_tree
-from minispec.tree_drafters import check_branching
+from minispec.decoding.loop import GenerationResult
+from minispec.decoding.tree_loop import decode_tree
+from minispec.drafters.trees import check_branching
+from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.llama import TreeAttention
+from minispec.tools import workloads
 
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
 
@@ -78,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="with --eagle: chain lengths k to compare")
     parser.add_argument("--model", default=None,
                         help="a chat model (e.g. smollm2-135m-instruct) on the five workloads of "
-                             "minispec.workloads instead of the shipped pair; n-gram drafting only")
+                             "minispec.tools.workloads instead of the shipped pair; n-gram drafting only")
     return parser.parse_args(argv)
 
 

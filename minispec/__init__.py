@@ -2,127 +2,97 @@
 
 Notation used everywhere (code, docstrings, lessons): ``p`` is the target distribution, ``q`` the
 draft distribution, ``k`` (gamma in the papers) the number of draft tokens per round, ``alpha`` the
-expected acceptance rate, ``c`` the cost of a draft step relative to a target step.
+expected acceptance rate, ``c`` the cost of a draft step relative to a target step, ``r`` the cost
+of verifying ``k + 1`` tokens relative to one target step.
 
-The layers, bottom-up (a module imports only from layers below it):
+The package is built in layers, one folder each, read bottom-up; a module imports only from its
+own folder or the folders below it (``tests/test_layers.py`` checks it):
 
-1. maths: [`sampling`][minispec.sampling], [`speculative`][minispec.speculative],
-   [`tree`][minispec.tree], [`theory`][minispec.theory], [`stats`][minispec.stats];
-2. machinery: [`block_manager`][minispec.block_manager], [`kv_cache`][minispec.kv_cache],
-   [`paged_cache`][minispec.paged_cache], [`model`][minispec.model], [`fast`][minispec.fast],
-   [`eagle_head`][minispec.eagle_head], [`zoo`][minispec.zoo], [`loader`][minispec.loader],
-   [`chat`][minispec.chat];
-3. decoding: [`sequence`][minispec.sequence], [`ngram`][minispec.ngram],
-   [`drafters`][minispec.drafters], [`eagle`][minispec.eagle], [`runner`][minispec.runner],
-   [`adaptive`][minispec.adaptive], [`tree_drafters`][minispec.tree_drafters],
-   [`tree_decoding`][minispec.tree_decoding], [`decoding`][minispec.decoding];
-4. serving: [`goodput`][minispec.goodput], [`scheduler`][minispec.scheduler],
-   [`engine`][minispec.engine];
-5. faces: [`viz`][minispec.viz], [`bench`][minispec.bench], [`workloads`][minispec.workloads],
-   [`costs`][minispec.costs], ``minispec.zoo.eagle_data``, ``minispec.zoo.train_eagle``,
-   ``minispec.cli``.
+1. [`minispec.core`][minispec.core] -- the maths: sampling, the accept rule, trees, theory,
+   statistics, one request's bookkeeping. Tensors in, tensors out; no model, no cache.
+2. [`minispec.zoo`][minispec.zoo] -- the registry of shipped and fetched models (names to folders).
+3. [`minispec.models`][minispec.models] -- the machinery: a minimal Llama, KV caches (contiguous
+   and paged), the loader, chat templates, the EAGLE head, the packed CPU path.
+4. [`minispec.drafters`][minispec.drafters] -- who proposes drafts: the ``Drafter`` base class,
+   a draft model, n-gram tables and prompt lookup, an EAGLE head, and their tree forms.
+5. [`minispec.decoding`][minispec.decoding] -- the one speculative round and the single-sequence
+   loop (``generate``, ``speculative_generate``), request validation, draft-length policy.
+6. [`minispec.serving`][minispec.serving] -- continuous batching: scheduler, goodput, ``Engine``.
+7. [`minispec.check`][minispec.check] -- graders for a student's own implementation of the
+   pieces above (``ms.check.verifier(fn)`` ...), and a lab of real bugs they catch.
+8. [`minispec.tools`][minispec.tools] -- faces that may use everything: benchmarks, cost
+   reports, workloads, pictures, the command line, the training recipes. This facade does not
+   import them: ``from minispec.tools import viz``.
 
-Within a layer, modules import each other in the order listed (the one round of speculative
-decoding, [`runner`][minispec.runner], sits in layer 3 because both the single-sequence loop and
-the engine drive it; the EAGLE head's training recipe lives in [`minispec.zoo`][minispec.zoo] but
-drives the engine, so it is a face). ``tests/test_layers.py`` enforces this order by parsing every
-import.
+This module re-exports the API coursework uses.
 """
 
-from minispec import adaptive, bench, chat, fast, goodput, theory, viz, workloads
-from minispec.adaptive import AdaptiveK
-from minispec.block_manager import BlockManager
-from minispec.decoding import GenerationResult, generate, speculative_generate
-from minispec.drafters import (
-    Draft,
-    Drafter,
-    ModelDrafter,
-    NGramDrafter,
-    PerRequestDrafter,
-    PromptLookupDrafter,
-)
-from minispec.eagle import EagleDrafter, load_drafter
-from minispec.eagle_head import EagleHead
-from minispec.engine import Engine, StepOutput
-from minispec.kv_cache import ContiguousKVCache, KVCache
-from minispec.loader import load
-from minispec.model import Llama, ModelConfig, TreeAttention
-from minispec.paged_cache import PagedKVCache
-from minispec.runner import SpeculativeRunner
-from minispec.sampling import SamplingParams, one_hot, probs_from_logits, sample
-from minispec.sequence import Sequence
-from minispec.speculative import (
-    GreedyVerdict,
-    Verdict,
-    accepts,
-    check_probs,
+from minispec import check
+from minispec.core import theory
+from minispec.core.sampling import SamplingParams, probs_from_logits, sample
+from minispec.core.sequence import Sequence
+from minispec.core.speculative import (
     residual,
     speculative_sample,
     speculative_sample_batch,
     verify,
     verify_batch,
-    verify_greedy,
 )
-from minispec.stats import SpecStats
-from minispec.tree import DraftTree, TreeVerdict, iterative_speculative_sample, verify_tree
-from minispec.tree_drafters import NGramTreeDrafter, TreeModelDrafter, TreeProposal
+from minispec.core.stats import SpecStats
+from minispec.core.tree import DraftTree, iterative_speculative_sample, verify_tree
+from minispec.decoding.adaptive import AdaptiveK
+from minispec.decoding.loop import GenerationResult, generate, speculative_generate
+from minispec.drafters.base import Draft, Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.eagle import EagleDrafter, load_drafter
+from minispec.drafters.hybrid import HybridDrafter
+from minispec.drafters.suffix import SuffixDrafter
+from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.llama import Llama
+from minispec.models.loader import load
+from minispec.models.paged_cache import PagedKVCache
+from minispec.serving.engine import Engine, StepOutput
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdaptiveK",
-    "BlockManager",
-    "ContiguousKVCache",
-    "Draft",
+    # core: the maths
     "DraftTree",
-    "EagleDrafter",
-    "EagleHead",
-    "Drafter",
-    "Engine",
-    "GenerationResult",
-    "GreedyVerdict",
-    "KVCache",
-    "Llama",
-    "NGramTreeDrafter",
-    "ModelConfig",
-    "ModelDrafter",
-    "NGramDrafter",
-    "PagedKVCache",
-    "PerRequestDrafter",
-    "PromptLookupDrafter",
     "SamplingParams",
     "Sequence",
-    "SpeculativeRunner",
     "SpecStats",
-    "StepOutput",
-    "TreeAttention",
-    "TreeModelDrafter",
-    "TreeProposal",
-    "TreeVerdict",
-    "Verdict",
-    "accepts",
-    "check_probs",
-    "generate",
-    "load_drafter",
     "iterative_speculative_sample",
-    "load",
-    "one_hot",
     "probs_from_logits",
     "residual",
     "sample",
     "speculative_sample",
     "speculative_sample_batch",
-    "speculative_generate",
-    "adaptive",
-    "bench",
-    "chat",
-    "fast",
-    "goodput",
     "theory",
     "verify",
     "verify_batch",
-    "verify_greedy",
     "verify_tree",
-    "viz",
-    "workloads",
+    # models
+    "ContiguousKVCache",
+    "Llama",
+    "PagedKVCache",
+    "load",
+    # drafters
+    "Draft",
+    "Drafter",
+    "EagleDrafter",
+    "HybridDrafter",
+    "ModelDrafter",
+    "NGramDrafter",
+    "PromptLookupDrafter",
+    "SuffixDrafter",
+    "load_drafter",
+    # decoding
+    "AdaptiveK",
+    "GenerationResult",
+    "generate",
+    "speculative_generate",
+    # serving
+    "Engine",
+    "StepOutput",
+    # coursework graders
+    "check",
 ]

@@ -2,6 +2,6 @@
 
 import sys
 
-from minispec.cli import main
+from minispec.tools.cli import main
 
 sys.exit(main())

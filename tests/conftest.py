@@ -103,7 +103,7 @@ def hf_model_factory():
 @pytest.fixture(scope="session", params=list(TINY_CONFIGS))
 def tiny(request, tmp_path_factory) -> TinyCheckpoint:
     """Each tiny config in turn: saved to disk and loaded by ``minispec.load`` (fp32, CPU)."""
-    from minispec.loader import load
+    from minispec.models.loader import load
 
     name = request.param
     hf = make_hf_model(name)
@@ -115,7 +115,7 @@ def tiny(request, tmp_path_factory) -> TinyCheckpoint:
 @pytest.fixture(scope="session")
 def tiny_gqa(tmp_path_factory) -> TinyCheckpoint:
     """The GQA / Llama-3 RoPE / tied-embedding checkpoint alone (for tests that need one model)."""
-    from minispec.loader import load
+    from minispec.models.loader import load
 
     hf = make_hf_model("gqa-llama3-tied")
     path = save_hf_model(hf, tmp_path_factory.mktemp("gqa-single"))
@@ -127,7 +127,7 @@ def tiny_gqa(tmp_path_factory) -> TinyCheckpoint:
 def model():
     """A small random minispec Llama (GQA, Llama-3 RoPE, tied embeddings, vocab 64), fp32: the
     model of the cache tests."""
-    from minispec.model import Llama, ModelConfig
+    from minispec.models.llama import Llama, ModelConfig
 
     torch.manual_seed(0)
     config = ModelConfig(

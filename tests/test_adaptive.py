@@ -7,8 +7,8 @@ import torch
 from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
-from minispec.adaptive import AdaptiveK, KPolicy
-from minispec.drafters import Draft, ModelDrafter
+from minispec.decoding.adaptive import AdaptiveK, KPolicy
+from minispec.drafters.base import Draft, ModelDrafter
 
 
 @pytest.fixture(scope="module")

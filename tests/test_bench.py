@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from minispec import bench
-from minispec.adaptive import AdaptiveK
-from minispec.cli import main
+from minispec.decoding.adaptive import AdaptiveK
+from minispec.tools import bench
+from minispec.tools.cli import main
 
 PROMPTS = {"shakespeare": [[1, 5, 9, 2, 7, 3], [4, 4, 8, 1]],
            "repetitive": [[1, 2, 3, 4] * 3 + [1, 2], [7, 8, 9] * 4]}
@@ -108,7 +108,7 @@ def test_time_methods_flags_a_method_that_changes_tokens(tiny_gqa):
 def chat_shakespeare():
     """The shipped target with a ChatML template on its tokenizer: the workloads run end to end."""
     from minispec import zoo
-    from minispec.loader import load
+    from minispec.models.loader import load
 
     target, tokenizer = load("shakespeare-target")
     tokenizer.chat_template = (
@@ -118,7 +118,7 @@ def chat_shakespeare():
 
 
 def test_workloads_encode_every_task(chat_shakespeare):
-    from minispec import workloads
+    from minispec.tools import workloads
 
     _, tokenizer, _ = chat_shakespeare
     prompts = workloads.encode_tasks(tokenizer)
@@ -133,7 +133,7 @@ def test_workloads_encode_every_task(chat_shakespeare):
 
 
 def test_workloads_run_reproduces_greedy_everywhere(chat_shakespeare):
-    from minispec import workloads
+    from minispec.tools import workloads
 
     target, tokenizer, directory = chat_shakespeare
     results = workloads.run(target, tokenizer, directory, tasks=("chat", "code_edit"),

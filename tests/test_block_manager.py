@@ -9,7 +9,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minispec.block_manager import BlockManager
+from minispec.models.block_manager import BlockManager
 
 
 def test_bad_sizes():

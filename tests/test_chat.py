@@ -1,4 +1,4 @@
-"""Prompts as ids, text and chat messages (minispec.chat), on the shipped tokenizer.
+"""Prompts as ids, text and chat messages (minispec.models.chat), on the shipped tokenizer.
 
 The shipped Shakespeare tokenizer is a base model's: it has no chat template. A copy given a ChatML
 template (the one SmolLM2 uses) checks rendering without the real model.
@@ -11,7 +11,8 @@ import copy
 import pytest
 import torch
 
-from minispec import chat, zoo
+from minispec import zoo
+from minispec.models import chat
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minispec.cli import main
+from minispec.tools.cli import main
 
 
 def test_help_lists_commands():

@@ -7,8 +7,8 @@ from lawcheck import chi_square_pvalue
 from tinymodels import VOCAB, exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.decoding import generate, speculative_generate
-from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.decoding.loop import generate, speculative_generate
+from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import torch
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
 
 
 def test_ngram_chains_longest_context_first():

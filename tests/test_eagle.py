@@ -2,7 +2,7 @@
 
 The tests use tiny random targets (tests/tinymodels.py). Three kinds of head:
 
-* a randomly initialised :class:`~minispec.eagle_head.EagleHead` (full vocabulary, or every other id):
+* a randomly initialised :class:`~minispec.models.eagle_head.EagleHead` (full vocabulary, or every other id):
   few drafts accepted, but every draft is still judged by the target, so greedy output must be the
   target's and sampled output must have the target's law;
 * a *self-copy* head on a one-layer target: ``fc`` passes the token's embedding through and the
@@ -26,9 +26,9 @@ from lawcheck import chi_square_pvalue
 from tinymodels import exact_two_token_law, tiny_llama
 
 import minispec as ms
-from minispec.eagle import EagleDrafter, load_drafter
-from minispec.eagle_head import EagleHead, load_head, save_head
-from minispec.engine import Engine
+from minispec.drafters.eagle import EagleDrafter, load_drafter
+from minispec.models.eagle_head import EagleHead, load_head, save_head
+from minispec.serving.engine import Engine
 
 NEW = 20
 PROMPTS = [[1, 2], [3, 4, 5], [5, 6, 5, 6, 5], [9] * 6, list(range(10, 22)), [40, 41, 42, 40, 41],
@@ -118,10 +118,10 @@ class Spy:
                 self.rounds.append((list(seq.context), k, d.tokens.tolist()))
             return drafts
 
-        def observe_hook(seqs, num_accepted, hidden):
+        def observe_hook(seqs, num_accepted, hidden, paths):
             for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
                 self.observed.append((list(seq.context), self.last[seq.request_id], a, h.clone()))
-            observe(seqs, num_accepted, hidden)
+            observe(seqs, num_accepted, hidden, paths)
 
         def prefill_hook(seqs, starts, hidden):
             for seq, s, h in zip(seqs, starts, hidden, strict=True):
@@ -162,19 +162,19 @@ def test_a_head_that_knows_the_target_gets_drafts_accepted(vocab):
 def test_a_packed_head_drafts_as_the_eager_one(tmp_path):
     """``make_fast`` (oneDNN-packed fc, layer and V' rows) changes float rounding only: on a
     target whose drafts get accepted, the packed head's rounds equal the eager head's."""
-    from minispec import fast
+    from minispec.models import packed
 
     target = tiny_llama(seed=0, layers=1)
-    if fast.unavailable_reason(target) is not None:
-        pytest.skip(fast.unavailable_reason(target))
+    if packed.unavailable_reason(target) is not None:
+        pytest.skip(packed.unavailable_reason(target))
     eager = self_copy_head(target, every_other(target.config.vocab_size))
     save_head(eager, tmp_path, dtype=torch.float32)
-    packed = ms.load_drafter(tmp_path, target, fast=True)
-    assert isinstance(packed.model.fc, fast.PackedLinear)
-    assert isinstance(packed.model.layer.self_attn.o_proj, fast.PackedLinear)
+    drafter = ms.load_drafter(tmp_path, target, fast=True)
+    assert isinstance(drafter.model.fc, packed.PackedLinear)
+    assert isinstance(drafter.model.layer.self_attn.o_proj, packed.PackedLinear)
     for prompt in PROMPTS:
         a = ms.speculative_generate(target, EagleDrafter(eager), prompt, NEW, k=3)
-        b = ms.speculative_generate(target, packed, prompt, NEW, k=3)
+        b = ms.speculative_generate(target, drafter, prompt, NEW, k=3)
         assert b.tokens == a.tokens == ms.generate(target, prompt, NEW).tokens
         assert [r.drafts for r in b.rounds] == [r.drafts for r in a.rounds]
 

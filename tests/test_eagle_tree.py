@@ -1,4 +1,4 @@
-"""Draft trees from an EAGLE head (:class:`minispec.tree_drafters.EagleTreeDrafter`).
+"""Draft trees from an EAGLE head (:class:`minispec.drafters.trees.EagleTreeDrafter`).
 
 The tiny random targets and heads are those of tests/test_eagle.py; the law check is the sampled
 tree test's of tests/test_tree_attention.py, with the head as the drafter. Three properties:
@@ -22,10 +22,10 @@ from test_tree_attention import law_models, law_pvalue  # noqa: F401 (fixture)
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec import tree_decoding
-from minispec.eagle import EagleDrafter
-from minispec.tree_decoding import decode_tree
-from minispec.tree_drafters import EagleTreeDrafter, check_branching, tree_size
+from minispec.core.tree import TreeProposal, tree_size
+from minispec.decoding import runner
+from minispec.drafters.eagle import EagleDrafter
+from minispec.drafters.trees import EagleTreeDrafter, TreeDrafter, check_branching
 
 NEW = 24
 PROMPTS = [[1], [1, 2], [5, 6, 5, 6, 5], list(range(10, 22)), list(range(20, 44))]
@@ -92,12 +92,7 @@ def test_sampled_tree_output_has_the_target_law(law_models, vocab):  # noqa: F81
 def test_the_eagle_law_test_catches_a_wrong_q(law_models, monkeypatch):  # noqa: F811
     """Power: the same check, with the draws verified against a q they were not drawn from."""
     target, _, law = law_models
-    right = tree_decoding.iterative_speculative_sample
-
-    def wrong_q(p, qs, generator, proposals):
-        return right(p, 0.5 * qs + 0.5 / qs.shape[1], generator, proposals=proposals)
-
-    monkeypatch.setattr(tree_decoding, "iterative_speculative_sample", wrong_q)
+    monkeypatch.setattr(runner, "verify_proposal", wrong_q(runner.verify_proposal))
     assert law_pvalue(target, EagleDrafter(random_head(target, seed=4)), law, 1000) < 1e-3
 
 
@@ -134,11 +129,12 @@ class TreeSpy:
     :func:`reference_tree` makes them) and every ``observe`` call, with the context of ``seq``
     then (a round with no room for drafts observes a root-only tree it did not propose)."""
 
-    def __init__(self, drafter: EagleTreeDrafter, seq: ms.Sequence):
+    def __init__(self, drafter: EagleTreeDrafter):
         self.proposals, self.observed = [], []
-        propose, observe = drafter.propose, drafter.observe
+        propose, observe = drafter.propose_tree, drafter.observe_tree
 
         def propose_hook(seq, branching):
+            self.seq = seq
             proposal = propose(seq, branching)
             tree, created = proposal.tree, proposal.created        # depth-first -> creation id
             tokens, parents = [0] * len(tree), [-1] * len(tree)
@@ -152,10 +148,10 @@ class TreeSpy:
             tree = proposal.tree
             accepted = [tree.tokens[i] for i in path]
             siblings = [tree.tokens[i] for i in range(1, len(tree)) if tree.parents[i] == 0]
-            self.observed.append((list(seq.context), accepted, hidden.clone(), siblings))
+            self.observed.append((list(self.seq.context), accepted, hidden.clone(), siblings))
             observe(proposal, path, hidden)
 
-        drafter.propose, drafter.observe = propose_hook, observe_hook
+        drafter.propose_tree, drafter.observe_tree = propose_hook, observe_hook
 
 
 def check_features(target, spy: TreeSpy) -> None:
@@ -169,11 +165,19 @@ def check_features(target, spy: TreeSpy) -> None:
 
 def spied_run(target, head, prompt, branching, k=4) -> TreeSpy:
     drafter = EagleTreeDrafter(head, 96, tree_size(check_branching(branching, k)))
-    seq = ms.Sequence.new("0", prompt, None, max_new_tokens=NEW, max_seq_len=96,
-                          vocab_size=target.config.vocab_size, k=k)
-    spy = TreeSpy(drafter, seq)
-    decode_tree(target, drafter, seq, k, branching)
+    spy = TreeSpy(drafter)
+    batched = TreeDrafter(lambda seq: drafter, source=EagleDrafter(head))
+    ms.speculative_generate(target, batched, prompt, NEW, k=k, branching=branching, max_seq_len=96)
     return spy
+
+
+def wrong_q(right):
+    """``verify_proposal`` judging every draw against a ``q`` it was not drawn from."""
+    def verify(proposal, p, generator, **kwargs):
+        draws = [[(c, None if q is None else 0.5 * q + 0.5 / q.shape[-1]) for c, q in d]
+                 for d in proposal.draws]
+        return right(TreeProposal(proposal.tree, draws, proposal.created), p, generator, **kwargs)
+    return verify
 
 
 @pytest.mark.parametrize("vocab", ["full", "reduced"])

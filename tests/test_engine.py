@@ -21,9 +21,9 @@ from lawcheck import chi_square_pvalue
 from tinymodels import exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
-from minispec.engine import Engine, StepOutput
-from minispec.model import Llama
+from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.models.llama import Llama
+from minispec.serving.engine import Engine, StepOutput
 
 NEW = 24
 PROMPTS = [[1], [3, 4, 5], [7, 8, 9, 7, 8, 9, 7], [10, 11] * 6, list(range(20, 40)),

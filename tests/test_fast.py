@@ -1,4 +1,4 @@
-"""The packed fast path (minispec.fast): same logits as eager, same greedy tokens, undoable, and an
+"""The packed fast path (minispec.models.packed): same logits as eager, same greedy tokens, undoable, and an
 eager fallback with one warning where it cannot pack.
 
 Float tolerance: the packed GEMM sums the same products in another order, so logits may differ from
@@ -14,9 +14,9 @@ import torch
 from tinymodels import noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.fast import PackedLinear, is_fast, make_eager, make_fast, packed_bytes
-from minispec.kv_cache import ContiguousKVCache
-from minispec.paged_cache import PagedKVCache
+from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.packed import PackedLinear, is_fast, make_eager, make_fast, packed_bytes
+from minispec.models.paged_cache import PagedKVCache
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                                 reason="this torch build has no oneDNN")
@@ -161,11 +161,11 @@ def test_shipped_pair_fast_logits_and_speculative_greedy():
     assert spec.tokens == ms.generate(target, ids, 64).tokens == base
 
 
-# ------------------------------------------------------------------ minispec.costs (the benchmark)
+# ------------------------------------------------------------------ minispec.tools.costs (the benchmark)
 
 
 def test_weight_bytes_counts_the_tied_head_once_and_skips_an_untied_embedding(tiny):
-    from minispec.costs import weight_bytes
+    from minispec.tools.costs import weight_bytes
 
     model = tiny.model
     params = sum(p.numel() for p in model.parameters())
@@ -175,7 +175,7 @@ def test_weight_bytes_counts_the_tied_head_once_and_skips_an_untied_embedding(ti
 
 
 def test_costs_benchmark_reports_both_modes(tiny_gqa, capsys):
-    from minispec.costs import main, measure
+    from minispec.tools.costs import main, measure
 
     report = measure(str(tiny_gqa.path), batches=(1, 2), context=16, max_k=3, repeats=1,
                      progress=False)
@@ -195,7 +195,7 @@ def test_costs_benchmark_reports_both_modes(tiny_gqa, capsys):
 
 
 def test_matmul_ms_times_eager_and_packed_for_each_row_count():
-    from minispec.costs import matmul_ms
+    from minispec.tools.costs import matmul_ms
 
     times = matmul_ms(32, 48, rows=(1, 5), repeats=1)
     assert set(times) == {"eager", "fast"} and all(set(t) == {1, 5} for t in times.values())
@@ -206,7 +206,7 @@ def test_bench_costs_command_shows_eager_and_fast_side_by_side(tiny_gqa, tmp_pat
     """``minispec bench costs`` (and its alias ``roofline``) is the eager-against-fast report."""
     import json
 
-    from minispec.cli import main
+    from minispec.tools.cli import main
 
     quick = ["--batch", "1", "--context", "8", "--max-k", "2", "--repeats", "1"]
     for name in ("costs", "roofline"):
@@ -231,7 +231,7 @@ def test_bench_costs_command_shows_eager_and_fast_side_by_side(tiny_gqa, tmp_pat
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="the shipped model pair is not built yet")
 def test_bench_costs_defaults_to_the_shipped_pair_and_measures_c(capsys):
-    from minispec.cli import main
+    from minispec.tools.cli import main
 
     assert main(["bench", "costs", "--batch", "1", "--context", "8", "--max-k", "1",
                  "--repeats", "1", "--clock", "cpu"]) == 0
@@ -242,7 +242,7 @@ def test_bench_costs_defaults_to_the_shipped_pair_and_measures_c(capsys):
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="the shipped model pair is not built yet")
 def test_costs_speedups_check_every_output_against_eager_greedy():
-    from minispec.costs import format_speedups, measure_speedups
+    from minispec.tools.costs import format_speedups, measure_speedups
 
     rows = measure_speedups("shakespeare-target", "shakespeare-draft", new_tokens=12, repeats=1,
                             progress=False)

@@ -8,8 +8,8 @@ import torch
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.goodput import StepCosts, alpha_estimates, bucket, choose_ks
-from minispec.theory import expected_tokens
+from minispec.core.theory import expected_tokens
+from minispec.serving.goodput import StepCosts, alpha_estimates, bucket, choose_ks
 
 
 def costs_with(verify, draft: float, rows: int, k_max: int = 4) -> StepCosts:
@@ -127,7 +127,7 @@ def test_proposal_rates_fall_for_a_drafter_without_matches():
     prompts = [list(range(i, i + 11)) for i in (1, 12, 23, 34)]   # no repeated n-gram to look up
     engine = ms.Engine(target, drafter="ngram", k=3, max_batch_size=4, block_size=4, adaptive=True)
     engine.generate(prompts, progress=False, max_new_tokens=24)
-    asked, proposed = engine._proposals
+    asked, proposed = engine.policy.proposals
     assert asked > 0 and proposed < asked
     planned = [c for c in engine.k_choices if c.goodput]
     assert min(p for c in planned for p in c.proposal_rates) < 1

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minispec.kv_cache import ContiguousKVCache, KVCache, SequenceTable
-from minispec.model import Llama
-from minispec.paged_cache import PagedKVCache
+from minispec.models.kv_cache import ContiguousKVCache, KVCache, SequenceTable
+from minispec.models.llama import Llama
+from minispec.models.paged_cache import PagedKVCache
 
 CACHE_FACTORIES = {
     "contiguous": lambda model, num_slots, max_seq_len: ContiguousKVCache.for_model(

@@ -1,4 +1,4 @@
-"""minispec.model against transformers.LlamaForCausalLM: same logits, same greedy tokens."""
+"""minispec.models.llama against transformers.LlamaForCausalLM: same logits, same greedy tokens."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from minispec.kv_cache import ContiguousKVCache
-from minispec.model import Llama, ModelConfig, attention_mask, rope_inv_freq
+from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.llama import Llama, ModelConfig, attention_mask, rope_inv_freq
 
 ATOL = 1e-4
 
@@ -243,7 +243,7 @@ def test_bf16_forward_close_to_fp32(tiny_gqa):
 def test_cuda_matches_cpu(tiny_gqa):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from minispec.loader import load
+    from minispec.models.loader import load
 
     model, _ = load(tiny_gqa.path, device="cuda", dtype=torch.float32)
     ids = random_ids(model.config.vocab_size, 16, seed=9)

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from minispec.kv_cache import ContiguousKVCache
-from minispec.paged_cache import PagedKVCache
+from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.paged_cache import PagedKVCache
 
 V = 64
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import minispec as ms
-from minispec import chat, zoo
+from minispec import zoo
+from minispec.models import chat
 from minispec.zoo import smollm2
 
 NAME = "smollm2-135m-instruct"

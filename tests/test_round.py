@@ -16,9 +16,9 @@ import torch
 from tinymodels import VOCAB, noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
-from minispec.engine import Engine
-from minispec.model import Llama
+from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.models.llama import Llama
+from minispec.serving.engine import Engine
 
 NEW = 20
 PROMPTS = [[1, 2, 3], [5, 6, 5, 6, 5], [9] * 6, list(range(10, 22)), [40, 41, 42, 40, 41]]
@@ -178,8 +178,8 @@ class PoisonedTarget(Llama):
 
     POISON = 47
 
-    def forward(self, input_ids, positions, cache=None, slots=None, return_hidden=False):
-        out = super().forward(input_ids, positions, cache, slots, return_hidden)
+    def forward(self, input_ids, positions, cache=None, slots=None, return_hidden=False, tree=None):
+        out = super().forward(input_ids, positions, cache, slots, return_hidden, tree)
         logits = out[0] if return_hidden else out
         bad = (input_ids == self.POISON).any(dim=-1)                 # (B,)
         logits[..., self.POISON] = float("-inf")
@@ -409,20 +409,20 @@ def test_the_scalar_verify_loop_equals_verify_batch(seed):
 # ---------------------------------------------------------------------- the drafter's hook
 
 
-class HiddenRecorder:
+class HiddenRecorder(ms.Drafter):
     """An n-gram drafter that asks for the target's hidden states and records what it is given."""
 
     wants_hidden = True
 
     def __init__(self):
-        self.inner, self.forwards, self.seen = ms.PerRequestDrafter(NGramDrafter), 0, []
+        self.inner, self.forwards, self.seen = ms.drafters.base.PerRequestDrafter(NGramDrafter), 0, []
 
     def propose_batch(self, seqs, ks):
         self.contexts = [list(s.context) for s in seqs]
         self.drafts = self.inner.propose_batch(seqs, ks)
         return self.drafts
 
-    def observe(self, seqs, num_accepted, hidden):
+    def observe(self, seqs, num_accepted, hidden, paths):
         for ctx, draft, a, h in zip(self.contexts, self.drafts, num_accepted, hidden, strict=True):
             self.seen.append((ctx, draft.tokens.tolist(), a, h.clone()))
 

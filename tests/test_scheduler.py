@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from minispec.sampling import SamplingParams
-from minispec.scheduler import Scheduler
-from minispec.sequence import Sequence, SequenceStatus, round_k
+from minispec.core.sampling import SamplingParams
+from minispec.core.sequence import Sequence, SequenceStatus, round_k
+from minispec.serving.scheduler import Scheduler
 
 GREEDY = SamplingParams(temperature=0.0)
 

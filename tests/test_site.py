@@ -18,7 +18,22 @@ is checked too, so that these cannot come back:
 * no warning (``TqdmWarning``, "IProgress not found"), object repr (``<torch._C.Generator at
   0x...>``) or machine path (``site-packages``, ``/root/``) appears in the text, and no ``\_``
   is typeset literally inside ``\text{...}`` in an equation;
-* every entry of the table of contents points at an anchor that exists, and tab titles hold no TeX.
+* every entry of the table of contents points at an anchor that exists, and tab titles hold no TeX;
+* no lesson shows a stderr block (progress bars, log lines), and no teaching page speaks of the
+  project's own history ("third wave", "issue 12", "the 1.8x goal").
+
+Every page except the API reference is opened a second time in a 390 px wide window (a phone):
+the page itself must not scroll sideways there either; wide content scrolls inside its own box.
+
+The two interactive figures are driven like a student would: the round widget advances on "Next"
+and then shows exactly the drafts, verdicts and tokens of ``assets/data/rounds.json``; moving the
+speedup explorer's slider changes the predicted speedup to what the formula gives. "Next" at the
+foot of the last lesson leads to the Results page, not into the API reference.
+
+The lessons are executed exactly once per test run, by this build (mkdocs-jupyter with
+``allow_errors: false``; the README's test command keeps ``pytest --nbmake`` off the numbered
+lessons). A lesson whose assert fails fails the build, and the test shows that lesson's failing
+cell and its traceback first.
 
 The API pages are checked in the HTML: every ``Returns:`` section is one row with a type, never
 split into bogus "name: type" rows, and no Sphinx role (``:class:``) is printed.
@@ -62,8 +77,13 @@ CHROMIUM_FLAGS = [
     # Any host name other than the local server fails to resolve: nothing external can load.
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 ]
-API_PAGE = "api/minispec.speculative/index.html"
+API_PAGE = "api/minispec.core.speculative/index.html"
 VIEWPORT = {"width": 1400, "height": 900}
+PHONE = {"width": 390, "height": 844}
+# Pages beyond home, results and the lessons that a student reads (each must exist).
+TEACHING_PAGES = ("learning-path/index.html", "round/index.html", "speedup/index.html",
+                  "glossary/index.html", "going-further/index.html", "architecture/index.html",
+                  "model-card/index.html", "model-card-eagle/index.html")
 # A figure may be drawn smaller than its natural size down to this factor: matplotlib's 10-point
 # labels are 13.9 px at 100 dpi, so they stay at about 10 px or more.
 MIN_FIGURE_SCALE = 0.72
@@ -118,9 +138,25 @@ def site(tmp_path_factory) -> Path:
     )
     elapsed = time.perf_counter() - start
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mkdocs build --strict failed after {elapsed:.0f} s:\n{log[-8000:]}"
+    if proc.returncode != 0:
+        pytest.fail(f"mkdocs build --strict failed after {elapsed:.0f} s.\n{_lesson_failure(log)}"
+                    f"\n--- end of the build log ---\n{log[-6000:]}", pytrace=False)
     print(f"site built in {elapsed:.1f} s")
     return out
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _lesson_failure(log: str) -> str:
+    """The failing lesson and cell, when a lesson's assert stopped the build (else "")."""
+    log = _ANSI.sub("", log)
+    at = log.find("CellExecutionError: An error occurred while executing the following cell")
+    if at < 0:
+        return ""
+    lessons = re.findall(r"Converting notebook \(execute=\w+\): (\S+)", log[:at])
+    where = f"lesson {Path(lessons[-1]).name}" if lessons else "a lesson"
+    return f"{where} failed; its failing cell and traceback:\n{log[at:at + 6000]}"
 
 
 _EXTERNAL_TAG = re.compile(
@@ -280,6 +316,13 @@ _INSPECT_JS = r"""
       if (m) escapedUnderscores.push(m[0].slice(0, 60));
     }
   }
+  const stderr = [...article.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]')]
+    .map((el) => (el.textContent || "").trim().slice(0, 80));
+  const history = [];
+  for (const re of [/\b(?:first|second|third|fourth|fifth|next|this) waves?\b/gi, /\bwaves? of (?:work|changes)\b/gi,
+                    /\bissue \d{1,3}\b/gi, /\b\d+(?:\.\d+)?x goal\b/gi, /\bgoal set for\b/gi]) {
+    for (const m of fullText.matchAll(re)) history.push(m[0]);
+  }
   const tocTargets = [...document.querySelectorAll(".md-nav--secondary a[href^='#']")]
     .map((a) => decodeURIComponent(a.getAttribute("href").slice(1)));
   const deadToc = tocTargets.filter((id) => !document.getElementById(id));
@@ -296,6 +339,8 @@ _INSPECT_JS = r"""
     leaks: leaks.slice(0, 10),
     escapedUnderscores: escapedUnderscores,
     deadToc: deadToc,
+    stderr: stderr,
+    history: history,
     title: document.title,
     mathState: document.body.getAttribute("data-math"),
     containers: containers.length,
@@ -314,14 +359,14 @@ _INSPECT_JS = r"""
 """
 
 
-def _open_and_inspect(browser, base_url: str, path: str, shot: Path) -> dict:
+def _open_and_inspect(browser, base_url: str, path: str, shot: Path, viewport: dict | None = None) -> dict:
     """Open ``path``, wait for math and fonts, screenshot, return the page's report."""
     host = urlsplit(base_url).netloc
     external: list[str] = []
     console_errors: list[str] = []
     failed: list[str] = []
 
-    context = browser.new_context(viewport=VIEWPORT)
+    context = browser.new_context(viewport=viewport or VIEWPORT)
 
     def route(r):
         if urlsplit(r.request.url).netloc == host:
@@ -395,6 +440,9 @@ def _check_student_view(report: dict, where: str) -> None:
         f"{where}: \\_ inside \\text{{}} is printed literally: {report['escapedUnderscores']}"
     )
     assert not report["deadToc"], f"{where}: table-of-contents entries without a target: {report['deadToc']}"
+    assert not report["stderr"], f"{where}: stderr blocks (progress bars, logs) in the page: {report['stderr']}"
+    if not where.startswith("api"):
+        assert not report["history"], f"{where}: project-history words on a teaching page: {report['history']}"
     assert not re.search(r"[$\\]", report["title"]), f"{where}: TeX in the tab title: {report['title']!r}"
 
 
@@ -419,6 +467,9 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
               if (site / p).is_file()]
     pages += [(f"lesson-{Path(p).parent.name}", p, p == with_plots[0], p == with_plots[0])
               for p in lessons]
+    missing = [p for p in TEACHING_PAGES if not (site / p).is_file()]
+    assert not missing, f"pages missing from the site: {missing}"
+    pages += [(Path(p).parent.name, p, False, False) for p in TEACHING_PAGES]
     failures = []
     for name, path, needs_math, needs_images in pages:
         url_path = path.removesuffix("index.html")
@@ -430,6 +481,15 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
             _check(report, f"{name} page /{url_path}", needs_math=needs_math, needs_images=needs_images)
         except AssertionError as exc:
             failures.append(str(exc))
+        if name.startswith("api-"):
+            continue
+        # The same page on a phone: nothing may push the page wider than the screen.
+        phone = _open_and_inspect(browser, server, url_path, screenshot_dir / f"{name}-390.png", PHONE)
+        if phone["pageScroll"] > 1:
+            failures.append(f"{name} page /{url_path}: at 390 px the page scrolls sideways by "
+                            f"{phone['pageScroll']} px")
+        if phone["console_errors"] or phone["failed"]:
+            failures.append(f"{name} page /{url_path} at 390 px: {phone['console_errors'] + phone['failed']}")
     assert not failures, "\n".join(failures)
 
 
@@ -498,3 +558,146 @@ def test_lesson_outputs_fit_the_column(site: Path):
             long += [f"{page}: {len(line)} chars: {line[:80]!r}..."
                      for line in text.splitlines() if len(line) > OUTPUT_COLUMNS]
     assert not long, "\n".join(long)
+
+
+def test_lessons_were_executed(site: Path):
+    """Every lesson page shows the outputs of its run: the build executed it (the only run)."""
+    unexecuted = [p for p in _lesson_pages(site)
+                  if "jp-OutputArea-output" not in (site / p).read_text(encoding="utf-8")]
+    assert not unexecuted, f"lesson pages without any output (not executed?): {unexecuted}"
+
+
+def test_next_after_the_last_lesson_is_not_the_api(site: Path):
+    """The footer's "Next" walks the lessons in order, and after the last one leads to Results."""
+    lessons = _lesson_pages(site)
+    for here, there in zip(lessons, lessons[1:], strict=False):
+        html_text = (site / here).read_text(encoding="utf-8")
+        nxt = re.search(r'<a href="([^"]+)"[^>]*class="md-footer__link md-footer__link--next"', html_text)
+        assert nxt and Path(there).parent.name in nxt.group(1), f"{here}: Next is not {there}"
+    html_text = (site / lessons[-1]).read_text(encoding="utf-8")
+    nxt = re.search(r'<a href="([^"]+)"[^>]*class="md-footer__link md-footer__link--next"', html_text)
+    assert nxt, f"{lessons[-1]}: no Next link"
+    assert "api/" not in nxt.group(1) and "results" in nxt.group(1), (
+        f"Next after the last lesson ({lessons[-1]}) leads to {nxt.group(1)}, not to the Results page")
+
+
+_MATH_WORDS = re.compile(r"\b(?:min|max|sum|prod|log|exp|norm|argmax)\b")
+
+
+def test_api_pages_have_no_stray_marks(site: Path):
+    """Docstrings' `` -- `` reads as a dash and their TeX as math, never as raw text in code."""
+    problems = []
+    for page in sorted((site / "api").glob("*/index.html")):
+        body = re.sub(r"<script\b.*?</script>|<style\b.*?</style>|<pre\b.*?</pre>", "",
+                      page.read_text(encoding="utf-8"), flags=re.DOTALL)
+        prose = _text(re.sub(r"<code\b.*?</code>", "", body, flags=re.DOTALL))
+        for m in re.finditer(r".{0,30}(?<![-\w!])--(?![-\w>]).{0,30}", prose):
+            problems.append(f"{page.parent.name}: '--' in text: {m.group(0)!r}")
+        for m in re.finditer(r".{0,30}\w::(?:\s|$).{0,10}", prose):
+            problems.append(f"{page.parent.name}: stray '::' in text: {m.group(0)!r}")
+        for m in re.finditer(r"<code>([^<]*[_^]\{[^<]*)</code>", body):
+            code = html.unescape(m.group(1))
+            # a formula (single-letter symbols and math words only), not pseudo-code with names
+            if not re.search(r"[A-Za-z]{2}", _MATH_WORDS.sub(" ", code)):
+                problems.append(f"{page.parent.name}: TeX in a code span: {code!r}")
+    assert not problems, "\n".join(problems[:30])
+
+
+def _show(text: str) -> str:
+    """A token as the round widget labels it (docs/javascripts/round.js, show())."""
+    return text.replace("\n", "\u23ce").replace(" ", "\u2423") or "\u2205"
+
+
+def test_round_widget_steps_through_the_recorded_rounds(site: Path, server: str, browser,
+                                                        screenshot_dir: Path):
+    """Next advances the widget; what it then shows is exactly the recorded JSON."""
+    data = json.loads((site / "assets/data/rounds.json").read_text(encoding="utf-8"))
+    rounds, k = data["rounds"], data["settings"]["k"]
+    assert len(rounds) >= 5 and k >= 2
+    assert {r["final"]["kind"] for r in rounds} == {"correction", "bonus"}, "want both endings"
+    for r in rounds:  # the recorded rounds obey the rule they illustrate
+        a = r["num_accepted"]
+        assert [d["verdict"] for d in r["drafts"]][:a] == ["accepted"] * a
+        for d in r["drafts"][: min(a + 1, k)]:
+            assert (d["u"] * d["q"] < d["p"]) == (d["verdict"] == "accepted"), d
+        assert r["emitted"] == [d["token"] for d in r["drafts"][:a]] + [r["final"]["token"]]
+        assert r["context_after"] == r["context_before"] + a + 1
+    for viewport, tag in ((VIEWPORT, "1400"), (PHONE, "390")):
+        _drive_round_widget(browser, server, viewport, rounds, k, screenshot_dir / f"widget-round-{tag}.png")
+
+
+_STATE_JS = """(el) => ({round: +el.dataset.round, step: el.dataset.step, at: +el.dataset.at,
+  cards: [...el.querySelectorAll('.ms-card')].map((c) => c.querySelector('.ms-card__tok').textContent),
+  verdicts: [...el.querySelectorAll('.ms-card__verdict')].map((v) => v.textContent)})"""
+
+
+def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: int, shot: Path) -> None:
+    host = urlsplit(server).netloc
+    where = f"{viewport['width']} px"
+    context = browser.new_context(viewport=viewport)
+    context.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).netloc == host
+                  else r.abort())
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(server + "round/", wait_until="load")
+        page.wait_for_selector(".ms-round[data-ready='true']", timeout=30_000)
+        widget = page.locator(".ms-round").first
+        nxt = widget.locator("[data-act=next]")
+        first = widget.evaluate(_STATE_JS)
+        assert (first["round"], first["step"], first["at"]) == (1, "draft", 0), (where, first)
+        assert first["cards"][:k] == [_show(d["text"]) for d in rounds[0]["drafts"]], (where, first)
+        nxt.click()
+        second = widget.evaluate(_STATE_JS)
+        assert (second["round"], second["step"], second["at"]) == (1, "score", 1), (where, second)
+        for _ in range(min(rounds[0]["num_accepted"] + 1, k) + 1):
+            nxt.click()
+        end = widget.evaluate(_STATE_JS)
+        assert (end["round"], end["step"]) == (1, "emit"), (where, end)
+        assert end["cards"][k] == _show(rounds[0]["final"]["text"]), (where, end)
+        want = {"accepted": "\u2714 kept", "rejected": "\u2718 rejected", "untested": "not tested"}
+        assert end["verdicts"] == [want[d["verdict"]] for d in rounds[0]["drafts"]], (where, end)
+        nxt.click()
+        later = widget.evaluate(_STATE_JS)
+        assert (later["round"], later["step"]) == (2, "draft"), (where, later)
+        assert later["cards"][:k] == [_show(d["text"]) for d in rounds[1]["drafts"]], (where, later)
+        scroll = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert scroll <= 1, f"{where}: the round page scrolls sideways by {scroll} px"
+        widget.screenshot(path=str(shot))
+        assert not errors, (where, errors)
+    finally:
+        context.close()
+
+
+def test_speedup_explorer_follows_its_sliders(site: Path, server: str, browser, screenshot_dir: Path):
+    """Moving a slider redraws the prediction: S = E(alpha, k) / (k c + r)."""
+    host = urlsplit(server).netloc
+    context = browser.new_context(viewport=VIEWPORT)
+    context.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).netloc == host
+                  else r.abort())
+    page = context.new_page()
+    try:
+        page.goto(server + "speedup/", wait_until="load")
+        page.wait_for_selector(".ms-speedup[data-ready='true']", timeout=30_000)
+        widget = page.locator(".ms-speedup").first
+
+        def value(param: str, x: float) -> None:
+            widget.locator(f"input[data-param={param}]").evaluate(
+                "(el, x) => { el.value = x; el.dispatchEvent(new Event('input')); }", x)
+
+        before = float(widget.get_attribute("data-speedup"))
+        for param, x in (("alpha", 0.6), ("k", 3), ("c", 0.2), ("r", 1.5)):
+            value(param, x)
+        after = float(widget.get_attribute("data-speedup"))
+        expected = (1 - 0.6 ** 4) / (1 - 0.6) / (3 * 0.2 + 1.5)
+        assert abs(after - expected) < 1e-3, (after, expected)
+        assert abs(after - before) > 0.1, "the sliders did not change the predicted speedup"
+        value("alpha", 0.9)
+        assert float(widget.get_attribute("data-speedup")) > after
+        widget.screenshot(path=str(screenshot_dir / "widget-speedup-1400.png"))
+        points = json.loads((site / "assets/data/speedup.json").read_text(encoding="utf-8"))
+        assert points["points"], "the Results page's measured points did not reach the explorer"
+        assert widget.locator(".ms-speedup__measured").count() == len(points["points"])
+    finally:
+        context.close()

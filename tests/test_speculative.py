@@ -13,7 +13,7 @@ from lawcheck import (
 )
 
 import minispec as ms
-from minispec.theory import acceptance_rate
+from minispec.core.theory import acceptance_rate
 
 
 def random_pair(seed: int, vocab: int = 8, p_zeros: float = 0.3, q_zeros: float = 0.3):
@@ -278,5 +278,5 @@ def test_verify_greedy_matches_verify_on_one_hot_rows():
         drafts = torch.randint(0, 3, (k,), generator=g)
         one_hot = torch.zeros(k + 1, 3).scatter_(-1, argmax[:, None], 1.0)
         full = ms.verify(drafts, None, one_hot)
-        fast = ms.verify_greedy(drafts.tolist(), argmax.tolist())
+        fast = ms.core.speculative.verify_greedy(drafts.tolist(), argmax.tolist())
         assert (fast.tokens, fast.num_accepted) == (full.tokens, full.num_accepted)

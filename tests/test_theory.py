@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minispec as ms
-from minispec import theory
+from minispec.core import theory
 
 # Leviathan et al., Table 1 (c = c_hat = 0): alpha, gamma, operations, speed.
 TABLE_1 = [

@@ -1,4 +1,4 @@
-"""The EAGLE head's recipe (``python -m minispec.zoo.train_eagle``) end to end, on the tiny shipped
+"""The EAGLE head's recipe (``python -m minispec.tools.train_eagle``) end to end, on the tiny shipped
 target and a toy corpus: data, vocabulary, training, checkpoint, resume, files a drafter loads.
 
 The real run (SmolLM2-135M-Instruct, an hour of CPU) is not repeated here; its facts are in the
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import minispec as ms
-from minispec.zoo import eagle_data, train_eagle
+from minispec.tools import eagle_data, train_eagle, workloads
 
 LINES = ["Ham.\nTo be, or not to be, that is the question:\n",
          "King.\nHow fares our cousin Hamlet?\n\n"]
@@ -48,7 +48,7 @@ def test_recipe_runs_end_to_end_and_resumes(toy_corpus, tmp_path, one_thread):
     card = (head_dir / "MODEL_CARD.md").read_text()
     assert card.startswith("# shakespeare-target-eagle") and f"vocabulary of {size} tokens" in card
     evaluation = json.loads((head_dir / "eagle_config.json").read_text())["evaluation"]
-    assert set(evaluation["by_task"]) == set(ms.workloads.TASKS)
+    assert set(evaluation["by_task"]) == set(workloads.TASKS)
     assert all(0 <= row["eagle"]["alpha"] <= 1 for row in evaluation["by_task"].values())
 
     target, tok = ms.load("shakespeare-target")
@@ -84,7 +84,7 @@ def test_vocabulary_covers_what_it_claims():
 
 
 def test_prompt_set_is_ours_and_disjoint_from_the_evaluation_tasks():
-    from minispec import workloads
+    from minispec.tools import workloads
 
     prompts = eagle_data.build_prompts(seed=0)
     texts = {p[-1]["content"] for p in prompts}

@@ -14,14 +14,12 @@ from lawcheck import chi_square_pvalue
 from tinymodels import VOCAB, exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec import tree_decoding
-from minispec.decoding import GenerationResult, context_limit, eos_ids
-from minispec.drafters import as_drafter
-from minispec.kv_cache import ContiguousKVCache
-from minispec.model import TreeAttention
-from minispec.paged_cache import PagedKVCache
-from minispec.tree_decoding import decode_tree
-from minispec.tree_drafters import TreeModelDrafter
+from minispec.decoding import runner
+from minispec.decoding.loop import GenerationResult
+from minispec.drafters.trees import TreeModelDrafter
+from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.llama import TreeAttention
+from minispec.models.paged_cache import PagedKVCache
 
 CACHES = {
     "contiguous": lambda m: ContiguousKVCache.for_model(m, num_slots=2),
@@ -185,13 +183,10 @@ def test_compact_rejects_bad_positions(model):
 
 def tree_generate(target, drafter, prompt, max_new_tokens, k=4, branching=(3, 2, 1, 1), sampling=None,
                   *, eos_token_id=None, max_seq_len=None) -> GenerationResult:
-    """The request checks of ``speculative_generate``, then :func:`decode_tree`."""
-    spec = as_drafter(drafter) if not isinstance(drafter, str) else None
-    limit = context_limit(target, spec, max_seq_len)
-    seq = ms.Sequence.new("0", prompt, sampling, max_new_tokens=max_new_tokens, max_seq_len=limit,
-                          vocab_size=target.config.vocab_size,
-                          eos_token_ids=eos_ids(target, eos_token_id), k=k)
-    return GenerationResult.of(decode_tree(target, drafter, seq, k, branching))
+    """``speculative_generate`` with a draft tree: the same round as a chain."""
+    return ms.speculative_generate(target, drafter, prompt, max_new_tokens, k=k, sampling=sampling,
+                                   branching=branching, eos_token_id=eos_token_id,
+                                   max_seq_len=max_seq_len)
 
 
 @pytest.fixture(scope="module")
@@ -239,15 +234,12 @@ def test_limits_eos_and_bad_input(pair):
     eos = free[7]
     out = tree_generate(target, draft, [3, 4, 5], 40, k=4, branching=(3, 2), eos_token_id=eos)
     assert out.tokens == free[: free.index(eos) + 1] and out.finish_reason == "eos"
-    def request():
-        return ms.Sequence.new("0", [1], None, max_new_tokens=5, max_seq_len=96, vocab_size=VOCAB)
-
     with pytest.raises(ValueError, match="branching"):
-        decode_tree(target, draft, request(), k=2, branching=(2, 0))
+        tree_generate(target, draft, [1], 5, k=2, branching=(2, 0))
     with pytest.raises(ValueError, match="k must be"):
-        decode_tree(target, draft, request(), k=0)
+        tree_generate(target, draft, [1], 5, k=0)
     with pytest.raises(ValueError, match="tree drafter"):
-        decode_tree(target, 3.5, request(), k=2)
+        tree_generate(target, 3.5, [1], 5, k=2)
     assert tree_generate(target, draft, [1], 0).tokens == []
 
 
@@ -259,13 +251,13 @@ def test_draft_cache_after_compaction_equals_a_fresh_drafter(pair):
     drafter = TreeModelDrafter(draft, 96, 64)
     rng = random.Random(0)
     for _ in range(6):
-        proposal = drafter.propose(seq, (3, 2, 2))
-        fresh = TreeModelDrafter(draft, 96, 64).propose(seq, (3, 2, 2))
+        proposal = drafter.propose_tree(seq, (3, 2, 2))
+        fresh = TreeModelDrafter(draft, 96, 64).propose_tree(seq, (3, 2, 2))
         assert proposal.tree.tokens == fresh.tree.tokens
         assert proposal.tree.parents == fresh.tree.parents
         leaf = rng.choice(proposal.tree.draft_nodes)
         path = leaf[: rng.randint(0, len(leaf))]
-        drafter.observe(proposal, path)
+        drafter.observe_tree(proposal, path, None)
         seq.generated += [proposal.tree.tokens[i] for i in path] + [rng.randrange(VOCAB)]
 
 
@@ -306,12 +298,9 @@ def test_sampled_tree_output_has_the_target_law(law_models, drafter_name):
 def test_the_law_test_catches_a_wrong_q(law_models, monkeypatch):
     """Power: verifying the draws against a q they were not drawn from is detected."""
     target, draft, law = law_models
-    right = tree_decoding.iterative_speculative_sample
+    from test_eagle_tree import wrong_q
 
-    def wrong_q(p, qs, generator, proposals):
-        return right(p, 0.5 * qs + 0.5 / qs.shape[1], generator, proposals=proposals)
-
-    monkeypatch.setattr(tree_decoding, "iterative_speculative_sample", wrong_q)
+    monkeypatch.setattr(runner, "verify_proposal", wrong_q(runner.verify_proposal))
     assert law_pvalue(target, draft, law, 1000) < 1e-3       # measured ~1e-30 at 2000 runs
 
 

@@ -1,4 +1,4 @@
-"""minispec.viz: the overlap picture draws exactly min(p, q), max(0, q - p) and max(0, p - q)."""
+"""minispec.tools.viz: the overlap picture draws exactly min(p, q), max(0, q - p) and max(0, p - q)."""
 
 import subprocess
 import sys
@@ -12,7 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import minispec as ms  # noqa: E402
-from minispec.viz import OVERLAP_LABELS, plot_overlap  # noqa: E402
+from minispec.tools import viz  # noqa: E402
+from minispec.tools.viz import OVERLAP_LABELS, plot_overlap  # noqa: E402
 
 
 def _bars(ax):
@@ -87,14 +88,14 @@ def test_accepts_lists_and_float32_and_rejects_bad_input():
 
 
 def test_import_does_not_load_matplotlib():
-    code = "import sys, minispec.viz; print('matplotlib' in sys.modules)"
+    code = "import sys, minispec.tools.viz; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_trace_figure_1_kinds():
-    from minispec.decoding import GenerationResult, Round
-    from minispec.stats import SpecStats
+    from minispec.core.stats import SpecStats
+    from minispec.decoding.loop import GenerationResult, Round
 
     result = GenerationResult(
         tokens=[1, 2, 9, 3, 4, 5, 6, 7],
@@ -103,7 +104,7 @@ def test_trace_figure_1_kinds():
                 Round([3, 4, 5], 3, [3, 4, 5, 6]),   # all accepted + bonus 6
                 Round([8, 8], 0, [7])],              # first draft rejected
     )
-    t = ms.viz.trace(result)
+    t = viz.trace(result)
     assert t.rounds[0] == [("[1]", "accepted"), ("[2]", "accepted"), ("[3]", "rejected"), ("[9]", "correction")]
     assert t.rounds[1][-1] == ("[6]", "bonus")
     assert t.counts() == {"accepted": 5, "rejected": 2, "correction": 2, "bonus": 1}
@@ -112,12 +113,12 @@ def test_trace_figure_1_kinds():
     assert "\x1b[31;9m[3]" in str(t)
     # A legend names all four kinds, in both forms; the correction (drawn from the residual) and
     # the bonus (the target's extra token) are told apart by colour.
-    colours = {kind: html_colour for kind, (html_colour, _) in ms.viz.TRACE_STYLES.items()}
+    colours = {kind: html_colour for kind, (html_colour, _) in viz.TRACE_STYLES.items()}
     assert len(set(colours.values())) == 4
     assert colours["correction"] != colours["bonus"]
-    assert ms.viz.TRACE_STYLES["correction"][1] != ms.viz.TRACE_STYLES["bonus"][1]
+    assert viz.TRACE_STYLES["correction"][1] != viz.TRACE_STYLES["bonus"][1]
     assert 'class="ms-trace-legend"' in page
     legend = page[page.index('class="ms-trace-legend"'):]
-    for kind, label in ms.viz.TRACE_LABELS.items():
+    for kind, label in viz.TRACE_LABELS.items():
         assert f'class="ms-legend-{kind}" style="color:{colours[kind]}' in legend
-        assert f"{ms.viz.TRACE_STYLES[kind][1]}{label}" in str(t).splitlines()[-1]
+        assert f"{viz.TRACE_STYLES[kind][1]}{label}" in str(t).splitlines()[-1]

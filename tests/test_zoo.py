@@ -114,7 +114,7 @@ def test_pair_shares_one_tokenizer(pair):
 
 
 def test_heldout_quality_bars(pair):
-    from minispec.zoo.evaluate import ALPHA_RANGE, pair_metrics
+    from minispec.tools.evaluate import ALPHA_RANGE, pair_metrics
 
     (target, tok), (draft, _) = pair["shakespeare-target"], pair["shakespeare-draft"]
     text = (DATA / "heldout_snippet.txt").read_text(encoding="utf-8")
@@ -128,7 +128,7 @@ def test_heldout_quality_bars(pair):
 
 
 def test_alpha_is_one_for_a_model_against_itself(pair):
-    from minispec.zoo.evaluate import pair_metrics
+    from minispec.tools.evaluate import pair_metrics
 
     draft, tok = pair["shakespeare-draft"]
     ids = tok("Ham.\nTo be, or not to be, that is the question:", add_special_tokens=False)
@@ -170,7 +170,7 @@ def toy_corpus(tmp_path) -> Path:
 
 
 def test_holdout_split_takes_the_tail_at_a_line_start():
-    from minispec.zoo.data import split_holdout
+    from minispec.tools.data import split_holdout
 
     text = "".join(f"line {i}\n" for i in range(200))
     train, val = split_holdout(text, 0.05)
@@ -180,7 +180,7 @@ def test_holdout_split_takes_the_tail_at_a_line_start():
 
 
 def test_corpus_step_reads_a_local_folder(toy_corpus, tmp_path):
-    from minispec.zoo.data import load_corpus
+    from minispec.tools.data import load_corpus
 
     corpus = load_corpus(toy_corpus, tmp_path / "cache")
     assert corpus.names == ["alpha_gut.txt", "beta_gut.txt", "gamma_gut.txt"]  # no _f variant
@@ -193,7 +193,7 @@ def test_corpus_step_reads_a_local_folder(toy_corpus, tmp_path):
 def test_recipe_runs_end_to_end_on_a_toy_corpus(toy_corpus, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minispec.zoo import train
+    from minispec.tools import train
 
     out = tmp_path / "run"
     common = ["--out", str(out), "--corpus", str(toy_corpus), "--tiny", "--vocab-size", "300",
@@ -213,7 +213,7 @@ def test_recipe_runs_end_to_end_on_a_toy_corpus(toy_corpus, tmp_path):
 
 
 def test_recipe_help(capsys):
-    from minispec.zoo import train
+    from minispec.tools import train
 
     with pytest.raises(SystemExit) as done:
         train.main(["--help"])

@@ -11,7 +11,7 @@ import copy
 import torch
 
 import minispec as ms
-from minispec.model import Llama, ModelConfig
+from minispec.models.llama import Llama, ModelConfig
 
 VOCAB = 48
 

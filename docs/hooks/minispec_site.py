@@ -10,13 +10,17 @@ What they do, in build order:
   - generates ``api/<module>.md`` (``# module`` + ``::: module``) for every nav entry of that form
     that has no hand-written file under ``docs/api/``; a nav entry for a module that does not exist
     fails the build with a clear message;
-  - generates ``model-card.md`` from ``minispec/zoo/MODEL_CARD.md`` (or a placeholder while that file
-    does not exist yet); images next to the card are copied to ``model-card-assets/``, other relative
-    links (to files of the package) are shown as paths, so the card cannot break the strict build.
+  - generates ``model-card.md`` from ``minispec/zoo/MODEL_CARD.md`` and ``model-card-eagle.md`` from
+    the EAGLE head's ``MODEL_CARD.md`` (``MODEL_CARDS``; a placeholder while a card does not exist
+    yet); images next to a card are copied to ``<page>-assets/``, other relative links (to files of
+    the package) are shown as paths, so a card cannot break the strict build.
 * ``on_page_markdown``: a link to ``lessons/NN_*.ipynb`` (a glob) points at the lesson with that
   number, or turns into plain text marked "in preparation" when no such notebook exists yet; an
-  API page gets an autorefs anchor named after its module, so ``[`minispec.viz`][minispec.viz]``
+  API page gets an autorefs anchor named after its module, so ``[`minispec.tools.viz`][minispec.tools.viz]``
   links to it.
+* ``on_page_content``: a file path in inline code (``vllm/v1/core/block_pool.py``) may wrap only
+  after its slashes, never mid-word; on API pages a code span that is really a formula
+  (``f_{t-1}``, ``(f_j, x_{j+1})``) is typeset as math, and `` -- `` in running text becomes a dash.
 * ``on_post_page``: removes what nbconvert's template injects into notebook pages and this site does
   not want: the MathJax 2 loader (pointing at a CDN, dead here; MathJax 3 is served by the site) and
   the Mermaid loader (a CDN import); and gives each plot the alt text its code cell declares in
@@ -31,13 +35,14 @@ becomes ``γ`` there (the page's own heading keeps the typeset math). The build 
 "IProgress not found" warning is written into a page.
 
 Docstrings write cross-references as mkdocstrings reads them,
-``[`Verdict`][minispec.speculative.Verdict]``; an object with no page of its own (a torch class, a
+``[`Verdict`][minispec.core.speculative.Verdict]``; an object with no page of its own (a torch class, a
 module outside the API reference) is plain inline code.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import html
 import json
 import logging
 import os
@@ -53,6 +58,12 @@ log = logging.getLogger("mkdocs.hooks.minispec_site")
 LESSONS_GLOB = "lessons/*.ipynb"
 MODEL_CARD = "minispec/zoo/MODEL_CARD.md"
 MODEL_CARD_PAGE = "model-card.md"
+#: Every model card shown on the site: page -> (card in the package, what the card describes).
+MODEL_CARDS = {
+    MODEL_CARD_PAGE: (MODEL_CARD, "the shipped pair (`shakespeare-target`, `shakespeare-draft`)"),
+    "model-card-eagle.md": ("minispec/zoo/smollm2-135m-instruct-eagle/MODEL_CARD.md",
+                            "the EAGLE head for SmolLM2-135M-Instruct (`smollm2-135m-instruct-eagle`)"),
+}
 _API_PAGE = re.compile(r"^api/(?P<module>[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*)\.md$")
 
 
@@ -225,15 +236,15 @@ def _module_file(root: Path, module: str) -> Path | None:
     return None
 
 
-def _model_card(root: Path) -> tuple[str, dict[str, Path]]:
-    """The model card page's Markdown, and the images it shows (site path -> file)."""
-    card = root / MODEL_CARD
+def _model_card(root: Path, source: str = MODEL_CARD, what: str = MODEL_CARDS[MODEL_CARD_PAGE][1],
+                asset_dir: str = "model-card-assets") -> tuple[str, dict[str, Path]]:
+    """A model card page's Markdown, and the images it shows (site path -> file)."""
+    card = root / source
     if not card.is_file():
         text = (
             "# Model card\n\n"
-            "The model card of the shipped pair (`shakespeare-target`, `shakespeare-draft`) is written "
-            f"next to the weights, in `{MODEL_CARD}`, and appears on this page as soon as that file "
-            "exists. The pair is still being trained.\n"
+            f"The model card of {what} is written next to the weights, in `{source}`, and appears "
+            "on this page as soon as that file exists.\n"
         )
         return text, {}
     text = card.read_text(encoding="utf-8")
@@ -250,7 +261,7 @@ def _model_card(root: Path) -> tuple[str, dict[str, Path]]:
         path = (card.parent / target).resolve()
         if not path.is_file():
             return f"*[{alt or 'image'}: `{target}` not found]*"
-        site_path = f"model-card-assets/{PurePosixPath(target).as_posix().lstrip('./')}"
+        site_path = f"{asset_dir}/{PurePosixPath(target).as_posix().lstrip('./')}"
         assets[site_path] = path
         return f"![{alt}]({site_path})"
 
@@ -259,7 +270,7 @@ def _model_card(root: Path) -> tuple[str, dict[str, Path]]:
         label, target = m.group(1), m.group(2).strip()
         if not relative(target):
             return m.group(0)
-        return f"{label} (`{PurePosixPath(MODEL_CARD).parent / target}`)"
+        return f"{label} (`{PurePosixPath(source).parent / target}`)"
 
     text = re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", image, text)
     text = re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)", link, text)
@@ -292,9 +303,11 @@ def on_files(files: Files, config) -> Files:
             )
         files.append(File.generated(config, value, content=f"# `{module}`\n\n::: {module}\n"))
 
-    if files.get_file_from_path(MODEL_CARD_PAGE) is None:
-        text, assets = _model_card(root)
-        files.append(File.generated(config, MODEL_CARD_PAGE, content=text))
+    for page, (source, what) in MODEL_CARDS.items():
+        if files.get_file_from_path(page) is not None:
+            continue
+        text, assets = _model_card(root, source, what, page.removesuffix(".md") + "-assets")
+        files.append(File.generated(config, page, content=text))
         for site_path, path in assets.items():
             files.append(File.generated(config, site_path, abs_src_path=str(path)))
     return files
@@ -322,6 +335,69 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
     # A module's page is the target of cross-references to the module itself: mkdocstrings shows
     # no root heading here, so an autorefs Markdown anchor names the place.
     return _AUTODOC.sub(lambda m: f"[](){{#{m.group(1)}}}\n\n{m.group(0)}", markdown)
+
+
+_PRE = re.compile(r"(<pre\b.*?</pre>)", re.DOTALL)
+_INLINE_CODE = re.compile(r"<code>([^<>]*)</code>")
+_PATH = re.compile(r"^(?:[\w.-]+(?:/[\w.-]+)+/?|[\w-]+(?:\.[\w-]+)*\.(?:py|md|json|txt|cpp|cu|h))$")
+# A code span that is really a formula: single-letter symbols with subscripts, as docstrings write
+# them (``f_{t-1}``, ``(f_j, x_{j+1})``, ``f'_t``); never an identifier (``input_ids``).
+_TEX_CODE = re.compile(r"^[\s\w'(),.\[\]{}+\-/=^|]*$")
+
+
+_MATH_WORDS = {"min": r"\min", "max": r"\max", "sum": r"\sum", "prod": r"\prod", "log": r"\log",
+               "exp": r"\exp", "norm": r"\operatorname{norm}", "argmax": r"\operatorname{argmax}"}
+_MATH_WORD = re.compile(r"\b(" + "|".join(_MATH_WORDS) + r")\b")
+
+
+def _texish(code: str) -> bool:
+    """A formula in TeX notation: single-letter symbols with subscripts, and math words only."""
+    if "_" not in code or not _TEX_CODE.match(code):
+        return False
+    if re.search(r"[A-Za-z]{2}", _MATH_WORD.sub(" ", code)):
+        return False
+    return bool(re.search(r"(?<![A-Za-z])[A-Za-z]'?_(?:\{[^{}]+\}|[A-Za-z0-9])", code))
+
+
+def _tex(code: str) -> str:
+    tex = _MATH_WORD.sub(lambda m: _MATH_WORDS[m.group(1)], code.replace("..", r"\dots "))
+    return f'<span class="arithmatex">\\({html.escape(tex, quote=False)}\\)</span>'
+
+
+def _outside_pre(output: str, fn) -> str:
+    """Apply ``fn`` to the parts of ``output`` outside ``<pre>`` blocks (code listings)."""
+    parts = _PRE.split(output)
+    return "".join(part if i % 2 else fn(part) for i, part in enumerate(parts))
+
+
+def _dashes(part: str) -> str:
+    """Running text (not code) of a docstring: `` -- `` becomes an en dash, and reST's ``::``
+    before a literal block a colon."""
+    pieces = re.split(r"(<code\b.*?</code>|<[^>]+>)", part, flags=re.DOTALL)
+    text = [p if i % 2 else re.sub(r"(?<=\s)--(?=\s)", "\u2013", p) for i, p in enumerate(pieces)]
+    return re.sub(r"(?<=\w)::(?=\s*</p>)", ":", "".join(text))
+
+
+def on_page_content(html_text: str, page, config, files: Files) -> str:
+    """File paths wrap only at their separators; on API pages, docstring TeX in code spans is set
+    as math and `` -- `` as a dash."""
+    if page.file.src_uri.endswith(".ipynb"):
+        return html_text
+    api = page.file.src_uri.startswith("api/")
+
+    def code(m: re.Match) -> str:
+        text = html.unescape(m.group(1))
+        if api and _texish(text):
+            return _tex(text)
+        if _PATH.match(text):
+            return '<code class="ms-path">' + m.group(1).replace("/", "/<wbr>") + "</code>"
+        return m.group(0)
+
+    def fix(part: str) -> str:
+        part = _INLINE_CODE.sub(code, part)
+        return _dashes(part) if api else part
+
+    return _outside_pre(html_text, fix)
 
 
 _MATHJAX2 = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.DOTALL)

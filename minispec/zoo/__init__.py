@@ -71,8 +71,8 @@ def path(name: str) -> Path:
     if missing:
         raise FileNotFoundError(
             f"shipped model {name!r} is incomplete: {', '.join(missing)} missing in {model_dir}. "
-            "Rebuild it with `python -m minispec.zoo.train --out runs/zoo` and then "
-            "`python -m minispec.zoo.evaluate --run runs/zoo --ship`."
+            "Rebuild it with `python -m minispec.tools.train --out runs/zoo` and then "
+            "`python -m minispec.tools.evaluate --run runs/zoo --ship`."
         )
     return model_dir
 
@@ -88,7 +88,7 @@ def head_path(name: str) -> Path:
     directory = _ZOO_DIR / name
     if not (directory / "head.safetensors").is_file():
         raise FileNotFoundError(f"shipped head {name!r} has no weights in {directory}; train one with "
-                                "`python -m minispec.zoo.train_eagle --out DIR`")
+                                "`python -m minispec.tools.train_eagle --out DIR`")
     return directory
 
 

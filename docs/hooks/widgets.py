@@ -1,0 +1,113 @@
+"""mkdocs hook: the data behind the site's two interactive figures, made at build time.
+
+* ``assets/data/rounds.json`` -- real speculative rounds of the shipped pair
+  (``shakespeare-target`` judged against ``shakespeare-draft``), recorded by
+  [`minispec.tools.viz.record_rounds`][minispec.tools.viz.record_rounds] when the site is built: the
+  drafts with their ``q(x)`` and ``p(x)``, the uniform ``u`` each test drew, the verdicts, the
+  ``min(p, q)`` bars of every tested position, the residual and the correction or bonus token.
+  ``docs/javascripts/round.js`` steps through them.
+* ``assets/data/speedup.json`` -- the measured points the speedup explorer
+  (``docs/javascripts/speedup.js``) draws: the rows of the Results page's table whose header starts
+  ``| k | r(k) | measured |``, with the ``alpha`` and ``c`` stated in the marker line above it,
+  ``<!-- minispec-explorer: alpha=0.722 c=0.354 -->``. Edit the table and the explorer follows.
+
+A page shows a figure with an empty element: ``<div class="ms-round" markdown="0"></div>`` or
+``<div class="ms-speedup"></div>`` (Markdown pages, and markdown cells of a notebook alike). The
+scripts find the data from the site root that mkdocs-material writes into every page, so the same
+element works on every page, with no network.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File, Files
+
+ROUNDS = "assets/data/rounds.json"
+SPEEDUP = "assets/data/speedup.json"
+RESULTS = "results.md"
+
+#: What the round widget replays: one prompt of the benchmark set, k = 4, plain sampling (T = 1),
+#: ten rounds, and the first seed from 0 whose rounds show all three endings a student should see
+#: (a draft rejected at once, a partly accepted round, a bonus token).
+PROMPT_INDEX, K, NUM_ROUNDS, TEMPERATURE = 0, 4, 10, 1.0
+
+
+def _record_rounds() -> dict:
+    import torch
+
+    import minispec as ms
+    from minispec.tools import bench, viz
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target, tok = ms.load("shakespeare-target")
+        draft, _ = ms.load("shakespeare-draft")
+        prompt = tok.encode(bench.PROMPTS[PROMPT_INDEX])
+        for seed in range(50):
+            params = ms.SamplingParams(temperature=TEMPERATURE, seed=seed)
+            data = viz.record_rounds(target, draft, prompt, NUM_ROUNDS, K, params, tok)
+            accepted = [r["num_accepted"] for r in data["rounds"]]
+            if 0 in accepted and K in accepted and any(0 < a < K for a in accepted):
+                break
+    finally:
+        torch.set_num_threads(threads)
+    data["models"] = {"target": "shakespeare-target", "draft": "shakespeare-draft"}
+    data["recorded_by"] = (
+        f"minispec.tools.viz.record_rounds(target, draft, prompt, {NUM_ROUNDS}, k={K}, "
+        f"SamplingParams(temperature={TEMPERATURE}, seed={data['settings']['seed']}), tokenizer)"
+    )
+    return data
+
+
+_MARKER = re.compile(r"<!-- minispec-explorer:([^>]*)-->")
+
+
+def _number(cell: str) -> float | None:
+    m = re.search(r"[0-9]+(?:\.[0-9]+)?", cell)
+    return float(m.group(0)) if m else None
+
+
+def _speedup_points(results_md: str) -> dict:
+    """The explorer's measured points, from the Results page's marked table."""
+    m = _MARKER.search(results_md)
+    if not m:
+        return {"points": []}
+    attrs = dict(re.findall(r"(\w+)=([^\s]+)", m.group(1)))
+    lines = results_md[m.end():].splitlines()
+    points, header = [], None
+    for line in lines:
+        line = line.strip()
+        if header is None:
+            if line.startswith("|"):
+                header = [c.strip().lower() for c in line.strip("|").split("|")]
+            continue
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if set("".join(cells)) <= set("-: "):
+            continue
+        row = dict(zip(header, cells, strict=False))
+        points.append({"k": int(_number(row["k"])), "r": _number(row["r(k)"]),
+                       "measured": _number(row["measured"])})
+    return {
+        "label": attrs.get("label", "measured").replace("_", " "),
+        "alpha": float(attrs.get("alpha", "nan")),
+        "c": float(attrs.get("c", "nan")),
+        "points": points,
+    }
+
+
+@event_priority(50)
+def on_files(files: Files, config) -> Files:
+    docs = Path(config["docs_dir"])
+    rounds = json.dumps(_record_rounds(), ensure_ascii=False, separators=(",", ":"))
+    files.append(File.generated(config, ROUNDS, content=rounds))
+    results = docs / RESULTS
+    points = _speedup_points(results.read_text(encoding="utf-8")) if results.is_file() else {}
+    files.append(File.generated(config, SPEEDUP, content=json.dumps(points, separators=(",", ":"))))
+    return files

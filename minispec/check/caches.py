@@ -1,0 +1,155 @@
+"""Grade a KV cache's rollback: after ``truncate_to`` the cache must behave exactly like one that
+never saw the rejected tokens.
+
+The cache under test implements minispec's [`KVCache`][minispec.models.kv_cache.KVCache]
+interface (``allocate``, ``length``, ``truncate_to`` and the ``prepare`` / ``update`` /
+``commit`` steps a forward uses); the check receives a *factory*
+``cache_factory(model, num_slots, max_seq_len) -> cache``, e.g.
+[`ContiguousKVCache.for_model`][minispec.models.kv_cache.ContiguousKVCache.for_model].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minispec.check.harness import Failure, call, run_cases
+from minispec.check.models import tiny_llama
+from minispec.check.report import Case, CheckReport, Counterexample
+from minispec.models.llama import Llama
+
+__all__ = ["kv_cache", "rollback"]
+
+K, ROUNDS, MAX_LEN = 3, 6, 48
+
+
+def _forward(model: Llama, cache: Any, slot: int, ids: list[int], start: int) -> torch.Tensor:
+    """Feed ``ids`` at positions ``start..`` of ``slot``; logits ``(T, V)``."""
+    positions = torch.arange(start, start + len(ids))[None]                  # (1, T)
+    inputs = {"slot": slot, "positions": positions[0].tolist()}
+    with torch.inference_mode():
+        return call(model, torch.tensor([ids]), positions, cache, [slot], inputs=inputs)[0]
+
+
+def _reference(model: Llama, ids: list[int], last: int) -> torch.Tensor:
+    """The logits of the last ``last`` tokens of ``ids``, computed with no cache at all."""
+    with torch.inference_mode():
+        return model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -last:]
+
+
+def _compare(got: torch.Tensor, want: torch.Tensor, what: str, inputs: dict) -> None:
+    error = float((got - want).abs().max())
+    if error > 1e-4 * max(1.0, float(want.abs().max())):
+        raise Failure(Counterexample(what, inputs, [("max |logit difference|", 0.0, error)]))
+
+
+def _bookkeeping(cache: Any, slot: int, n: int, inputs: dict) -> None:
+    """The length after truncation, and (paged caches) the blocks kept: ``ceil(n / block)``."""
+    length = call(cache.length, slot, inputs=inputs)
+    if length != n:
+        raise Failure(Counterexample(f"after truncate_to(slot, {n}) the cache reports length "
+                                     f"{length}", inputs))
+    if hasattr(cache, "block_table"):
+        held, need = len(cache.block_table(slot)), math.ceil(n / cache.block_size)
+        if held != need:
+            raise Failure(Counterexample(
+                f"after truncate_to(slot, {n}) the slot holds {held} blocks of "
+                f"{cache.block_size} positions; it needs ceil({n} / {cache.block_size}) = {need} "
+                "(blocks whose first position is >= n go back to the pool; the partly used "
+                "last block stays)", inputs))
+
+
+def _round(model, cache, slot, context, g, one_by_one: bool) -> list[int]:
+    """One verify round on ``slot``: feed ``[last, d_1..d_k]``, keep ``a`` drafts, truncate."""
+    V, n = model.config.vocab_size, len(context)
+    drafts = torch.randint(0, V, (K,), generator=g).tolist()
+    fed = [context[-1]] + drafts                                 # positions n-1 .. n-1+K
+    if one_by_one:      # a draft model writes its drafts one forward at a time
+        got = torch.cat([_forward(model, cache, slot, [x], n - 1 + i) for i, x in enumerate(fed)])
+    else:
+        got = _forward(model, cache, slot, fed, n - 1)
+    inputs = {"slot": slot, "context_length": n, "fed": fed}
+    _compare(got, _reference(model, context + drafts, K + 1),
+             "the logits of a verify block differ from a cache-free forward over the kept tokens "
+             "(a rolled-back entry is still seen, or a kept one was lost)", inputs)
+    accepted = int(torch.randint(0, K + 1, (), generator=g))
+    inputs = dict(inputs, accepted=accepted, truncate_to=n + accepted)
+    call(cache.truncate_to, slot, n + accepted, inputs=inputs)
+    _bookkeeping(cache, slot, n + accepted, inputs)
+    return context + drafts[:accepted] + [int(torch.randint(0, V, (), generator=g))]
+
+
+def _rounds_case(factory: Callable, model: Llama, seed: int) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    cache = call(factory, model, 2, MAX_LEN, inputs={"num_slots": 2, "max_seq_len": MAX_LEN})
+    slots = [call(cache.allocate), call(cache.allocate)]
+    V = model.config.vocab_size
+    contexts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (7, 11)]
+    for slot, context in zip(slots, contexts, strict=True):          # prefill all but the last
+        _forward(model, cache, slot, context[:-1], 0)
+    for r in range(ROUNDS):
+        for i, slot in enumerate(slots):
+            contexts[i] = _round(model, cache, slot, contexts[i], g, one_by_one=(r + i) % 2 == 1)
+    return Case(f"{ROUNDS} rounds on 2 slots, k={K}", True,
+                "every verify block matches a cache-free forward; lengths and blocks right")
+
+
+def _contract_case(factory: Callable, model: Llama, seed: int) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    cache = call(factory, model, 1, MAX_LEN)
+    slot = call(cache.allocate)
+    ids = torch.randint(0, model.config.vocab_size, (20,), generator=g).tolist()
+    _forward(model, cache, slot, ids[:19], 0)
+    try:
+        cache.truncate_to(slot, 20)
+    except ValueError:
+        pass
+    else:
+        raise Failure(Counterexample("truncate_to(slot, n) with n > length must raise ValueError "
+                                     "(there is nothing to keep past the cached length)",
+                                     {"length": 19, "n": 20}))
+    inputs = {"length": 19, "truncate_to": 0}
+    call(cache.truncate_to, slot, 0, inputs=inputs)                  # forget everything,
+    _bookkeeping(cache, slot, 0, inputs)
+    got = _forward(model, cache, slot, ids[5:12], 0)                 # then reuse the slot
+    _compare(got, _reference(model, ids[5:12], 7), "after truncate_to(slot, 0) the slot still "
+             "remembers its old tokens", inputs)
+    return Case("n > length raises ValueError; truncating to 0 empties the slot", True)
+
+
+def rollback(cache_factory: Callable, *, seed: int = 0) -> CheckReport:
+    """Check that ``truncate_to`` makes a cache equal to one that never saw the rejected tokens.
+
+    A tiny random Llama (2 layers, GQA, 64 tokens) decodes with a cache from
+    ``cache_factory(model, num_slots, max_seq_len)``. Cases:
+
+    1. 6 speculative rounds on 2 slots, interleaved: each round feeds ``[last, d_1..d_3]`` (in one
+       forward, or one token per forward as a draft model does), keeps a random number of drafts
+       ``a`` and calls ``truncate_to(slot, n + a)``. Every verify block's logits must equal a
+       forward over the kept tokens with *no cache* (within ``1e-4`` of the logit scale, for
+       float rounding); the cache's ``length`` must be ``n + a``; a paged cache (one with
+       ``block_table``) must hold exactly ``ceil((n + a) / block_size)`` blocks;
+    2. the contract: ``truncate_to`` past the length raises ``ValueError``; truncating to 0 then
+       reusing the slot gives the logits of a fresh sequence.
+
+    Deterministic: no false alarms (the tolerance is about 100 times the float32 rounding of these
+    logits, and a stale or lost entry moves them by orders of magnitude more).
+
+    Args:
+        cache_factory: makes the cache under test.
+        seed: seeds the tokens and the acceptance lengths.
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    model = tiny_llama(64, seed=seed + 200, max_positions=MAX_LEN)
+    cases = [("rounds of verify and rollback", lambda: _rounds_case(cache_factory, model, seed)),
+             ("truncate_to's contract", lambda: _contract_case(cache_factory, model, seed + 1))]
+    return run_cases("rollback", cases, 0.0)
+
+
+kv_cache = rollback
+"""Alias of [`rollback`][minispec.check.caches.rollback] (the issue's second name for it)."""

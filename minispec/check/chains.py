@@ -1,0 +1,158 @@
+"""Grade a student's verifier (Algorithm 1's accept loop) by the law of the whole emitted stream.
+
+The function under test has the signature of [`minispec.verify`][minispec.core.speculative.verify]:
+
+    fn(draft_tokens [k] int64, draft_probs [k, V] | None, target_probs [k+1, V], generator)
+        -> the emitted tokens (a list, a tensor, or an object with ``.tokens``)
+
+``draft_probs=None`` means the drafts came from a deterministic drafter (one-hot ``q``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minispec.check.harness import Failure, as_tokens, call, reproducible_case, run_cases
+from minispec.check.markov import GREEDY, SAMPLED, Chain, law_case
+from minispec.check.report import CheckReport, Counterexample
+from minispec.check.statistics import BUDGET, per_test_alpha
+
+__all__ = ["make_round", "verifier"]
+
+#: Tokens kept per stream; 2 to 4 rounds each.
+LENGTH = 4
+#: Streams per sampled case (see the docstring of ``verifier`` for why these suffice).
+STREAMS = {"sampled": 600, "deterministic": 400, "greedy": 60}
+
+
+def _emitted(out: Any, drafts: list[int], k: int, vocab: int, inputs: dict) -> list[int]:
+    """The tokens of one round, after checking the shape every verifier's output must have."""
+    tokens = as_tokens(out, inputs)
+    inputs = dict(inputs, emitted=tokens)
+    if not 1 <= len(tokens) <= k + 1:
+        raise Failure(Counterexample(f"a round must emit 1 to k+1 = {k + 1} tokens, "
+                                     f"this one emitted {len(tokens)}", inputs))
+    if any(not 0 <= t < vocab for t in tokens):
+        raise Failure(Counterexample(f"an emitted token is not in [0, V = {vocab})", inputs))
+    n = len(tokens) - 1
+    if tokens[:n] != drafts[:n]:
+        raise Failure(Counterexample(
+            "the emitted tokens must be the accepted drafts d_1..d_n and then one new token; "
+            "here a token before the last differs from the draft at its position (Algorithm 1 "
+            "stops at the first rejection: nothing after it may be kept)", inputs))
+    return tokens
+
+
+def make_round(fn: Callable, chain: Chain, k: int, sampled: bool,
+               generator: torch.Generator) -> Callable[[int], list[int]]:
+    """The grader's speculative round: ``round_(last) -> emitted tokens``.
+
+    Args:
+        fn: the verifier under test.
+        chain: the toy target and draft.
+        k: drafts per round.
+        sampled: draw the drafts from ``Q`` (else its argmax chain, ``draft_probs=None``).
+        generator: draws the drafts and is handed to ``fn``.
+
+    Returns:
+        A function that drafts after ``last``, scores with the target, calls ``fn`` and returns
+        its tokens after checking their form (raising ``Failure`` otherwise).
+    """
+
+    def round_(last: int) -> list[int]:
+        drafts, q = chain.draft(last, k, generator, sampled)          # [k], (k, V) or None
+        p = chain.rows(last, drafts)                                    # (k+1, V)
+        inputs = {"draft_tokens": drafts, "draft_probs": q, "target_probs": p}
+        out = call(fn, torch.tensor(drafts, dtype=torch.long), q, p, generator, inputs=inputs)
+        return _emitted(out, drafts, k, chain.vocab, inputs)
+
+    return round_
+
+
+def _law(fn: Callable, chain: Chain, k: int, sampled: bool, n: int, alpha: float,
+         seed: int) -> Callable:
+    name = (f"{'greedy (one-hot p), ' if chain is GREEDY else ''}k={k}, "
+            f"{'drafts sampled from q' if sampled else 'deterministic drafts (draft_probs=None)'}")
+
+    def case():
+        g = torch.Generator().manual_seed(seed)
+        inputs = {"k": k, "drafts": "sampled from Q" if sampled else "argmax chain of Q, q one-hot"}
+        return law_case(name, chain, make_round(fn, chain, k, sampled, g), n, LENGTH, alpha, inputs)
+
+    return name, case
+
+
+def _reproducible(fn: Callable, seed: int):
+    name = "same seed, same tokens (randomness comes from the generator only)"
+
+    def run(g: torch.Generator) -> list[int]:
+        round_ = make_round(fn, SAMPLED, 3, True, g)
+        tokens: list[int] = []
+        while len(tokens) < 24:
+            tokens += round_(tokens[-1] if tokens else SAMPLED.start)
+        return tokens
+
+    return name, lambda: reproducible_case(name, run, seed, {"k": 3})
+
+
+def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
+             seed: int = 0) -> CheckReport:
+    """Check that ``fn`` is a lossless verifier: the emitted stream has the target's law.
+
+    Each case decodes many independent streams of ``LENGTH = 4`` tokens, round after round, with a
+    toy Markov target ``p`` and draft ``q`` over ``V = 3`` tokens
+    ([`minispec.check.markov`][minispec.check.markov]); every round draws ``k`` drafts, builds the
+    target rows ``[k+1, V]`` and calls ``fn``. The counts of the 81 possible streams are compared
+    with the target's exact law, computed by enumeration. Cases:
+
+    * sampled mode: ``k = 1`` and ``k = 3`` with drafts sampled from ``q`` (600 streams each),
+      ``k = 4`` with deterministic drafts, ``draft_probs=None`` (400 streams); then a
+      reproducibility case: two runs with generators seeded alike (and the global generators
+      seeded differently) must emit identical tokens;
+    * greedy mode: one-hot target rows (temperature 0), ``k = 3`` sampled and ``k = 2``
+      deterministic drafts (60 streams each): every stream must be the target's greedy chain.
+
+    Every round's output must also have the shape of Algorithm 1's: ``1..k+1`` tokens, all but the
+    last equal to the drafts at their positions. The check does not ask *how* tokens are chosen:
+    any lossless rule passes (e.g. accepting ``x`` with probability ``p(x)`` and resampling from
+    ``p`` without ``x``), and minispec's [`verify`][minispec.core.speculative.verify] passes.
+
+    **False alarms.** Each sampled law case runs two Pearson tests, first token (2 df) and whole
+    stream (pooled to about 30 df); the 6 tests share a budget of ``1e-3`` by Bonferroni, each at
+    ``alpha = 4.2e-5`` (a quarter share: the rest covers the chi-square approximation, see
+    [`minispec.check.statistics`][minispec.check.statistics]). The greedy and structural cases are
+    exact (no false alarms). So a correct verifier fails for at most 1 seed in 1000; with the fixed
+    ``seed`` the verdict is the same on every run.
+
+    **Sample sizes.** Measured effect sizes (noncentrality per stream) set them: the smallest
+    among the lab's verifier bugs is about 0.06 per stream for the first token (an adjustment on
+    one side) and 0.16 for the whole stream, so 600 streams give a noncentrality near 100 against
+    a critical value near 70 at 30 df; the shared-uniform bug is strongest with deterministic
+    drafts and large ``k`` (11 per stream at ``k = 4``), and the bonus-row bug emits impossible
+    streams at ``k = 1``. About 3500 calls in all: two to four seconds on a loaded core.
+
+    Args:
+        fn: the verifier under test (signature in the module docstring).
+        sampled: run the sampled-mode cases.
+        greedy: run the greedy-mode cases.
+        seed: seeds the drafts and the generator handed to ``fn``.
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    cases = []
+    alpha = per_test_alpha(6)
+    if sampled:
+        cases += [_law(fn, SAMPLED, 1, True, STREAMS["sampled"], alpha, seed),
+                  _law(fn, SAMPLED, 3, True, STREAMS["sampled"], alpha, seed + 1),
+                  _law(fn, SAMPLED, 4, False, STREAMS["deterministic"], alpha, seed + 5),
+                  _reproducible(fn, seed + 2)]
+    if greedy:
+        cases += [_law(fn, GREEDY, 3, True, STREAMS["greedy"], 1.0, seed + 3),
+                  _law(fn, GREEDY, 2, False, STREAMS["greedy"], 1.0, seed + 4)]
+    if not cases:
+        raise ValueError("nothing to check: sampled and greedy are both False")
+    return run_cases("verifier", cases, BUDGET if sampled else 0.0)

@@ -1,0 +1,217 @@
+"""Grade a student's drafter: its proposals agree with the ``q`` it declares, and decoding with it
+is token-for-token plain greedy decoding.
+
+A drafter is either an object with ``propose(context, k, sampling, generator) -> Draft`` (as
+[`minispec.NGramDrafter`][minispec.drafters.ngram.NGramDrafter] or
+[`minispec.ModelDrafter`][minispec.drafters.base.ModelDrafter]) or a plain function
+``propose(context, k) -> list[int]`` (a deterministic drafter, e.g. an n-gram proposer). A
+``Draft`` has ``tokens`` ``[n <= k]`` and ``probs`` ``[n, V]`` (the ``q`` each token was drawn
+from) or ``None`` (deterministic: one-hot ``q``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from minispec.check.harness import Failure, call, perturbed_global_rng, run_cases
+from minispec.check.models import tiny_llama
+from minispec.check.report import Case, CheckReport, Counterexample, fmt
+from minispec.check.statistics import BUDGET, fit, per_test_alpha
+from minispec.core.sampling import SamplingParams
+from minispec.core.speculative import Draft
+from minispec.decoding.loop import generate, speculative_generate
+from minispec.models.llama import Llama
+
+__all__ = ["FunctionDrafter", "drafter"]
+
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=0.7, top_p=0.8)
+#: Proposals per context in the consistency test of a drafter that declares its ``q``.
+PROPOSALS = 150
+
+
+class FunctionDrafter:
+    """A plain ``propose(context, k) -> list[int]`` function as a deterministic drafter."""
+
+    def __init__(self, fn: Callable[[list[int], int], Any]) -> None:
+        self.fn = fn
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
+                generator: torch.Generator | None = None) -> Draft:
+        """``fn(context, k)``'s ids as a ``Draft`` with ``probs=None`` (one-hot ``q``)."""
+        return Draft(torch.as_tensor(list(self.fn(list(context), k)), dtype=torch.long))
+
+
+def _propose(d: Any, context: list[int], k: int, sampling: SamplingParams, g, vocab: int):
+    """Call ``propose`` and check the draft's form; returns ``(tokens, probs or None)``."""
+    inputs = {"context": context, "k": k, "temperature": sampling.temperature}
+    out = call(d.propose, list(context), k, sampling, g, inputs=inputs)
+    tokens, probs = getattr(out, "tokens", out), getattr(out, "probs", None)
+    try:
+        tokens = torch.as_tensor(tokens, dtype=torch.long).flatten().tolist()
+    except (TypeError, ValueError) as error:
+        what = f"the proposal is not a list of ids: {out!r}"
+        raise Failure(Counterexample(what, inputs)) from error
+    inputs["proposed"] = tokens
+    if len(tokens) > k or any(not 0 <= t < vocab for t in tokens):
+        what = f"a proposal has at most k tokens, each in [0, {vocab})"
+        raise Failure(Counterexample(what, inputs))
+    if probs is not None:
+        probs = torch.as_tensor(probs).double()
+        ok = probs.shape == (len(tokens), vocab) and (probs >= 0).all() and \
+            bool(((probs.sum(-1) - 1).abs() < 1e-3).all())
+        if not ok or any(probs[i, t] <= 0 for i, t in enumerate(tokens)):
+            raise Failure(Counterexample(
+                "declared probs must be [n, V] distributions giving each proposed token q > 0 "
+                "(the q it was drawn from)", dict(inputs, probs_shape=tuple(probs.shape))))
+    return tokens, probs
+
+
+def _contexts(vocab: int, g: torch.Generator) -> list[list[int]]:
+    period = torch.randint(0, vocab, (5,), generator=g).tolist()
+    return [torch.randint(0, vocab, (12,), generator=g).tolist(), period * 3 + period[:2],
+            torch.randint(0, vocab, (2,), generator=g).tolist()]
+
+
+def _form_case(d: Any, vocab: int, seed: int) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    declared = False
+    for context in _contexts(vocab, g):
+        for k in (1, 3, 5):
+            for sampling in (GREEDY, SAMPLED):
+                tokens, probs = _propose(d, context, k, sampling, g, vocab)
+                declared |= probs is not None
+                if probs is None:        # one-hot q: the proposal cannot depend on randomness
+                    with perturbed_global_rng(seed + 1):
+                        again, _ = _propose(d, context, k, sampling,
+                                            torch.Generator().manual_seed(seed + 7), vocab)
+                    if again != tokens:
+                        raise Failure(Counterexample(
+                            "the drafter declares no q (probs=None: a deterministic, one-hot q) "
+                            "but proposes different tokens for the same context when the random "
+                            "numbers change; declare the q the tokens are sampled from",
+                            {"context": context, "k": k, "run_1": tokens, "run_2": again}))
+    note = "declares q" if declared else "deterministic (one-hot q)"
+    return Case("proposals are well-formed", True, f"18 calls; {note}")
+
+
+def _pit(probs: Tensor, tokens: list[int], g: torch.Generator) -> list[float]:
+    """Randomised probability integral transform: ``U(0, 1)`` iff each token ~ its row."""
+    cdf = torch.cumsum(probs, dim=-1)
+    u = torch.rand(len(tokens), generator=g, dtype=torch.float64)
+    return [float(cdf[i, t] - probs[i, t] + u[i] * probs[i, t]) for i, t in enumerate(tokens)]
+
+
+def _law_case(d: Any, vocab: int, seed: int) -> Case:
+    """The first token's counts against the declared ``q_1`` per context, then the PIT of all."""
+    g, g_pit = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+    contexts = _contexts(vocab, g)[:2]
+    alpha, pits = per_test_alpha(len(contexts) + 1), []
+    for context in contexts:
+        counts, q1 = torch.zeros(vocab, dtype=torch.float64), None
+        for _ in range(PROPOSALS):
+            tokens, probs = _propose(d, context, 3, SAMPLED, g, vocab)
+            if probs is None or not tokens:
+                return Case("declared q is the law of the proposals", True, "nothing declared")
+            counts[tokens[0]] += 1
+            q1 = probs[0] if q1 is None else q1
+            pits += _pit(probs, tokens, g_pit)
+        fitted = fit(counts, q1, alpha)
+        if not fitted.passed:
+            worst = [(f"token {i}", float(q1[i]), float(counts[i]) / PROPOSALS)
+                     for i in fitted.impossible + fitted.worst][:5]
+            raise Failure(Counterexample(
+                "the first proposed token does not follow the q the drafter declares for it",
+                {"context": context, "sampling": "temperature 0.7, top-p 0.8", "calls": PROPOSALS},
+                worst, f"Pearson chi-square, {fitted.df} df", fitted.statistic, fitted.threshold))
+    bins = torch.bincount((torch.tensor(pits) * 10).long().clamp(0, 9), minlength=10)
+    fitted = fit(bins, torch.full((10,), 0.1, dtype=torch.float64), alpha)
+    if not fitted.passed:
+        raise Failure(Counterexample(
+            "the proposals at later positions do not follow their declared q (the randomised PIT "
+            "u = F(x-) + U q(x) must be uniform)", {"tokens tested": len(pits)},
+            [(f"u in [{i / 10:.1f}, {(i + 1) / 10:.1f})", 0.1, float(bins[i]) / len(pits))
+             for i in fitted.worst[:3]], "Pearson chi-square, 9 df", fitted.statistic,
+            fitted.threshold))
+    return Case("declared q is the law of the proposals", True,
+                f"{len(contexts) * PROPOSALS} calls; PIT p-value {fmt(fitted.pvalue)}")
+
+
+def _pattern_case(d: Any, vocab: int) -> Case:
+    context = [3, 1, 4, 5, 9] * 3 + [3, 1]
+    tokens, _ = _propose(d, context, 3, GREEDY, torch.Generator().manual_seed(0), vocab)
+    if tokens != [4, 5, 9]:
+        raise Failure(Counterexample("on a context that repeats a pattern, the drafter must "
+                                     "propose its continuation", {"context": context, "k": 3,
+                                                                  "proposed": tokens,
+                                                                  "expected": [4, 5, 9]}))
+    return Case("continues a repeated pattern", True)
+
+
+def _parity_case(d: Any, target: Llama, vocab: int, seed: int) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    for prompt in _contexts(vocab, g)[:2]:
+        plain = generate(target, prompt, 24).tokens
+        inputs = {"prompt": prompt, "k": 3, "max_new_tokens": 24}
+        spec = call(speculative_generate, target, d, prompt, 24, 3, inputs=inputs).tokens
+        if spec != plain:
+            raise Failure(Counterexample("greedy speculative decoding with this drafter differs "
+                                         "from plain greedy decoding",
+                                         dict(inputs, plain=plain, speculative=spec)))
+    return Case("greedy decoding with it equals plain greedy decoding", True,
+                "2 prompts, 24 tokens")
+
+
+def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool = False,
+            seed: int = 0) -> CheckReport:
+    """Check a drafter: well-formed proposals that agree with the declared ``q``, and parity.
+
+    Cases, in order:
+
+    1. *well-formed*: 18 proposals (3 contexts, ``k`` in 1, 3, 5, greedy and sampled settings)
+       have at most ``k`` ids in ``[0, V)`` and, when ``q`` is declared, ``[n, V]`` rows giving
+       each token ``q > 0``; a drafter that declares no ``q`` (one-hot) must propose the same
+       tokens whatever the random numbers;
+    2. *the declared q is the law* (drafters that declare ``q``): 150 proposals on each of 2
+       contexts at temperature 0.7, top-p 0.8; the first token's counts against the declared
+       ``q_1`` (Pearson), and the randomised PIT of every token against its row (uniform in 10
+       bins): catches tokens taken greedily but declared as sampled, and adjustments applied to
+       one side only;
+    3. *continues a pattern* (``continues_patterns=True``, for n-gram and prompt-lookup drafters):
+       after ``3 1 4 5 9 3 1 4 5 9 3 1 4 5 9 3 1`` it proposes ``4 5 9``;
+    4. *parity*: greedy ``speculative_generate`` with the drafter (``k = 3``, 24 tokens, 2 prompts)
+       equals plain ``generate``, token for token.
+
+    **False alarms.** Only case 2 is statistical: 3 tests at ``alpha = 8.3e-5`` (Bonferroni on a
+    quarter of ``1e-3``, see [`minispec.check.statistics`][minispec.check.statistics]); the other
+    cases are exact. So a correct drafter fails for at most 1 seed in
+    1000; the fixed seed gives the same verdict on every run.
+
+    Args:
+        obj: the drafter (see the module docstring).
+        target: the target model for the parity case; by default a tiny random Llama with the
+            drafter's vocabulary and EOS ids (those of ``obj.model.config``, else 64 tokens).
+        continues_patterns: also run case 3.
+        seed: seeds contexts, prompts and generators.
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    d = obj if hasattr(obj, "propose") else FunctionDrafter(obj)
+    model = getattr(obj, "model", None)
+    if target is None:
+        own = model.config if isinstance(model, Llama) else None     # share its ids and EOS
+        target = tiny_llama(own.vocab_size if own else 64, seed=seed + 100,
+                            eos=own.eos_token_id if own else None)
+    vocab = target.config.vocab_size
+    cases = [("proposals are well-formed", lambda: _form_case(d, vocab, seed)),
+             ("declared q is the law of the proposals", lambda: _law_case(d, vocab, seed + 2))]
+    if continues_patterns:
+        cases.append(("continues a repeated pattern", lambda: _pattern_case(d, vocab)))
+    cases.append(("greedy decoding with it equals plain greedy decoding",
+                  lambda: _parity_case(d, target, vocab, seed + 3)))
+    return run_cases("drafter", cases, BUDGET)

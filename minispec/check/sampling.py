@@ -1,0 +1,186 @@
+"""Grade a student's single-token speculative sampler and residual.
+
+* ``fn(p [V], q [V], generator) -> (token, accepted)``, as
+  [`minispec.speculative_sample`][minispec.core.speculative.speculative_sample]: draw a proposal
+  from ``q``, keep it or replace it; the token must have law ``p`` (Leviathan App. A.1);
+* ``fn(p [V], q [V]) -> [V]``, as [`minispec.residual`][minispec.core.speculative.residual]:
+  ``norm(max(0, p - q))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from minispec.check.harness import Failure, call, reproducible_case, run_cases
+from minispec.check.report import Case, CheckReport, Counterexample, fmt
+from minispec.check.statistics import BUDGET, fit, hoeffding_excess, per_test_alpha
+
+__all__ = ["PAIRS", "residual", "sampler"]
+
+
+def _t(values: list[float]) -> Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+#: The (name, p, q, samples) cases of the sampler check: every regime of the accept rule.
+PAIRS: list[tuple[str, Tensor, Tensor, int]] = [
+    ("p and q overlap; p(3) = 0 < q(3)", _t([0.5, 0.3, 0.2, 0.0]), _t([0.1, 0.2, 0.3, 0.4]), 3000),
+    ("q piled on one token", _t([0.25, 0.25, 0.25, 0.25]), _t([0.7, 0.1, 0.1, 0.1]), 2000),
+    ("p == q: every proposal kept", _t([0.4, 0.3, 0.2, 0.1]), _t([0.4, 0.3, 0.2, 0.1]), 1000),
+    ("disjoint supports: every proposal replaced", _t([0.6, 0.4, 0.0, 0.0]),
+     _t([0.0, 0.0, 0.5, 0.5]), 1000),
+    ("one-hot p (temperature 0)", _t([0.0, 0.0, 1.0, 0.0]), _t([0.3, 0.3, 0.2, 0.2]), 300),
+]
+
+
+def _draw(fn: Callable, p: Tensor, q: Tensor, g: torch.Generator) -> tuple[int, bool]:
+    inputs = {"p": p, "q": q}
+    out = call(fn, p.clone(), q.clone(), g, inputs=inputs)
+    try:
+        token, accepted = out
+        token, accepted = int(token), bool(accepted)
+    except (TypeError, ValueError) as error:
+        raise Failure(Counterexample(f"the result must be (token, accepted), got {out!r}",
+                                     inputs)) from error
+    if not 0 <= token < p.shape[0]:
+        raise Failure(Counterexample(f"token {token} is not in [0, V = {p.shape[0]})", inputs))
+    return token, accepted
+
+
+def _law_case(fn: Callable, name: str, p: Tensor, q: Tensor, n: int, alpha: float, seed: int):
+    def case() -> Case:
+        g = torch.Generator().manual_seed(seed)
+        counts, accepted = torch.zeros(p.shape[0]), 0
+        for _ in range(n):
+            token, acc = _draw(fn, p, q, g)
+            counts[token] += 1
+            accepted += acc
+        fitted = fit(counts, p, alpha)
+        inputs = {"p": p, "q": q, "samples": n}
+        if not fitted.passed:
+            table = [(f"token {i}", float(p[i]), float(counts[i]) / n) for i in range(p.shape[0])]
+            what = "the emitted token does not have the target's law p"
+            if fitted.impossible:
+                what += f": it emitted token {fitted.impossible[0]}, which has p = 0"
+                return Case(name, False, "impossible token", Counterexample(what, inputs, table))
+            stat = f"Pearson chi-square, {fitted.df} df (p-value {fitted.pvalue:.2g})"
+            return Case(name, False, f"p-value {fitted.pvalue:.2g}", Counterexample(
+                what, inputs, table, stat, fitted.statistic, fitted.threshold))
+        beta = float(torch.minimum(p, q).sum())
+        bound = 0.0 if beta == 0 else n * beta + hoeffding_excess(n, alpha)
+        if beta < 1 and accepted > bound:
+            what = ("'accepted' is True more often than any lossless rule allows: a proposal can "
+                    "be kept with probability at most sum min(p, q) (Leviathan Thm 3.5)")
+            table = [("P(accepted)", beta, accepted / n)]
+            return Case(name, False, "", Counterexample(what, inputs, table, "accepted count",
+                                                        accepted, bound))
+        return Case(name, True, f"{n} samples, p-value {fmt(fitted.pvalue)}")
+
+    return name, case
+
+
+def sampler(fn: Callable, *, seed: int = 0) -> CheckReport:
+    """Check that ``fn(p, q, generator) -> (token, accepted)`` emits tokens with law ``p``.
+
+    Five ``(p, q)`` pairs over ``V = 4`` tokens (``PAIRS``) cover every regime of the accept rule:
+    partial overlap with a zero of ``p`` where ``q > 0``, ``q`` piled on one token, ``p == q``,
+    disjoint supports, one-hot ``p``. For each, 300 to 3000 calls; the token counts are compared
+    with ``p`` (Pearson chi-square), and the ``accepted`` flags with the largest acceptance any
+    lossless rule can have, ``sum min(p, q)`` (Hoeffding bound). A last case runs the function
+    twice with generators seeded alike: the tokens must be identical (the seed is honoured).
+    Lossless rules other than Leviathan's pass (e.g. accept ``x`` with probability ``p(x)``).
+
+    **False alarms.** 10 tests (a chi-square and an acceptance bound per pair) share the budget
+    ``1e-3``: each runs at ``alpha = 2.5e-5`` (Bonferroni on a quarter of the budget; the
+    Hoeffding bound is exact, the chi-square's approximation is covered by the rest, see
+    [`minispec.check.statistics`][minispec.check.statistics]). Observing a token with ``p = 0``
+    is a certain failure. So a correct sampler fails for at most 1 seed in 1000.
+
+    **Sample sizes.** 3000 samples detect a change of 0.05 in one token's probability (the
+    smallest effect among the lab's sampler bugs is several times larger) with the statistic far
+    above its threshold; the whole check makes about 7300 calls (a few seconds).
+
+    Args:
+        fn: the sampler under test.
+        seed: seeds the generator handed to ``fn``.
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    alpha = per_test_alpha(2 * len(PAIRS))
+    cases = [_law_case(fn, name, p, q, n, alpha, seed + i)
+             for i, (name, p, q, n) in enumerate(PAIRS)]
+    _, p, q, _ = PAIRS[0]
+    name = "same seed, same tokens (randomness comes from the generator only)"
+    cases.append((name, lambda: reproducible_case(
+        name, lambda g: [_draw(fn, p, q, g)[0] for _ in range(40)], seed, {"p": p, "q": q})))
+    return run_cases("sampler", cases, BUDGET)
+
+
+def _residual_pairs(seed: int) -> list[tuple[Tensor, Tensor]]:
+    """The sampler's pairs, one-hot corner cases, and random pairs over 6 tokens with zeros."""
+    pairs = [(p, q) for _, p, q, _ in PAIRS]
+    pairs += [(_t([0, 1, 0]), _t([0, 1, 0])), (_t([0, 1, 0]), _t([1, 0, 0])),
+              (_t([0.5, 0.5, 0]), _t([0, 0, 1]))]
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(12):
+        logits = torch.randn(2, 6, generator=g) * 1.5
+        logits[torch.rand(2, 6, generator=g) < 0.25] = float("-inf")
+        logits[:, 0] = logits[:, 0].nan_to_num(neginf=0.0)             # keep a token in each
+        p, q = torch.softmax(logits, dim=-1)
+        pairs.append((p, q))
+    return pairs
+
+
+def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
+    inputs: dict[str, Any] = {"p": p, "q": q}
+    p_in, q_in = p.clone(), q.clone()
+    out = call(fn, p_in, q_in, inputs=inputs)
+    if not torch.equal(p_in, p) or not torch.equal(q_in, q):
+        raise Failure(Counterexample("the function changed its inputs in place", inputs))
+    if not isinstance(out, Tensor) or out.shape != p.shape:
+        raise Failure(Counterexample(f"the result must be a [V] = [{p.shape[0]}] tensor, got "
+                                     f"{getattr(out, 'shape', type(out).__name__)}", inputs))
+    out = out.double()
+    excess = (p.double() - q.double()).clamp_min(0)
+    inputs["returned"] = out
+    if excess.sum() == 0:           # p == q: never used, but must still be a distribution
+        if not (out.isfinite().all() and (out >= 0).all() and abs(float(out.sum()) - 1) < 1e-4):
+            raise Failure(Counterexample(
+                "when p == q there is no excess (a rejection never happens), but the result must "
+                "still be a distribution: no NaN (never divide by zero), >= 0, summing to 1",
+                inputs))
+        return
+    expected = excess / excess.sum()
+    if not out.isfinite().all() or (out - expected).abs().max() > 1e-5:
+        table = [(f"token {i}", float(expected[i]), float(out[i])) for i in range(p.shape[0])]
+        raise Failure(Counterexample("the result is not norm(max(0, p - q))", inputs, table))
+
+
+def residual(fn: Callable, *, seed: int = 0) -> CheckReport:
+    """Check that ``fn(p, q)`` returns the residual ``norm(max(0, p - q))`` ``[V]``.
+
+    Deterministic: 20 pairs (the sampler's, one-hot corners, 12 random pairs with zeros) are
+    compared with the exact residual within ``1e-5``. When ``p == q`` the residual is never used
+    (no rejection can happen), so any distribution is accepted there, but not NaN. The inputs must
+    not be modified. There is no randomness, hence no false alarm.
+
+    Args:
+        fn: the residual under test.
+        seed: seeds the random pairs.
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    pairs = _residual_pairs(seed)
+
+    def case() -> Case:
+        for p, q in pairs:
+            _residual_case(fn, p, q)
+        return Case(f"{len(pairs)} (p, q) pairs", True, "exact within 1e-5")
+
+    return run_cases("residual", [("residual of every pair", case)], 0.0)

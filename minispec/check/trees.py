@@ -1,0 +1,153 @@
+"""Grade a student's draft-tree verifier (SpecInfer's walk, Stratos §2) by the law of the stream.
+
+The function under test has the signature of
+[`minispec.verify_tree`][minispec.core.tree.verify_tree]:
+
+    fn(tree: DraftTree, target_probs [N, V], draft_probs list of [depth_j, V] | None, generator)
+        -> the emitted tokens (a list, a tensor, or an object with ``.tokens``)
+
+``tree`` is a [`minispec.DraftTree`][minispec.core.tree.DraftTree] built from several drafts
+(``tree.tokens``, ``tree.parents``, ``tree.draft_nodes``, ``tree.children(node)``); row ``i`` of
+``target_probs`` is the target's distribution after the path to node ``i`` (row 0: the root, after
+the context); ``draft_probs[j]`` row ``t`` is the ``q`` draft ``j``'s token ``t`` was drawn from,
+or ``None`` for deterministic drafts (one-hot proposals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minispec.check.harness import Failure, as_tokens, call, reproducible_case, run_cases
+from minispec.check.markov import GREEDY, SAMPLED, Chain, law_case
+from minispec.check.report import CheckReport, Counterexample
+from minispec.check.statistics import BUDGET, per_test_alpha
+from minispec.core.tree import DraftTree
+
+__all__ = ["make_round", "tree_verifier"]
+
+LENGTH = 4
+STREAMS = {"sampled": 600, "deterministic": 400, "greedy": 60}
+
+
+def _drafts(chain: Chain, last: int, width: int, depth: int, g: torch.Generator,
+            sampled: bool) -> tuple[list[list[int]], list | None]:
+    """``width`` drafts of ``depth`` tokens: independent samples from ``Q``, or deterministic:
+    the ``j``-th most likely first token, then the argmax chain (one-hot proposals)."""
+    if sampled:
+        pairs = [chain.draft(last, depth, g, True) for _ in range(width)]
+        return [t for t, _ in pairs], [q for _, q in pairs]
+    firsts = torch.argsort(chain.Q[last], descending=True, stable=True)[:width].tolist()
+    return [[x] + chain.draft(x, depth - 1, g, False)[0] for x in firsts], None
+
+
+def _check_path(tree: DraftTree, tokens: list[int], vocab: int, inputs: dict) -> None:
+    """The emitted tokens must be a root-to-node path of the tree, then one more token."""
+    depth = max(len(nodes) for nodes in tree.draft_nodes)
+    if not 1 <= len(tokens) <= depth + 1 or any(not 0 <= t < vocab for t in tokens):
+        raise Failure(Counterexample(f"a round must emit 1 to depth+1 = {depth + 1} tokens in "
+                                     f"[0, {vocab})", inputs))
+    node = 0
+    for token in tokens[:-1]:
+        child = next((c for c in tree.children(node) if tree.tokens[c] == token), None)
+        if child is None:
+            raise Failure(Counterexample(
+                "the emitted tokens before the last must follow a path of the tree from its root "
+                "(accepted nodes only); this one leaves the tree", inputs))
+        node = child
+
+
+def make_round(fn: Callable, chain: Chain, width: int, sampled: bool,
+               g: torch.Generator) -> Callable[[int], list[int]]:
+    """The grader's tree round: ``round_(last) -> emitted tokens``.
+
+    Args:
+        fn: the tree verifier under test.
+        chain: the toy target and draft.
+        width: drafts (of depth 2) per round.
+        sampled: draw the drafts from ``Q`` (else the top-``width`` first tokens, then argmax).
+        g: draws the drafts and is handed to ``fn``.
+    """
+
+    def round_(last: int) -> list[int]:
+        drafts, qs = _drafts(chain, last, width, 2, g, sampled)
+        tree = DraftTree.from_drafts(drafts)
+        p = chain.rows(last, tree.tokens[1:])         # (N, V): Markov, row i = P[token of node i]
+        inputs: dict[str, Any] = {"drafts": drafts, "draft_probs": qs, "target_probs": p,
+                                  "tree_parents": tree.parents}
+        tokens = as_tokens(call(fn, tree, p, qs, g, inputs=inputs), inputs)
+        _check_path(tree, tokens, chain.vocab, dict(inputs, emitted=tokens))
+        return tokens
+
+    return round_
+
+
+def _law(fn: Callable, chain: Chain, width: int, sampled: bool, n: int, alpha: float, seed: int):
+    name = (f"{'greedy (one-hot p), ' if chain is GREEDY else ''}{width} drafts of depth 2, "
+            f"{'sampled from q' if sampled else 'deterministic (draft_probs=None)'}")
+
+    def case():
+        g = torch.Generator().manual_seed(seed)
+        inputs = {"drafts per round": width, "depth": 2}
+        return law_case(name, chain, make_round(fn, chain, width, sampled, g), n, LENGTH, alpha, inputs)
+
+    return name, case
+
+
+def _reproducible(fn: Callable, seed: int):
+    name = "same seed, same tokens (randomness comes from the generator only)"
+
+    def run(g: torch.Generator) -> list[int]:
+        round_, tokens = make_round(fn, SAMPLED, 3, True, g), []
+        while len(tokens) < 24:
+            tokens += round_(tokens[-1] if tokens else SAMPLED.start)
+        return tokens
+
+    return name, lambda: reproducible_case(name, run, seed, {"drafts per round": 3})
+
+
+def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
+                  seed: int = 0) -> CheckReport:
+    """Check that ``fn`` is a lossless tree verifier: the emitted stream has the target's law.
+
+    As [`minispec.check.verifier`][minispec.check.chains.verifier], on draft trees: every round
+    builds a tree from several drafts of depth 2 after the last token, scores every node with the
+    toy Markov target, and calls ``fn``; streams of 4 tokens are compared with the target's exact
+    law (81 outcomes). Cases: 3 drafts sampled from ``q`` (600 streams; siblings may repeat a
+    token), 2 deterministic drafts with ``draft_probs=None`` (400 streams: the first two tokens
+    by ``q``, as top-k tree drafting does), reproducibility under a fixed seed, and greedy mode
+    (one-hot target rows: every stream must be the target's greedy chain). The emitted tokens
+    before the last must follow a path of the tree from its root. Any lossless walk passes:
+    SpecInfer's iterative rule ([`minispec.verify_tree`][minispec.core.tree.verify_tree]) does.
+
+    **False alarms.** 4 Pearson tests (first token and whole stream for each sampled case), each
+    at ``alpha = 6.25e-5``: at most ``1e-3`` for a correct walk, by the same argument as the chain
+    verifier's; the greedy and path cases are exact.
+
+    **Sample sizes.** 600 and 400 streams: the tree bugs of the lab fail with their statistic
+    several times the threshold (testing siblings against ``p`` instead of the residual) or with
+    an impossible stream (the bonus from the parent's row); about 2500 calls, a few seconds.
+
+    Args:
+        fn: the tree verifier under test (signature in the module docstring).
+        sampled: run the sampled-mode cases.
+        greedy: run the greedy-mode cases.
+        seed: seeds the drafts and the generator handed to ``fn``.
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    cases = []
+    alpha = per_test_alpha(4)
+    if sampled:
+        cases += [_law(fn, SAMPLED, 3, True, STREAMS["sampled"], alpha, seed),
+                  _law(fn, SAMPLED, 2, False, STREAMS["deterministic"], alpha, seed + 1),
+                  _reproducible(fn, seed + 2)]
+    if greedy:
+        cases += [_law(fn, GREEDY, 3, True, STREAMS["greedy"], 1.0, seed + 3),
+                  _law(fn, GREEDY, 2, False, STREAMS["greedy"], 1.0, seed + 4)]
+    if not cases:
+        raise ValueError("nothing to check: sampled and greedy are both False")
+    return run_cases("tree_verifier", cases, BUDGET if sampled else 0.0)

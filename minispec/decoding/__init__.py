@@ -1,0 +1,8 @@
+"""Layer 5, decoding: the one speculative round and the single-sequence loop.
+
+* [`runner`][minispec.decoding.runner] -- the round: draft, verify in one target forward,
+  roll back, emit (both drivers call it);
+* [`adaptive`][minispec.decoding.adaptive] -- the draft-length policy;
+* [`loop`][minispec.decoding.loop] -- ``generate`` and ``speculative_generate`` (Algorithm 1),
+  and the checks every request gets.
+"""

@@ -1,0 +1,253 @@
+"""Single-sequence decoding: plain ``generate`` and ``speculative_generate`` (Leviathan Algorithm 1).
+
+The loop drives the same round as the [`Engine`][minispec.serving.engine.Engine] -- the phases of
+[`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] on a batch of one -- so the two cannot
+drift apart:
+
+1. **draft**: the drafter guesses ``k`` tokens after the context (with the ``q`` of each);
+2. **verify**: one target forward scores ``[last, d_1..d_k]`` and the accept rule keeps a prefix of
+   the drafts plus one token from the target (a correction or the bonus);
+3. **roll back**: both caches forget the rejected drafts;
+4. **emit**: the tokens are appended until a stop rule fires (EOS, stop id or string, budget,
+   context), even in the middle of an accepted block.
+
+Plain decoding is the special case with no drafter (``k = 0``): every round is one target step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from minispec.core.sampling import SamplingParams
+from minispec.core.sequence import Round, Sequence
+from minispec.core.stats import SpecStats
+from minispec.core.tree import tree_size
+from minispec.decoding.runner import SpeculativeRunner
+from minispec.drafters.base import Drafter, as_drafter, keeps_cache
+from minispec.drafters.trees import as_tree_drafter, check_branching
+from minispec.models.chat import encode_prompt, end_of_turn_ids, is_chat
+from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.llama import Llama
+
+if TYPE_CHECKING:
+    from minispec.decoding.adaptive import KPolicy
+
+__all__ = ["GenerationResult", "Round", "check_k", "context_limit", "eos_ids", "generate",
+           "make_sequence", "speculative_generate"]
+
+
+@dataclass
+class GenerationResult:
+    """What a decoding call returns (and what ``Engine.generate`` returns per request).
+
+    Attributes:
+        tokens: the new tokens only (the prompt is not repeated).
+        text: ``tokens`` decoded (and cut before a stop string), when a tokenizer was given.
+        finish_reason: ``"length"`` (max_new_tokens), ``"eos"``, ``"stop"`` (stop token id or
+            string), ``"max_seq_len"`` (the context is full), ``"error"`` or ``"abort"`` (engine).
+        stats: a [`minispec.core.stats.SpecStats`][minispec.core.stats.SpecStats].
+        rounds: every round's drafts and outcome (drawn by [`minispec.tools.viz`][minispec.tools.viz]).
+        error: what went wrong, for ``finish_reason="error"``.
+    """
+
+    tokens: list[int]
+    text: str | None
+    finish_reason: str
+    stats: SpecStats
+    rounds: list[Round] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def of(cls, seq: Sequence) -> GenerationResult:
+        """The result of a finished sequence."""
+        return cls(list(seq.generated), seq.text(), seq.finish_reason, seq.stats, seq.rounds, seq.error)
+
+
+def generate(model: Llama, prompt_ids: Any, max_new_tokens: int = 64,
+             sampling: SamplingParams | None = None, **kwargs) -> GenerationResult:
+    """Plain autoregressive decoding: one target forward per token.
+
+    Args and keyword arguments: as [`speculative_generate`][minispec.decoding.loop.speculative_generate],
+    without a drafter.
+    """
+    return speculative_generate(model, None, prompt_ids, max_new_tokens, k=0, sampling=sampling, **kwargs)
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: Llama,
+    drafter: Any,
+    prompt_ids: Any,
+    max_new_tokens: int = 64,
+    k: int | KPolicy = 4,
+    sampling: SamplingParams | None = None,
+    *,
+    tokenizer=None,
+    stop: str | Seq[str] = (),
+    stop_token_ids: Seq[int] = (),
+    eos_token_id: int | Seq[int] | None = None,
+    max_seq_len: int | None = None,
+    branching: Seq[int] | None = None,
+) -> GenerationResult:
+    """Speculative decoding of one sequence (Leviathan et al. 2023, Algorithm 1).
+
+    Args:
+        target: the target model ``p``.
+        drafter: a draft [`Llama`][minispec.models.llama.Llama], a drafter (``ModelDrafter``,
+            ``NGramDrafter``, ``PromptLookupDrafter``, any object with ``propose``), a name
+            (``"ngram"``, ``"prompt_lookup"``), or ``None`` for plain decoding.
+        prompt_ids: prompt token ids, a string or chat messages ``[{"role": ..., "content": ...}]``
+            (both need ``tokenizer``; messages are rendered with its chat template, and decoding
+            also stops at the template's end-of-turn token).
+        max_new_tokens: at most this many new tokens (an integer >= 0).
+        k: drafts per round (gamma), an integer >= 1 with a drafter; shrunk near ``max_seq_len``.
+            Or a draft-length policy such as
+            [`minispec.decoding.adaptive.AdaptiveK`][minispec.decoding.adaptive.AdaptiveK], asked before every round
+            (``next_k()``) and told the outcome after it; reset once per call.
+        sampling: the adjustments applied to both models' logits and the seed of the one
+            ``torch.Generator`` of this call (default: greedy).
+        tokenizer: a Hugging Face tokenizer to encode the prompt, decode the result and match
+            stop strings.
+        stop: a stop string or several (need ``tokenizer``); the text is cut before the first.
+        stop_token_ids: extra token ids that end the sequence (kept in ``tokens``).
+        eos_token_id: end-of-sequence id(s); default: the target config's; ``[]`` disables EOS.
+        max_seq_len: limit on prompt + new tokens, in ``[1, max_position_embeddings]``.
+        branching: draft a tree instead of a chain: children per node at each depth, e.g.
+            ``(3, 2, 1, 1)`` (``k`` is the depth), all verified in one target forward with tree
+            attention, by the same round as a chain (a draft model, an EAGLE head or an n-gram
+            table; see [`minispec.drafters.trees`][minispec.drafters.trees]). ``None``: the chain
+            of Algorithm 1.
+
+    Returns:
+        A [`GenerationResult`][minispec.decoding.loop.GenerationResult]; greedy output is token-for-token
+        the target's greedy output, sampled output has the target's law.
+
+    Raises:
+        ValueError: for a bad request or configuration (the same checks as ``Engine.add_request``),
+            or NaN logits.
+    """
+    runner, seq, policy = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling, tokenizer,
+                                 stop, stop_token_ids, eos_token_id, max_seq_len, branching)
+    while not seq.is_finished:
+        ks = [seq.round_k(policy.next_k() if policy is not None else k)]
+        proposals = runner.draft([seq], ks)                    # 1. a chain (or tree) of guesses
+        verdicts, hidden = runner.verify([seq], proposals)     # 2. one target forward judges them
+        runner.rollback([seq], proposals, verdicts, hidden)    # 3. both caches forget the rejected
+        runner.emit([seq], proposals, verdicts)                # 4. tokens out, until a stop rule
+        if policy is not None and verdicts[0] is not None:
+            policy.update(proposals[0].depth, verdicts[0].num_accepted)
+    if runner.drafter is not None:
+        runner.drafter.release(seq)
+    if seq.finish_reason == "error":
+        raise ValueError(seq.error)
+    return GenerationResult.of(seq)
+
+
+def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
+           eos_token_id, max_seq_len, branching) -> tuple[SpeculativeRunner, Sequence, Any]:
+    """Validate the call, make the caches, the sequence and the runner, prefill the target."""
+    drafter, branching, extra = as_drafter_for(drafter, k, branching)
+    policy = k if hasattr(k, "next_k") else None             # e.g. AdaptiveK
+    if policy is not None:
+        if drafter is None:
+            raise ValueError("a draft-length policy needs a drafter")
+        policy.reset()
+    seq = _request(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop,
+                   stop_token_ids, eos_token_id, max_seq_len)
+    cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
+    seq.slot = cache.allocate()
+    if keeps_cache(drafter):                                 # a draft model's or a head's cache
+        drafter.attach(ContiguousKVCache.for_model(drafter.model, num_slots=1,
+                                                   max_seq_len=seq.max_seq_len))
+        seq.draft_slot = drafter.cache.allocate()
+    runner = SpeculativeRunner(target, cache, drafter, branching)
+    if (reason := seq.done_before_start()) is not None:
+        seq.finish(reason)
+    else:
+        runner.prefill([seq])        # all but the last prompt token; each round feeds the last one
+    return runner, seq, policy
+
+
+def _request(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
+             eos_token_id, max_seq_len) -> Sequence:
+    """The validated request (the checks ``Engine.add_request`` makes too)."""
+    if not hasattr(k, "next_k"):
+        check_k(k, drafter is not None)
+    return make_sequence("0", target, prompt, sampling, max_new_tokens=max_new_tokens,
+                         max_seq_len=context_limit(target, drafter, max_seq_len),
+                         k=0 if drafter is None else getattr(k, "k_max", k), tokenizer=tokenizer,
+                         stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
+
+
+def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: SamplingParams | None, *,
+                  max_new_tokens: Any, max_seq_len: int, k: int, tokenizer=None,
+                  stop: str | Seq[str] = (), stop_token_ids: Seq[int] = (),
+                  eos_token_id: int | Seq[int] | None = None) -> Sequence:
+    """A request as both loops build it: the prompt encoded (ids, text or chat messages), its EOS
+    ids (given, or the target config's, plus the chat template's end of turn for messages), and
+    every check of [`Sequence.new`][minispec.core.sequence.Sequence.new].
+
+    Raises:
+        ValueError: for a bad request, with the same message in either loop.
+    """
+    ids = encode_prompt(prompt, tokenizer)
+    eos = eos_ids(target, eos_token_id) + (end_of_turn_ids(tokenizer) if is_chat(prompt) else ())
+    return Sequence.new(request_id, ids, sampling, max_new_tokens=max_new_tokens,
+                        max_seq_len=max_seq_len, vocab_size=target.config.vocab_size,
+                        eos_token_ids=eos, stop_token_ids=stop_token_ids, stop=stop,
+                        tokenizer=tokenizer, k=k, device=target.device)
+
+
+def as_drafter_for(spec: Any, k: Any, branching: Any, copy_per_request: bool = False
+                   ) -> tuple[Drafter | None, tuple[int, ...] | None, int]:
+    """What a user passes as a drafter, for chains or (with ``branching``) trees of depth ``k``.
+
+    Returns:
+        The [`Drafter`][minispec.drafters.base.Drafter] (``None``: plain decoding), the checked
+        branching (``None``: chains), and the cache positions a round needs beyond a chain's
+        ``k + 1`` (a tree is stored past the context before it is compacted).
+    """
+    if branching is None:
+        return as_drafter(spec, copy_per_request), None, 0
+    if spec is None:
+        raise ValueError("branching needs a drafter")
+    k_max = getattr(k, "k_max", k)
+    check_k(k_max, True)
+    branching = check_branching(branching, k_max)
+    nodes = tree_size(branching)
+    return as_tree_drafter(spec, nodes), branching, nodes - (k_max + 1)
+
+
+def check_k(k: Any, has_drafter: bool) -> None:
+    """``ValueError`` unless ``k`` is an integer, >= 1 with a drafter (0 allowed without one)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < (1 if has_drafter else 0):
+        raise ValueError(f"k must be an integer >= {1 if has_drafter else 0}"
+                         f"{' with a drafter' if has_drafter else ''}, got {k!r}")
+
+
+def context_limit(target: Llama, drafter: Any, max_seq_len: Any) -> int:
+    """The longest prompt + new tokens: ``max_seq_len`` checked against both models' context.
+
+    Also checks that a draft model shares the target's token ids. ``ValueError`` when it is not an
+    integer in ``[1, max_position_embeddings]``.
+    """
+    limit = target.config.max_position_embeddings
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                    or not 1 <= max_seq_len <= limit):
+        raise ValueError(f"max_seq_len must be an integer in [1, {limit}] (the target's context), "
+                         f"got {max_seq_len!r}")
+    if drafter is not None:
+        drafter.check_target(target)
+        limit = min(limit, drafter.max_seq_len or limit)
+    return min(limit, max_seq_len or limit)
+
+
+def eos_ids(target: Llama, eos_token_id: Any) -> tuple[int, ...]:
+    """The EOS ids of a request: the given ones (``[]`` disables EOS) or the target config's."""
+    if eos_token_id is None:
+        return tuple(target.config.eos_token_ids)
+    return (eos_token_id,) if not isinstance(eos_token_id, (list, tuple, set, frozenset)) else tuple(eos_token_id)

@@ -1,0 +1,240 @@
+"""One speculative round, written once: prefill, draft, verify, roll back, emit.
+
+[`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] owns the target model, its KV
+cache and the drafter, and turns a batch of [`Sequence`][minispec.core.sequence.Sequence] objects
+into tokens. Both decoding loops call its phases in the same order --
+[`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] with a batch of one,
+the [`Engine`][minispec.serving.engine.Engine] with every running request::
+
+    proposals = runner.draft(seqs, ks)                  # 1. a chain or a tree of guesses per row
+    verdicts, hidden = runner.verify(seqs, proposals)   # 2. ONE target forward, walk each proposal
+    runner.rollback(seqs, proposals, verdicts, hidden)  # 3. keep the accepted path in both caches
+    emitted = runner.emit(seqs, proposals, verdicts)    # 4. append tokens until a stop rule fires
+
+A chain of ``k`` drafts is the tree with one child per node, so every proposal is a
+[`TreeProposal`][minispec.core.tree.TreeProposal] and every rule of a round exists once:
+
+* **the verify forward**: row ``b`` feeds the root (its last token) and every node; node ``i`` sits
+  at RoPE position ``n_b - 1 + depth(i)``, is stored at cache position ``n_b - 1 + i`` and sees the
+  context and its own ancestors (tree attention; for a batch of chains that is the causal mask,
+  and the plain path runs);
+* **the accept rule**: [`verify_proposal`][minispec.core.tree.verify_proposal] walks each row's
+  proposal with the row's own generator (on a chain: Algorithm 1's loop, Leviathan et al.);
+  plain greedy rows walk the target's argmaxes without building distributions;
+* **the rollback**: both caches keep exactly the accepted path
+  ([`KVCache.compact`][minispec.models.kv_cache.KVCache.compact]; on a chain: a truncation), and the
+  drafter sees the target's features of the accepted positions only;
+* **the stop rules** ([`Sequence.append`][minispec.core.sequence.Sequence.append]) and the statistics.
+
+A request whose logits contain NaN or +inf, or whose drafter proposes something invalid, fails alone
+(``finish_reason="error"``): it gets no verdict and no token, and the other rows go on; no phase is
+ever run twice, so every request draws its random numbers once, as in a run of its own. The
+counters ``target_forwards`` and ``prefill_forwards`` count batched forwards, whatever the batch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from minispec.core.sampling import probs_for_rows
+from minispec.core.sequence import Sequence
+from minispec.core.tree import TreeProposal, TreeVerdict, verify_proposal, walk_greedy
+from minispec.drafters.base import Drafter
+from minispec.models.llama import Llama, TreeAttention
+
+__all__ = ["SpeculativeRunner"]
+
+
+class SpeculativeRunner:
+    """The phases of a speculative round over a batch of sequences (module docstring).
+
+    Args:
+        target: the target model ``p``; the runner works on its device.
+        target_cache: its KV cache; each sequence's slot is ``seq.slot``, reserved for the round.
+        drafter: a [`Drafter`][minispec.drafters.base.Drafter], or ``None`` (plain decoding).
+        branching: draft trees with ``branching[t]`` children per node at depth ``t``; ``None``:
+            chains.
+    """
+
+    def __init__(self, target: Llama, target_cache, drafter: Drafter | None = None,
+                 branching: tuple[int, ...] | None = None) -> None:
+        self.target, self.target_cache, self.drafter = target, target_cache, drafter
+        self.branching, self.device = branching, target.device
+        self.target_forwards = self.prefill_forwards = 0
+
+    @property
+    def draft_forwards(self) -> int:
+        """Batched drafter forwards so far (lazy prefills included; 0 without a drafter)."""
+        return 0 if self.drafter is None else self.drafter.forwards
+
+    def prefill(self, seqs: list[Sequence], budgets: list[int] | None = None) -> None:
+        """Batched target prefill of each ``context[:-1]`` (right-padded); logits are discarded.
+
+        Each row continues where its prefill stopped (``seq.num_cached``) and feeds at most
+        ``budgets[b]`` tokens (chunked prefill; default: all that is left). The drafter is told
+        (``observe_prefill``), with the target's features of those positions if it wants them.
+        """
+        rows = []
+        for b, seq in enumerate(seqs):
+            start, end = seq.num_cached, seq.num_tokens - 1
+            if budgets is not None:
+                end = min(end, start + budgets[b])
+            if end > start:
+                rows.append((seq, start, seq.context[start:end]))
+        if not rows:
+            return
+        width = max(len(ids) for _, _, ids in rows)
+        ids = [t + [0] * (width - len(t)) for _, _, t in rows]
+        pos = [list(range(s, s + len(t))) + [-1] * (width - len(t)) for _, s, t in rows]
+        wants = self.drafter is not None and self.drafter.wants_hidden
+        _, hidden = self._forward(ids, pos, [seq for seq, _, _ in rows])
+        self.prefill_forwards += 1
+        if self.drafter is not None:
+            states = [hidden[r, :len(t)] for r, (_, _, t) in enumerate(rows)] if wants else None
+            self.drafter.observe_prefill([seq for seq, _, _ in rows], [s for _, s, _ in rows], states)
+        for seq, _, t in rows:
+            seq.num_cached += len(t)
+            seq.stats.prefill_tokens += len(t)
+
+    # ------------------------------------------------------------------ 1. draft
+
+    def draft(self, seqs: list[Sequence], ks: list[int]) -> list[TreeProposal]:
+        """Each row's proposal: up to ``ks[b]`` drafts in a chain, or a tree of depth ``ks[b]``.
+
+        A row whose drafter fails, or proposes a token outside the vocabulary, is failed alone.
+        """
+        t0 = time.perf_counter()
+        roots = [seq.context[-1] for seq in seqs]
+        if self.drafter is None:
+            proposals = [TreeProposal.chain(root, []) for root in roots]
+        elif self.branching is not None:
+            proposals = self.drafter.propose_trees(seqs, [self.branching[:k] for k in ks])
+        else:
+            drafts = self.drafter.propose_batch(seqs, ks)
+            proposals = [_chain(seq, root, d, k, self.target.config.vocab_size)
+                         for seq, root, d, k in zip(seqs, roots, drafts, ks, strict=True)]
+        elapsed = time.perf_counter() - t0
+        for seq in seqs:
+            seq.stats.draft_time += elapsed                     # the batch's time, shared
+        return proposals
+
+    # ------------------------------------------------------------------ 2. verify
+
+    def verify(self, seqs: list[Sequence], proposals: list[TreeProposal]
+               ) -> tuple[list[TreeVerdict | None], Tensor | None]:
+        """One target forward over every row's proposal, then each row's walk down it.
+
+        Returns:
+            One verdict per row (``None`` for a row that failed: its ``path`` holds the accepted
+            nodes, its ``tokens`` the accepted drafts plus one token from the target), and the
+            target's final hidden states ``(B, N, D)`` when the drafter wants them, else ``None``.
+        """
+        t0 = time.perf_counter()
+        live = [b for b, seq in enumerate(seqs) if not seq.is_finished]
+        verdicts: list[TreeVerdict | None] = [None] * len(seqs)
+        hidden = None
+        if live:
+            logits, hidden = self._verify_forward([seqs[b] for b in live], [proposals[b] for b in live])
+            for r, b in enumerate(live):                    # logits[r]: (N_b.., V)
+                verdicts[b] = self._walk(seqs[b], proposals[b], logits[r, :len(proposals[b].tree)])
+            wants = self.drafter is not None and self.drafter.wants_hidden
+            hidden = dict(zip(live, hidden, strict=True)) if wants else None   # row b's features
+        elapsed = time.perf_counter() - t0
+        for seq in seqs:
+            seq.stats.verify_time += elapsed
+        return verdicts, hidden
+
+    def _verify_forward(self, seqs: list[Sequence], proposals: list[TreeProposal]
+                        ) -> tuple[Tensor, Tensor | None]:
+        """Row b feeds its root and nodes; padding sits at position -1. Logits ``(B, N, V)``."""
+        width = max(len(p.tree) for p in proposals)
+        ids, pos, store = [], [], []
+        for seq, prop in zip(seqs, proposals, strict=True):
+            n, pad = seq.num_tokens, width - len(prop.tree)
+            ids.append([seq.context[-1]] + prop.tree.tokens[1:] + [0] * pad)
+            pos.append([n - 1 + d for d in prop.depths()] + [-1] * pad)       # RoPE positions
+            store.append(list(range(n - 1, n - 1 + len(prop.tree))) + [-1] * pad)
+        tree = None
+        if not all(p.is_chain for p in proposals):      # a chain's ancestors are its causal mask
+            mask = torch.zeros(len(seqs), width, width, dtype=torch.bool)           # (B, N, N)
+            for b, prop in enumerate(proposals):
+                mask[b, :len(prop.tree), :len(prop.tree)] = prop.tree.ancestor_mask()
+            tree = TreeAttention(torch.tensor(store, device=self.device),
+                                 torch.tensor([s.num_tokens - 1 for s in seqs], device=self.device),
+                                 mask.to(self.device))
+        self.target_forwards += 1
+        return self._forward(ids, pos, seqs, tree)
+
+    def _walk(self, seq: Sequence, proposal: TreeProposal, logits: Tensor) -> TreeVerdict | None:
+        """The accept rule on one row: ``logits`` ``(N, V)`` at the root and every node."""
+        if torch.isnan(logits).any() or torch.isposinf(logits).any():
+            seq.fail(ValueError("logits contain NaN or +inf (from this request's own tokens or "
+                                "non-finite weights)"))
+            return None
+        if seq.sampling.raw_argmax:                         # plain greedy: argmaxes only
+            return walk_greedy(proposal, logits.argmax(dim=-1).tolist())
+        tree = proposal.tree
+        paths = [seq.context]
+        for i in range(1, len(tree)):                       # the context each node's p sees
+            paths.append(paths[tree.parents[i]] + [tree.tokens[i]])
+        p = probs_for_rows(logits, [seq.sampling] * len(tree), paths)             # (N, V)
+        return verify_proposal(proposal, p, seq.generator, greedy=seq.sampling.greedy)
+
+    # ------------------------------------------------------------------ 3. roll back
+
+    def rollback(self, seqs: list[Sequence], proposals: list[TreeProposal], verdicts: list,
+                 hidden: dict[int, Tensor] | None = None) -> None:
+        """Keep ``[.., last, accepted path]`` (``n + a`` positions) in the target cache, moved to
+        consecutive positions; let the drafter roll its own state back and see the features of
+        the root and the accepted nodes only."""
+        live = [b for b, v in enumerate(verdicts) if v is not None]
+        for b in live:
+            n = seqs[b].num_tokens
+            self.target_cache.compact(seqs[b].slot, n, [n - 1 + node for node in verdicts[b].path])
+        if self.drafter is not None and live:
+            paths = [verdicts[b].path for b in live]
+            states = None if hidden is None else [hidden[b][[0] + verdicts[b].path] for b in live]
+            self.drafter.observe([seqs[b] for b in live], [len(p) for p in paths], states, paths)
+
+    # ------------------------------------------------------------------ 4. emit
+
+    def emit(self, seqs: list[Sequence], proposals: list[TreeProposal], verdicts: list
+             ) -> list[list[int]]:
+        """Append each verdict's tokens to its sequence (stop rules apply); the emitted tokens."""
+        emitted = []
+        for seq, proposal, verdict in zip(seqs, proposals, verdicts, strict=True):
+            if verdict is None:                       # failed in this round: nothing to emit
+                emitted.append([])
+                continue
+            seq.stats.record_round(proposal.depth, verdict.num_accepted)
+            shown = proposal.main_chain(verdict.path)
+            emitted.append(seq.append(verdict.tokens, shown, verdict.num_accepted))
+            seq.num_cached = seq.num_tokens - 1       # the cache holds all but the newest token
+        return emitted
+
+    # ------------------------------------------------------------------ helpers
+
+    def _forward(self, ids: list[list[int]], pos: list[list[int]], seqs: list[Sequence],
+                 tree: TreeAttention | None = None) -> tuple[Tensor, Tensor]:
+        """The target on (B, T) ids at (B, T) positions (-1 = padding) of the rows' cache slots."""
+        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)          # (B, T)
+        pos_t = torch.tensor(pos, dtype=torch.long, device=self.device)          # (B, T)
+        return self.target(ids_t, pos_t, self.target_cache, [s.slot for s in seqs],
+                           return_hidden=True, tree=tree)
+
+
+def _chain(seq: Sequence, root: int, draft, k: int, vocab_size: int) -> TreeProposal:
+    """A chain drafter's ``Draft`` as a proposal; a row proposing something invalid fails."""
+    tokens = draft.tokens
+    if tokens.dtype != torch.long or tokens.ndim != 1 or len(tokens) > k:
+        seq.fail(ValueError(f"the drafter proposed {tuple(tokens.shape)} {tokens.dtype} tokens; "
+                            f"expected at most {k} int64 ids"))
+        return TreeProposal.chain(root, [])
+    ids = tokens.tolist()
+    if any(not 0 <= t < vocab_size for t in ids):
+        seq.fail(ValueError(f"the drafter proposed token ids outside [0, {vocab_size}): {ids}"))
+        return TreeProposal.chain(root, [])
+    return TreeProposal.chain(root, ids, draft.probs)

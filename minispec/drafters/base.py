@@ -1,0 +1,371 @@
+"""Drafters: where the ``k`` guesses of each round come from, behind one batched interface.
+
+Both decoding loops ([`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] for
+one sequence, the [`Engine`][minispec.serving.engine.Engine] for many) talk to a drafter through the same
+three calls:
+
+* ``propose_batch(seqs, ks) -> list[Draft]`` -- row ``b`` guesses up to ``ks[b]`` tokens after
+  ``seqs[b].context`` and says which distribution ``q`` each guess was drawn from (``probs=None``
+  for a deterministic drafter: verify treats that as one-hot ``q``, and sampling stays exact);
+* ``observe(seqs, num_accepted, hidden)`` -- after verify: how many drafts each row kept and, for a
+  drafter with ``wants_hidden = True``, the target's last hidden states at the *accepted* positions
+  only (``[last, d_1..d_a]``; a rejected draft's state never reaches a drafter);
+* ``release(seq)`` -- the request is gone: drop what is kept for it.
+
+The drafters:
+
+* [`ModelDrafter`][minispec.drafters.base.ModelDrafter] runs a small draft model (Leviathan et al.), all
+rows in one forward per
+  draft step, with its own KV cache;
+* [`PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter] drives one single-sequence drafter per
+request: the n-gram and
+  prompt-lookup drafters of [`minispec.drafters.ngram`][minispec.drafters.ngram] (``propose(context, k) -> Draft``).
+
+[`as_drafter`][minispec.drafters.base.as_drafter] turns what a user passes (a draft model, a drafter,
+``"ngram"``, a factory) into one of these, the same way for both loops.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from minispec.core.sampling import SamplingParams, one_hot, probs_for_rows, sample
+from minispec.core.sequence import Sequence
+from minispec.core.speculative import Draft
+from minispec.core.tree import TreeProposal
+from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
+from minispec.drafters.suffix import SuffixDrafter
+from minispec.models.kv_cache import ContiguousKVCache, KVCache
+from minispec.models.llama import Llama, ModelConfig
+
+__all__ = ["DRAFTERS", "Draft", "Drafter", "ModelDrafter", "NGramDrafter", "PerRequestDrafter",
+           "PromptLookupDrafter", "as_drafter", "check_compatible", "choose_drafts", "draft_rows",
+           "keeps_cache", "mark_fed"]
+
+#: Deterministic drafters made by name, one per request.
+DRAFTERS: dict[str, Callable[[], Any]] = {"ngram": NGramDrafter, "prompt_lookup": PromptLookupDrafter,
+                                          "suffix": SuffixDrafter}
+
+
+class Drafter:
+    """The batched interface both decoding loops use: every hook the round calls, with no-op
+    defaults, so a drafter overrides only what it needs (see the module docstring).
+
+    Attributes:
+        wants_hidden: give ``observe`` (and ``observe_prefill``) the target's final-normed hidden
+            states; a feature head (EAGLE) needs them, other drafters do not.
+        model: a model whose KV cache the decoding loop makes and hands over with ``attach``
+            (a draft model, an EAGLE head); ``None`` for a drafter without one.
+        max_seq_len: longest context the drafter can draft for (``None``: no limit of its own).
+        forwards: drafter forwards so far (batched; lazy prefills included).
+    """
+
+    wants_hidden: bool = False
+    model: Any = None
+    max_seq_len: int | None = None
+    forwards: int = 0
+
+    def attach(self, cache: KVCache) -> None:
+        """Keep keys and values in ``cache`` (only called when ``model`` is set)."""
+        self.cache = cache
+
+    def clone(self) -> Drafter:
+        """A fresh drafter with no request state and no cache (an engine owns its own)."""
+        return self
+
+    def check_target(self, target: Llama) -> None:
+        """``ValueError`` if this drafter cannot draft for ``target`` (default: it can)."""
+
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        """Up to ``ks[b]`` guesses (a chain) after ``seqs[b].context`` for every row ``b``."""
+        raise NotImplementedError(f"{type(self).__name__} does not propose chains")
+
+    def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
+                      ) -> list[TreeProposal]:
+        """A draft tree per row with ``branchings[b][t]`` children per node at depth ``t``."""
+        raise ValueError(f"{type(self).__name__} proposes chains only: give a draft model, an "
+                         "EAGLE head or an n-gram table to draft trees")
+
+    def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
+                        ) -> None:
+        """The target prefilled positions ``starts[b]..`` of row ``b``; ``hidden[b]`` is their
+        ``(T_b, D)`` features when ``wants_hidden`` (else ``None``)."""
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
+                paths: list[list[int]]) -> None:
+        """What verify kept in each row: ``num_accepted[b]`` drafts, the tree nodes ``paths[b]``
+        (a chain's: ``1..a``), and with ``wants_hidden`` the target's ``(a_b + 1, D)`` features
+        of the root and the accepted nodes only."""
+
+    def release(self, seq: Sequence) -> None:
+        """Forget ``seq`` (finished or aborted)."""
+
+
+def check_compatible(target: ModelConfig, draft: ModelConfig) -> None:
+    """Raise ``ValueError`` unless the draft model can share the target's token ids.
+
+    The vocabularies must have the same size and the configs the same EOS ids (a draft that stops
+    where the target does not, or the reverse, is a sign of two different tokenizers).
+    """
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"draft vocab_size {draft.vocab_size} != target vocab_size "
+                         f"{target.vocab_size}: the models must share one tokenizer")
+    if set(draft.eos_token_ids) != set(target.eos_token_ids):
+        raise ValueError(f"draft eos ids {draft.eos_token_ids} != target eos ids {target.eos_token_ids}: "
+                         "the models must share one tokenizer")
+
+
+def keeps_cache(drafter: Drafter | None) -> bool:
+    """Whether ``drafter`` keeps keys and values in a cache the decoding loop makes and manages
+    (a draft model, an EAGLE head): its ``model`` gives the cache's shape."""
+    return drafter is not None and drafter.model is not None
+
+
+def as_drafter(spec: Any, copy_per_request: bool = False) -> Drafter | None:
+    """What a user passes as a drafter -> a batched [`Drafter`][minispec.drafters.base.Drafter] (or
+    ``None``: plain decoding).
+
+    Args:
+        spec: ``None``; a draft [`Llama`][minispec.models.llama.Llama]; a batched drafter (has
+            a [`Drafter`][minispec.drafters.base.Drafter], e.g.
+            [`ModelDrafter`][minispec.drafters.base.ModelDrafter]); ``"ngram"``
+            or ``"prompt_lookup"``; a single-sequence drafter instance (has ``propose``); or a
+            factory making one.
+        copy_per_request: give every request its own deep copy of a single-sequence instance (the
+            engine); otherwise the instance itself drafts (one sequence).
+    """
+    if spec is None or isinstance(spec, Drafter):
+        return spec
+    if isinstance(spec, Llama):
+        return ModelDrafter(spec)
+    if isinstance(spec, str):
+        if spec not in DRAFTERS:
+            raise ValueError(f"unknown drafter {spec!r}; choose one of {sorted(DRAFTERS)}")
+        return PerRequestDrafter(DRAFTERS[spec])
+    if isinstance(spec, type):                    # a drafter class: one instance per request
+        return PerRequestDrafter(spec)
+    if hasattr(spec, "propose"):
+        return PerRequestDrafter((lambda: copy.deepcopy(spec)) if copy_per_request else (lambda: spec))
+    if callable(spec):
+        return PerRequestDrafter(spec)
+    raise ValueError(f"a drafter is a draft model, a drafter, a name in {sorted(DRAFTERS)} or a "
+                     f"factory, got {spec!r}")
+
+
+class PerRequestDrafter(Drafter):
+    """One single-sequence drafter per request (n-gram tables, prompt lookup), driven row by row.
+
+    A row whose drafter raises fails alone (``finish_reason="error"``) and drafts nothing.
+
+    Args:
+        make: makes a fresh drafter with ``propose(context, k, sampling, generator) -> Draft``.
+    """
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+        self.instances: dict[str, Any] = {}
+        self.forwards = 0
+
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        drafts = []
+        for seq, k in zip(seqs, ks, strict=True):
+            if k == 0:
+                drafts.append(Draft(torch.zeros(0, dtype=torch.long)))
+                continue
+            try:
+                drafter = self.instances.get(seq.request_id) or self.make()
+                self.instances[seq.request_id] = drafter
+                before = getattr(drafter, "forwards", 0)        # a user's drafter may not count
+                draft = drafter.propose(seq.context, k, seq.sampling, seq.generator)
+                seq.stats.draft_forwards += getattr(drafter, "forwards", 0) - before
+                drafts.append(Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k]))
+            except Exception as error:              # this request's drafter is broken: it alone fails
+                seq.fail(error)
+                drafts.append(Draft(torch.zeros(0, dtype=torch.long)))
+        return drafts
+
+    def release(self, seq: Sequence) -> None:
+        self.instances.pop(seq.request_id, None)
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a small language model that shares the target's tokenizer, all rows batched.
+
+    The draft model has its own KV cache ([`attach`][minispec.drafters.base.ModelDrafter.attach]; the
+    decoding loop makes it the same kind as the target's). Row ``b`` of a draft step feeds what its
+    cache lacks -- ``seq.context[draft_len:]``: one token normally, two after a round that accepted
+    all ``k`` drafts (``d_k`` was sampled but never fed: the draft lags by one), the whole context
+    on first use or after a preemption (a lazy prefill, done in its own forward so short rows are
+    not padded to the prompt's length). Then ``k - 1`` more steps feed the previous draft. Every row
+    turns its logits into ``q`` with its own ``SamplingParams`` and samples with its own generator.
+    After verify, [`observe`][minispec.drafters.base.ModelDrafter.observe] rolls the cache back to the
+    accepted length.
+
+    Args:
+        model: the draft [`Llama`][minispec.models.llama.Llama].
+        max_seq_len: longest context its cache may hold (default: the model's).
+    """
+
+    def __init__(self, model: Llama, max_seq_len: int | None = None) -> None:
+        self.model = model
+        self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
+                               model.config.max_position_embeddings)
+        self.cache: KVCache | None = None
+        self.forwards = 0
+        self._probe: Sequence | None = None      # the state of ``propose``
+
+    def attach(self, cache: KVCache) -> None:
+        """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``)."""
+        self.cache, self._probe = cache, None
+
+    def clone(self) -> ModelDrafter:
+        """The same draft model with no cache attached (an engine owns its own)."""
+        return ModelDrafter(self.model, self.max_seq_len)
+
+    def check_target(self, target: Llama) -> None:
+        """``ValueError`` unless the draft shares ``target``'s token ids
+        ([`check_compatible`][minispec.drafters.base.check_compatible])."""
+        check_compatible(target.config, self.model.config)
+
+    @torch.inference_mode()
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[Tensor]] = [[] for _ in seqs]
+        active = [b for b, k in enumerate(ks) if k > 0]
+        feeds = {b: seqs[b].context[seqs[b].draft_len:] for b in active}   # what each cache lacks
+        long = [b for b in active if len(feeds[b]) > 2]       # lazy prefill (first use, preemption)
+        if long:
+            self._forward([seqs[b] for b in long], [feeds[b][:-1] for b in long])
+            feeds.update({b: feeds[b][-1:] for b in long})
+        for j in range(max(ks, default=0)):
+            rows = [b for b in active if ks[b] > j]
+            logits = self._forward([seqs[b] for b in rows], [feeds[b] for b in rows])     # (R, V)
+            for b, token, q in choose_drafts([seqs[b] for b in rows], logits, [tokens[b] for b in rows], rows):
+                tokens[b].append(token)
+                if q is not None:
+                    probs[b].append(q)
+                feeds[b] = [token]          # fed next step; the last draft of a row is never fed
+        device = self.model.device
+        return [Draft(torch.tensor(t, dtype=torch.long, device=device), torch.stack(p) if p else None)
+                for t, p in zip(tokens, probs, strict=True)]
+
+    def _forward(self, seqs: list[Sequence], feeds: list[list[int]]) -> Tensor:
+        """Feed each row's tokens (left-padded with position -1); logits after the last ``(R, V)``."""
+        ids, pos = draft_rows(seqs, feeds, max(len(f) for f in feeds), self.model.device)
+        logits = self.model(ids, pos, self.cache, [s.draft_slot for s in seqs])      # (R, T, V)
+        self.forwards += 1
+        mark_fed(seqs, feeds)
+        return logits[:, -1]
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
+                paths: list[list[int]]) -> None:
+        """Roll each row's draft cache back to ``n + a``: the context plus the accepted drafts."""
+        for seq, a in zip(seqs, num_accepted, strict=True):
+            keep = seq.num_tokens + a
+            if seq.draft_len > keep:
+                self.cache.truncate_to(seq.draft_slot, keep)
+                seq.draft_len = keep
+
+    # ------------------------------------------------------------------ one context, no loop
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        """Draft ``k`` tokens after any ``context`` (for teaching and tests, outside a loop).
+
+        The drafter keeps one sequence of its own: it rolls that cache back to the longest prefix
+        of ``context`` it already holds and feeds the rest. A greedy draft comes with its one-hot
+        ``q`` rows.
+        """
+        if not context:
+            raise ValueError("context must hold at least one token")
+        if self._probe is None:
+            if self.cache is None:
+                self.attach(ContiguousKVCache.for_model(self.model, 1, self.max_seq_len))
+            self._probe = Sequence("propose", [0], sampling)
+            self._probe.draft_slot = self.cache.allocate()
+        probe = self._probe
+        common = _common_prefix(self.fed, context, limit=len(context) - 1)
+        self.cache.truncate_to(probe.draft_slot, common)
+        probe.prompt, probe.generated, probe.draft_len = list(context), [], common
+        probe.sampling, probe.generator = sampling, generator
+        probe.stats.draft_forwards = 0
+        draft = self.propose_batch([probe], [k])[0]
+        probe.generated = draft.tokens.tolist()
+        if sampling.greedy and draft.probs is None and k > 0:
+            draft = Draft(draft.tokens, one_hot(draft.tokens, self.model.config.vocab_size))
+        return draft
+
+    @property
+    def fed(self) -> list[int]:
+        """Token ids whose keys and values sit in
+        [`propose`][minispec.drafters.base.ModelDrafter.propose]'s cache slot."""
+        return [] if self._probe is None else self._probe.context[: self._probe.draft_len]
+
+    @property
+    def slot(self) -> int | None:
+        """[`propose`][minispec.drafters.base.ModelDrafter.propose]'s cache slot."""
+        return None if self._probe is None else self._probe.draft_slot
+
+
+def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]], rows: list[int]):
+    """Each row's next draft token and its ``q`` (``None`` for plain greedy: the argmax).
+
+    Args:
+        seqs: the rows' sequences (their ``SamplingParams`` and generators).
+        logits: (R, V) the draft's logits for the next token of each row.
+        drafts: each row's drafts so far (repetition penalties see them).
+        rows: the batch index each row reports as.
+
+    Yields:
+        ``(rows[r], token, q)`` per row: greedy rows take the argmax, with ``q = None`` unless a
+        penalty reshapes the distribution; sampled rows draw from ``q`` with their own generator.
+    """
+    argmax = logits.argmax(dim=-1).tolist()                                         # (R,)
+    for r in torch.isnan(logits).any(dim=-1).nonzero().flatten().tolist():
+        if not seqs[r].is_finished:                 # this request alone fails; the others go on
+            seqs[r].fail(ValueError("draft logits contain NaN"))
+    slow = [r for r, s in enumerate(seqs) if not s.sampling.raw_argmax and not s.is_finished]
+    contexts = [seqs[r].context + drafts[r] for r in slow]
+    q = probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts) if slow else None
+    qs = dict(zip(slow, q if q is not None else [], strict=True))                  # r -> (V,)
+    for r, seq in enumerate(seqs):
+        if r not in qs:
+            yield rows[r], argmax[r], None
+        elif seq.sampling.greedy:          # greedy with a repetition penalty: argmax of q
+            yield rows[r], int(qs[r].argmax()), qs[r]
+        else:
+            yield rows[r], int(sample(qs[r], seq.generator)), qs[r]
+
+
+def draft_rows(seqs: list[Sequence], feeds: list[list[int]], width: int,
+               device: torch.device) -> tuple[Tensor, Tensor]:
+    """One draft-cache forward's ``(ids, positions)``, each ``(R, width)``: row ``r`` feeds
+    ``feeds[r]`` at the positions after the ``seq.draft_len`` its cache holds, left-padded with
+    token 0 at position -1 (never written, never attended to)."""
+    ids = [[0] * (width - len(f)) + f for f in feeds]
+    pos = [[-1] * (width - len(f)) + list(range(s.draft_len, s.draft_len + len(f)))
+           for s, f in zip(seqs, feeds, strict=True)]
+    return torch.tensor(ids, device=device), torch.tensor(pos, device=device)
+
+
+def mark_fed(seqs: list[Sequence], feeds: list[list[int]]) -> None:
+    """After a draft-cache forward: each row's cache holds its feed, and one draft forward more."""
+    for seq, f in zip(seqs, feeds, strict=True):
+        seq.draft_len += len(f)
+        seq.stats.draft_forwards += 1
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
+    if b[: len(a)] == a:            # the usual case, compared in C
+        return min(len(a), limit)
+    n = 0
+    while n < min(len(a), len(b), limit) and a[n] == b[n]:
+        n += 1
+    return n

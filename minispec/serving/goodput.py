@@ -1,0 +1,285 @@
+"""Batch-aware draft length: choose each step's ``k`` per request to maximise the batch's goodput.
+
+Speculation trades work for latency: a round of ``k`` drafts costs ``k`` draft steps plus a verify
+forward ``k + 1`` tokens wide, and yields ``E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)`` tokens
+in expectation (Leviathan Eq. (1)). At batch size 1 a CPU or GPU has idle bandwidth and the verify
+forward costs about one step, so drafting pays; at large batch sizes the forward becomes
+compute-bound, ``k + 1`` tokens per row cost nearly ``k + 1`` times as much, and drafting loses.
+Which side of the crossover a step is on depends on the batch size, the model, the machine and each
+request's acceptance, so nothing here is hard-coded; everything is measured:
+
+* [`StepCosts`][minispec.serving.goodput.StepCosts] learns the seconds of a verify forward by shape
+``(B rows, T tokens per
+  row)`` and of one draft step by the number of drafting rows, from the engine's own steps
+  (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
+  [`bucket`][minispec.serving.goodput.bucket]). Until both a plain step and a full-``k`` step have been seen
+  at a bucket, the engine runs one of each (real steps that emit tokens: nothing is spent on
+  calibration);
+* [`alpha_estimates`][minispec.serving.goodput.alpha_estimates] gives each request's acceptance estimate:
+its own accepted / tested drafts,
+  shrunk towards the pooled acceptance of all requests (a Beta prior), so a new request starts from
+  what the engine has seen, plus one standard deviation of optimism (an upper confidence bound):
+  a request that stopped drafting on an unlucky start gets to try again as the bonus outweighs
+  the evidence, and one with a long record is judged on it;
+* [`choose_ks`][minispec.serving.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and every ``R``,
+the plan "the ``R``
+  requests with the highest acceptance draft ``K`` tokens, the others none" with the most expected
+  tokens per second::
+
+      tokens(K, R) = sum_{top R} [1 + P_b (E(alpha_b, K) - 1)] + (B - R)
+      seconds(K, R) = verify(B, 1) + (1 + m) [P_any (verify(B, K + 1) - verify(B, 1)) + K draft(R)]
+
+  where ``P_b`` is the rate at which request ``b``'s drafter proposes anything when asked (1 for a
+  draft model; an n-gram table without a match proposes nothing, and that row yields one token)
+  and ``P_any = 1 - prod_{top R} (1 - P_b)`` the chance that the verify is wider than a plain step.
+  ``K = 0`` is plain decoding, so the choice never predicts less than the plain engine. What
+  drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 10 %): the inputs are
+  moving averages of wall time and acceptance estimates with a standard deviation of optimism
+  added, and plans that won by 5-9 % on paper at batch sizes 8 to 32 lost about 5 % per step in
+  ``benchmarks/engine.py``. Charging the extra cost (not the whole step) keeps cheap bets: at
+  batch size 1 a drafter that proposes nothing costs a plain step, so trying it costs little.
+
+The choices and their inputs are kept as [`KChoice`][minispec.serving.goodput.KChoice] records
+(``Engine.k_choices``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks"]
+
+
+def bucket(rows: int) -> int:
+    """The batch-size bucket costs are kept for: the smallest power of two >= ``rows``.
+
+    A batch shrinks one request at a time as requests finish; timing every size would cost more
+    than it saves, and the cost of a forward changes smoothly with the number of rows.
+    """
+    return 1 << max(0, rows - 1).bit_length()
+
+
+@dataclass
+class StepCosts:
+    """Measured seconds of the engine's two kinds of forward, by shape (module docstring).
+
+    Everything comes from the engine's own steps (moving averages, kept per
+    [`bucket`][minispec.serving.goodput.bucket] of the batch size); a shape not measured yet is read off a
+    straight line through the measured ones (a forward's cost grows about linearly with the tokens
+    it scores).
+
+    Attributes:
+        verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.
+        draft: ``{R: seconds}`` of one draft step over ``R`` drafting rows.
+        smoothing: weight of a new measurement in the moving averages.
+    """
+
+    verify: dict[tuple[int, int], float] = field(default_factory=dict)
+    draft: dict[int, float] = field(default_factory=dict)
+    smoothing: float = 0.2
+
+    def record_verify(self, rows: int, tokens: int, seconds: float) -> None:
+        """Add one verify forward of ``rows`` x ``tokens``."""
+        key = (bucket(rows), tokens)
+        self.verify[key] = _ema(self.verify.get(key), seconds, self.smoothing)
+
+    def record_draft(self, rows: int, steps: int, seconds: float) -> None:
+        """Add ``steps`` draft steps over ``rows`` rows that took ``seconds`` in all."""
+        if steps > 0 and rows > 0:
+            rows = bucket(rows)
+            self.draft[rows] = _ema(self.draft.get(rows), seconds / steps, self.smoothing)
+
+    def verify_seconds(self, rows: int, tokens: int) -> float | None:
+        """A ``rows`` x ``tokens`` verify forward: measured, else on the line through the measured
+        widths of this batch-size bucket (two at least), else ``None``."""
+        rows = bucket(rows)
+        if (rows, tokens) in self.verify:
+            return self.verify[rows, tokens]
+        known = sorted((t, s) for (b, t), s in self.verify.items() if b == rows)
+        return _line_through(known, tokens) if len(known) >= 2 else None
+
+    def draft_seconds(self, rows: int) -> float | None:
+        """One draft step over ``rows`` rows: measured, else on the line through the measured
+        bucket(s) (one point: taken as it is), else ``None``."""
+        rows = bucket(rows)
+        if rows in self.draft:
+            return self.draft[rows]
+        known = sorted(self.draft.items())
+        if not known:
+            return None
+        return known[0][1] if len(known) == 1 else _line_through(known, rows)
+
+
+@dataclass(frozen=True)
+class KChoice:
+    """One step's choice: the batch size, the chosen ``k`` per request, and why.
+
+    Attributes:
+        batch_size: ``B``, the running requests.
+        ks: the draft length given to each request (0: plain decoding for it).
+        alphas: each request's acceptance estimate.
+        goodput: ``{(K, R): predicted tokens per second}`` of every plan considered.
+        proposal_rates: each request's proposal-rate estimate ``P_b`` (empty when not planned).
+    """
+
+    batch_size: int
+    ks: list[int]
+    alphas: list[float]
+    goodput: dict[tuple[int, int], float]
+    proposal_rates: list[float] = field(default_factory=list)
+
+
+def alpha_estimates(accepted: list[int], tested: list[int], pooled: float, strength: float = 4.0,
+                    optimism: float = 1.0) -> list[float]:
+    """Each request's acceptance: the mean of a Beta posterior whose prior is worth ``strength``
+    drafts at the pooled rate, ``m = (acc + strength * pooled) / (tested + strength)``, plus
+    ``optimism`` standard deviations ``sqrt(m (1 - m) / (tested + strength + 1))``, capped at 1."""
+    out = []
+    for a, t in zip(accepted, tested, strict=True):
+        mean = (a + strength * pooled) / (t + strength)
+        out.append(min(1.0, mean + optimism * (mean * (1 - mean) / (t + strength + 1)) ** 0.5))
+    return out
+
+
+def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts,
+              margin: float = 0.10, proposal_rates: list[float] | None = None) -> KChoice | None:
+    """The goodput-maximising plan (module docstring); ``None`` when a needed cost is unknown.
+
+    Args:
+        alphas: acceptance estimate of each running request.
+        caps: the most drafts each request may take this round (its limits; 0: none).
+        k_max: the engine's ``k``.
+        costs: the measured step costs.
+        margin: the factor ``m`` on what drafting adds to a step's seconds (module docstring).
+        proposal_rates: ``P_b`` of each request (default: 1, a drafter that always proposes).
+    """
+    B = len(alphas)
+    rates = proposal_rates if proposal_rates is not None else [1.0] * B
+    order = sorted(range(B), key=lambda b: -alphas[b] * rates[b])    # best expected gain first
+    plain = costs.verify_seconds(B, 1)
+    if plain is None:
+        return None
+    drafts = [costs.draft_seconds(R) for R in range(1, B + 1)]       # one draft step, R rows
+    if None in drafts:
+        return None
+    goodput, best = {(0, 0): B / plain}, (B / plain, 0, 0)
+    # E(alpha_b, min(K, cap_b)) = 1 + alpha + ... + alpha^K, grown one power at a time, per row
+    power = [1.0] * B
+    expected = [1.0] * B
+    for K in range(1, k_max + 1):
+        verify = costs.verify_seconds(B, K + 1)
+        if verify is None:
+            return None
+        for b in range(B):
+            if K <= caps[b]:
+                power[b] *= alphas[b]
+                expected[b] += power[b]
+        tokens, none_propose = float(B), 1.0     # R = 0: every row yields one token
+        for R, b in enumerate(order, start=1):
+            tokens += rates[b] * (expected[b] - 1)     # row b drafts: E tokens instead of 1
+            none_propose *= 1 - rates[b]
+            extra = (1 - none_propose) * (verify - plain) + K * drafts[R - 1]
+            goodput[K, R] = tokens / (plain + (1 + margin) * extra)
+            if goodput[K, R] > best[0]:
+                best = (goodput[K, R], K, R)
+    _, K, R = best
+    ks = [0] * B
+    for b in order[:R]:
+        ks[b] = min(K, caps[b])
+    return KChoice(B, ks, list(alphas), goodput, list(rates))
+
+
+def _ema(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+def _line_through(points: list[tuple[int, float]], x: int) -> float:
+    """Least-squares line through ``points`` evaluated at ``x`` (never below the smallest value)."""
+    n = len(points)
+    mx = sum(p for p, _ in points) / n
+    my = sum(s for _, s in points) / n
+    var = sum((p - mx) ** 2 for p, _ in points)
+    slope = sum((p - mx) * (s - my) for p, s in points) / var if var else 0.0
+    return max(min(s for _, s in points), my + slope * (x - mx))
+
+
+class GoodputK:
+    """The engine's draft-length policy: learns step costs and acceptance from the steps it runs
+    and picks each step's ``k`` per request with [`choose_ks`][minispec.serving.goodput.choose_ks].
+
+    Args:
+        k_max: the most drafts a request may take (the engine's ``k``).
+
+    Attributes:
+        costs: the measured [`StepCosts`][minispec.serving.goodput.StepCosts].
+        choices: the latest [`KChoice`][minispec.serving.goodput.KChoice] records, one per step.
+    """
+
+    def __init__(self, k_max: int) -> None:
+        self.k_max, self.costs = k_max, StepCosts()
+        self.choices: deque[KChoice] = deque(maxlen=10_000)
+        self.accepted = self.tested = 0             # drafts, pooled over all requests
+        self.asked: dict[str, list[int]] = {}       # request -> [rounds asked to draft, proposed]
+        self.proposals = [0, 0]                     # the same, pooled over all requests
+        self.retry: dict[int, tuple[int, int]] = {}  # bucket -> (step to draft again, interval)
+        self.steps = 0
+
+    def choose(self, requests: list[tuple[str, int, int]], caps: list[int]) -> list[int]:
+        """Each request's ``k`` this step. ``requests[b]``: (id, drafts accepted, drafts tested);
+        ``caps[b]``: its most drafts this round. While the costs at this batch size are unknown, a
+        plain step and a full step measure them."""
+        self.steps += 1
+        if not any(caps):
+            return caps
+        pooled = (self.accepted + 1) / (self.tested + 2)
+        alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled)
+        choice = choose_ks(alphas, caps, self.k_max, self.costs,
+                           proposal_rates=self.proposal_rates([r for r, _, _ in requests]))
+        if choice is None:                        # explore: measure a plain step, then a full one
+            plain_known = self.costs.verify_seconds(len(caps), 1) is not None
+            choice = KChoice(len(caps), caps if plain_known else [0] * len(caps), alphas, {})
+        elif not any(choice.ks) and self.time_to_retry(bucket(len(caps))):
+            # look again (acceptance drifts) with the cheapest round that measures it: one draft
+            choice = KChoice(len(caps), [min(c, 1) for c in caps], alphas, {})
+        self.choices.append(choice)
+        return choice.ks
+
+    def proposal_rates(self, request_ids: list[str], strength: float = 4.0) -> list[float]:
+        """How often each request's drafter proposed anything when asked: its own rounds, shrunk
+        towards the pooled rate (which starts at 1: a drafter is trusted to propose until seen)."""
+        asked, proposed = self.proposals
+        pooled = (proposed + 1) / (asked + 1)
+        counts = [self.asked.get(rid, (0, 0)) for rid in request_ids]
+        return [(p + strength * pooled) / (a + strength) for a, p in counts]
+
+    def time_to_retry(self, rows: int) -> bool:
+        """While drafting does not pay, draft anyway after 8, then 16, 32, ... plain steps (at this
+        batch-size bucket): an estimate spoiled by an unlucky start, or a text that turned
+        repetitive, is measured again; the cost of looking shrinks geometrically."""
+        due, interval = self.retry.get(rows, (self.steps + 8, 8))
+        if self.steps < due:
+            self.retry[rows] = (due, interval)
+            return False
+        self.retry[rows] = (self.steps + 2 * interval, 2 * interval)
+        return True
+
+    def learn(self, request_ids: list[str], ks: list[int], drafted: list[int],
+              accepted: list[int | None], draft_s: float, verify_s: float) -> None:
+        """Feed one step's measured costs and outcomes (``accepted[b]`` is ``None`` for a row that
+        failed). Acceptance is counted over the drafts proposed; how often a drafter proposes
+        anything when asked is counted apart (an n-gram table without a match proposes nothing)."""
+        self.costs.record_verify(len(ks), 1 + max(drafted, default=0), verify_s)
+        self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
+        for rid, k, d, a in zip(request_ids, ks, drafted, accepted, strict=True):
+            if a is not None and k > 0:
+                self.accepted += a
+                self.tested += a + (a < d)
+                counts = self.asked.setdefault(rid, [0, 0])
+                for c in (counts, self.proposals):
+                    c[0] += 1
+                    c[1] += d > 0
+
+    def forget(self, request_id: str) -> None:
+        """Drop what is kept for a finished request."""
+        self.asked.pop(request_id, None)

@@ -1,0 +1,254 @@
+"""The continuous-batching scheduler: who runs this step, and who waits (vLLM's names).
+
+Requests queue in ``waiting`` (FIFO) and move to ``running`` when admitted; every step the engine
+runs one speculative round for every running sequence.
+[`Scheduler.schedule`][minispec.serving.scheduler.Scheduler.schedule] does, in order:
+
+1. **retire** finished sequences (their cache slots and blocks go back to the pool);
+2. **reserve** the positions each running sequence's round will write (``n + k_round``: the
+   ``n - 1`` cached ones plus ``[last, d_1..d_k]``), oldest first. When the pool runs out it
+   **preempts by recompute**: the newest running sequence loses its slots and goes back to the
+   *front* of ``waiting`` with its generated tokens kept; when readmitted it prefills
+   ``prompt + generated`` again. A request is never lost;
+3. **admit** waiting requests in arrival order while the batch has room (``max_batch_size``) and
+   the pool can hold their prompt plus one round *and still keep a watermark of free blocks*
+   (nothing is admitted in a step that preempted). The watermark is what stops preemption thrash:
+   a request preempted for lack of blocks is not readmitted into the same shortage at once, only
+   when the pool has some slack again.
+
+The engine hands each request back with [`Scheduler.release`][minispec.serving.scheduler.Scheduler.release]
+as soon as it finishes (or is aborted), so its blocks are free at once;
+[`Scheduler.schedule`][minispec.serving.scheduler.Scheduler.schedule] still retires, once per step, anything
+that finished without being released.
+
+A request that could not fit even in an empty pool is refused by
+[`Scheduler.add`][minispec.serving.scheduler.Scheduler.add] with a ``ValueError``, so the loop above always
+makes progress. The scheduler is pure Python: it sees the KV memory only through the small
+[`CacheSpace`][minispec.serving.scheduler.CacheSpace] interface, which
+[`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace] implements on top of the engine's target (and
+draft) ``KVCache``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from minispec.core.sequence import Sequence, SequenceStatus
+
+__all__ = ["CacheSpace", "KVCacheSpace", "Scheduler", "SchedulerOutput"]
+
+
+class CacheSpace(Protocol):
+    """The capacity queries the scheduler needs; positions are counted per sequence."""
+
+    def can_fit(self, num_positions: int) -> bool:
+        """Could one sequence of ``num_positions`` fit in the empty pool? (checked at add)"""
+        ...
+
+    def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
+        """Is there a free slot and room for a new sequence of ``num_positions`` right now, leaving
+        at least ``watermark_blocks`` free blocks in each pool?"""
+        ...
+
+    def allocate(self, seq: Sequence, num_positions: int) -> None:
+        """Give ``seq`` its slot(s) and reserve ``num_positions`` positions."""
+        ...
+
+    def can_grow(self, seq: Sequence, num_positions: int) -> bool:
+        """Could ``seq`` hold ``num_positions`` positions (its reservation grown)?"""
+        ...
+
+    def grow(self, seq: Sequence, num_positions: int) -> None:
+        """Reserve room so ``seq`` holds ``num_positions`` positions."""
+        ...
+
+    def free(self, seq: Sequence) -> None:
+        """Release ``seq``'s slot(s) and memory."""
+        ...
+
+
+class KVCacheSpace:
+    """[`CacheSpace`][minispec.serving.scheduler.CacheSpace] over a target ``KVCache`` and, optionally, the
+    draft model's.
+
+    The two caches are reserved in lockstep (the same positions), so admission and preemption
+    account for both pools. Slots are recorded on the sequence (``slot``, ``draft_slot``).
+    """
+
+    def __init__(self, target_cache, draft_cache=None) -> None:
+        self.target_cache = target_cache
+        self.draft_cache = draft_cache
+
+    def _pairs(self, seq: Sequence) -> list[tuple[object, int]]:
+        pairs = [(self.target_cache, seq.slot)]
+        if self.draft_cache is not None:
+            pairs.append((self.draft_cache, seq.draft_slot))
+        return pairs
+
+    def _caches(self) -> list:
+        return [c for c in (self.target_cache, self.draft_cache) if c is not None]
+
+    def num_blocks(self) -> int:
+        """Blocks in the smallest pool (a contiguous cache counts one block per slot)."""
+        return min(getattr(c, "num_blocks", None) or c.table.num_slots for c in self._caches())
+
+    def can_fit(self, num_positions: int) -> bool:
+        for cache in self._caches():
+            total_blocks = getattr(cache, "num_blocks", None) or cache.table.num_slots
+            if num_positions > cache.max_seq_len or -(-num_positions // cache.block_size) > total_blocks:
+                return False
+        return True
+
+    def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
+        return all(cache.can_allocate(num_positions)
+                   and cache.num_free_blocks - -(-num_positions // cache.block_size) >= watermark_blocks
+                   for cache in self._caches())
+
+    def allocate(self, seq: Sequence, num_positions: int) -> None:
+        seq.slot = self.target_cache.allocate()
+        if self.draft_cache is not None:
+            seq.draft_slot = self.draft_cache.allocate()
+        self.grow(seq, num_positions)
+
+    def can_grow(self, seq: Sequence, num_positions: int) -> bool:
+        return all(cache.can_grow(slot, num_positions) for cache, slot in self._pairs(seq))
+
+    def grow(self, seq: Sequence, num_positions: int) -> None:
+        for cache, slot in self._pairs(seq):
+            cache.grow(slot, num_positions)
+
+    def free(self, seq: Sequence) -> None:
+        for cache, slot in self._pairs(seq):
+            if slot is not None:
+                cache.free(slot)
+        seq.slot = seq.draft_slot = None
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's decisions.
+
+    Attributes: running — the batch of this step, oldest first (includes ``admitted``);
+    admitted — newly admitted sequences (they need a target prefill); preempted — sequences sent
+    back to ``waiting`` this step; retired — finished sequences whose memory was released.
+    """
+
+    running: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    retired: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    """Waiting and running queues, admission, reservation and preemption (module docstring).
+
+    Args:
+        space: the KV memory, seen through [`CacheSpace`][minispec.serving.scheduler.CacheSpace].
+        max_batch_size: most sequences running at once.
+        k: drafts per round (0 for plain decoding); a round of a sequence with ``n`` tokens
+            reserves ``n + k_round`` positions (``k_round`` shrinks near the limits).
+        watermark_blocks: free blocks that admission must leave in each pool (default 0; the
+            engine keeps about 1 % of a paged pool, as vLLM does).
+        extra_positions: positions a round stores beyond a chain's ``k + 1`` (a draft tree's
+            other nodes, kept until compaction; 0 for chains).
+    """
+
+    def __init__(self, space: CacheSpace, max_batch_size: int, k: int, watermark_blocks: int = 0,
+                 extra_positions: int = 0) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.space = space
+        self.max_batch_size = max_batch_size
+        self.k = k
+        self.watermark_blocks, self.extra_positions = watermark_blocks, extra_positions
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue ``seq``; ValueError if it could never fit, even alone in an empty pool."""
+        need = seq.max_len() + self.extra_positions
+        if not self.space.can_fit(need):
+            raise ValueError(
+                f"request {seq.request_id!r} can never fit: it may need {need} cache positions "
+                f"(prompt {len(seq.prompt)} + max_new_tokens {seq.max_new_tokens}), more than the "
+                "whole KV pool holds; raise num_blocks or lower max_new_tokens"
+            )
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running (finished ones are retired on schedule)."""
+        return bool(self.waiting) or any(not s.is_finished for s in self.running)
+
+    def release(self, seq: Sequence) -> None:
+        """Take a finished (or aborted) ``seq`` out of either queue now and free its memory."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+            self.space.free(seq)
+
+    def retire(self) -> list[Sequence]:
+        """Release the memory of finished running sequences; return them."""
+        done = [s for s in self.running if s.is_finished]
+        for seq in done:
+            self.space.free(seq)
+        self.running = [s for s in self.running if not s.is_finished]
+        return done
+
+    def schedule(self) -> SchedulerOutput:
+        """Retire, reserve this round for every running sequence (preempting), admit; see above."""
+        out = SchedulerOutput(retired=self.retire())
+        out.preempted = self._reserve_running()
+        if not out.preempted:
+            out.admitted = self._admit()
+        if self.waiting and not self.running:
+            raise RuntimeError("the scheduler is stuck: nothing runs and the next request does not fit")
+        out.running = list(self.running)
+        return out
+
+    def _round_len(self, seq: Sequence) -> int:
+        return seq.round_len(self.k) + self.extra_positions
+
+    def _reserve_running(self) -> list[Sequence]:
+        """Grow every running sequence for its round, oldest first; preempt the newest if short."""
+        preempted: list[Sequence] = []
+        i = 0
+        while i < len(self.running):
+            seq, need = self.running[i], self._round_len(self.running[i])
+            while not self.space.can_grow(seq, need):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                self.space.grow(seq, need)
+                i += 1
+        return preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: free ``seq``'s memory, put it first in line, keep its tokens."""
+        self.running.remove(seq)
+        self.space.free(seq)
+        seq.preempt()
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _admit(self) -> list[Sequence]:
+        """Admit waiting sequences in order while the batch and the pool have room."""
+        admitted: list[Sequence] = []
+        while self.waiting and len(self.running) < self.max_batch_size:
+            seq = self.waiting[0]
+            need = self._round_len(seq)
+            if not self.space.can_allocate(need, self.watermark_blocks if self.running else 0):
+                break
+            self.waiting.popleft()
+            self.space.allocate(seq, need)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted

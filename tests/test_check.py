@@ -1,0 +1,266 @@
+"""minispec.check: every correct implementation passes, every bug of the lab fails.
+
+Correct implementations are minispec's own (the package graded by its own graders) and a lossless
+scheme that is not Leviathan's: accept a proposal ``x`` with probability ``p(x)`` and otherwise
+draw from ``p`` with ``x`` removed. It is exact for *any* proposal drawn independently of the
+accept test: ``P(y) = q(y) p(y) + sum_{x != y} q(x) (1 - p(x)) p(y) / (1 - p(x)) = p(y)``. Its
+acceptance ``sum q p`` is lower than ``sum min(p, q)``: the graders test losslessness, not a
+formula.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minispec as ms
+from minispec import check
+from minispec.check import bugs
+from minispec.check.markov import SAMPLED
+from minispec.check.models import tiny_llama
+from minispec.check.statistics import (
+    chi_square_critical,
+    hoeffding_excess,
+    per_test_alpha,
+    pool_bins,
+)
+from minispec.core.speculative import verify_greedy
+
+# ---------------------------------------------------------------- the alternative lossless scheme
+
+def _without(p: torch.Tensor, x: int) -> torch.Tensor:
+    """``p`` with token ``x`` removed, renormalised (``p`` itself when nothing is left)."""
+    rest = p.clone()
+    rest[x] = 0
+    return rest / rest.sum() if rest.sum() > 0 else p
+
+
+def _accept_with_p(p: torch.Tensor, x: int, g: torch.Generator) -> bool:
+    return bool(torch.rand((), generator=g, dtype=torch.float64) < float(p[x]))
+
+
+def alt_sample(p, q, generator):
+    """Accept ``x ~ q`` with probability ``p(x)``, else draw from ``p`` without ``x``."""
+    x = int(torch.multinomial(q, 1, generator=generator))
+    if _accept_with_p(p, x, generator):
+        return x, True
+    return int(torch.multinomial(_without(p, x), 1, generator=generator)), False
+
+
+def alt_residual(p, q):
+    """``max(0, p - q) / D_LK(p, q)``: the same residual, normalised by ``1 - sum min(p, q)``."""
+    excess = (p - q).clamp_min(0)
+    mass = 1 - torch.minimum(p, q).sum()
+    return excess / mass if mass > 1e-6 else p.clone()
+
+
+def alt_verify(draft_tokens, draft_probs, target_probs, generator):
+    """Algorithm 1 with the one-hot rule at every position (``draft_probs`` is not needed)."""
+    drafts = draft_tokens.tolist()
+    for i, x in enumerate(drafts):
+        if not _accept_with_p(target_probs[i], x, generator):
+            rest = _without(target_probs[i], x)
+            return drafts[:i] + [int(torch.multinomial(rest, 1, generator=generator))]
+    return drafts + [int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))]
+
+
+def alt_verify_tree(tree, target_probs, draft_probs, generator):
+    """The tree walk with one-hot proposals: try each child in turn against what is left."""
+    node, out = 0, []
+    while True:
+        p = target_probs[node]
+        for child in tree.children(node):
+            x = tree.tokens[child]
+            if _accept_with_p(p, x, generator):
+                out.append(x)
+                node = child
+                break
+            p = _without(p, x)
+        else:
+            return out + [int(torch.multinomial(p, 1, generator=generator))]
+
+
+def ms_verify_batch(draft_tokens, draft_probs, target_probs, generator):
+    """minispec's batched verify on a batch of one row."""
+    q = None if draft_probs is None else draft_probs[None]
+    return ms.verify_batch(draft_tokens[None], q, target_probs[None], generator)[0]
+
+
+def ms_verify_greedy(draft_tokens, draft_probs, target_probs, generator):
+    return verify_greedy(draft_tokens.tolist(), target_probs.argmax(dim=-1).tolist())
+
+
+def bigram_propose(context, k):
+    """A plain-function n-gram proposer: follow the latest continuation of the last token."""
+    out, ctx = [], list(context)
+    for _ in range(k):
+        later = [ctx[i + 1] for i in range(len(ctx) - 1) if ctx[i] == ctx[-1]]
+        if not later:
+            break
+        out.append(later[-1])
+        ctx.append(later[-1])
+    return out
+
+
+CORRECT = [
+    ("sampler", ms.speculative_sample, {}),
+    ("sampler", alt_sample, {}),
+    ("residual", ms.residual, {}),
+    ("residual", alt_residual, {}),
+    ("verifier", ms.verify, {}),
+    ("verifier", ms_verify_batch, {}),
+    ("verifier", alt_verify, {}),
+    ("verifier", ms_verify_greedy, {"sampled": False}),
+    ("tree_verifier", ms.verify_tree, {}),
+    ("tree_verifier", alt_verify_tree, {}),
+]
+
+
+@pytest.mark.parametrize("kind, fn, options", CORRECT,
+                         ids=[f"{k}-{f.__name__}" for k, f, _ in CORRECT])
+def test_correct_implementations_pass(kind, fn, options):
+    report = bugs.CHECKS[kind](fn, **options)
+    assert report.passed, str(report)
+    assert not report.not_implemented and report.counterexample is None
+    assert "PASSED" in str(report)
+
+
+@pytest.mark.parametrize("make, options", [
+    (lambda: ms.NGramDrafter(), {"continues_patterns": True}),
+    (lambda: ms.PromptLookupDrafter(), {"continues_patterns": True}),
+    (lambda: bigram_propose, {"continues_patterns": True}),
+    (lambda: ms.ModelDrafter(tiny_llama(64, seed=3, scale=0.2)), {}),
+], ids=["ngram", "prompt-lookup", "function", "model"])
+def test_minispec_drafters_pass(make, options):
+    report = check.drafter(make(), **options)
+    assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("factory", [
+    ms.ContiguousKVCache.for_model,
+    lambda model, slots, n: ms.PagedKVCache.for_model(model, slots, n, block_size=4),
+    lambda model, slots, n: ms.PagedKVCache.for_model(model, slots, n, block_size=16),
+], ids=["contiguous", "paged-4", "paged-16"])
+def test_minispec_caches_pass(factory):
+    for grade in (check.rollback, check.kv_cache):
+        report = grade(factory)
+        assert report.passed, str(report)
+
+
+# ---------------------------------------------------------------- the lab
+
+def test_the_lab_is_large_and_documented():
+    assert len(bugs.LAB) >= 10
+    assert len({bug.name for bug in bugs.LAB}) == len(bugs.LAB)
+    for bug in bugs.LAB:
+        assert bug.kind in bugs.CHECKS
+        assert len(bug.doc) > 40, bug.name
+        assert all(url.startswith("https://github.com/") for url in bug.mirrors)
+        for url in bug.mirrors:       # an issue it mirrors is named in its docstring
+            assert url.rstrip("/").rsplit("/", 1)[-1] in bug.doc, (bug.name, url)
+
+
+@pytest.mark.parametrize("bug", bugs.LAB, ids=[bug.name for bug in bugs.LAB])
+def test_every_lab_bug_fails_its_check(bug):
+    report = bugs.run(bug)
+    assert not report.passed, f"{bug.name} passed its check:\n{report}"
+    assert not report.not_implemented
+    assert report.counterexample is not None and report.counterexample.what
+    assert "FAILED" in str(report)
+
+
+def test_a_failure_names_p_q_k_and_the_statistic():
+    text = str(bugs.run(bugs.by_name("verify_resample_from_p")))
+    for needle in ("p =", "q =", "k =", "expected", "observed", "chi-square", "threshold"):
+        assert needle in text, (needle, text)
+
+
+def test_the_verdict_is_the_same_on_every_run():
+    for name in ("sample_top_p_on_draft_only", "verify_adjustment_on_bonus_row_only"):
+        bug = bugs.by_name(name)
+        assert str(bugs.run(bug)) == str(bugs.run(bug))
+
+
+def test_checks_leave_the_global_generators_alone():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    check.verifier(ms.verify, greedy=False)
+    check.drafter(ms.NGramDrafter())
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+# ---------------------------------------------------------------- stubs and crashes
+
+def _stub(*args):
+    raise NotImplementedError("fill me in")
+
+
+def _crash(*args):
+    raise KeyError("oops")
+
+
+@pytest.mark.parametrize("kind", ["sampler", "residual", "verifier", "tree_verifier", "drafter"])
+def test_a_stub_is_reported_as_not_implemented(kind):
+    report = bugs.CHECKS[kind](_stub)
+    assert not report.passed and report.not_implemented
+    assert "NOT IMPLEMENTED" in str(report) and "fill me in" in str(report)
+
+
+def test_a_stub_cache_is_reported_as_not_implemented():
+    class StubCache(ms.ContiguousKVCache):
+        def truncate_to(self, slot, n):
+            raise NotImplementedError
+
+    report = check.rollback(StubCache.for_model)
+    assert report.not_implemented and not report.passed
+
+
+@pytest.mark.parametrize("kind", ["sampler", "residual", "verifier", "tree_verifier"])
+def test_an_exception_is_reported_with_its_inputs(kind):
+    report = bugs.CHECKS[kind](_crash)
+    assert not report.passed and not report.not_implemented
+    text = str(report)
+    assert "KeyError" in text and ("p =" in text or "target_probs =" in text), text
+
+
+# ---------------------------------------------------------------- the statistics
+
+def test_chi_square_critical_values_match_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 9, 40, 80):
+        for alpha in (1e-2, 1e-4, 5e-5):
+            ours, theirs = chi_square_critical(alpha, df), stats.chi2.isf(alpha, df)
+            assert abs(ours - theirs) < 1e-6 * theirs, (df, alpha)
+
+
+def test_hoeffding_bound_holds():
+    n, beta, alpha = 400, 0.3, 1e-3
+    g = torch.Generator().manual_seed(0)
+    counts = (torch.rand(20000, n, generator=g) < beta).sum(dim=1).double()
+    assert (counts > n * beta + hoeffding_excess(n, alpha)).double().mean() <= alpha
+
+
+def _pooled_false_alarms(probs, n, alpha, sims, seed):
+    """Empirical rate at which the pooled Pearson test rejects exact multinomial counts."""
+    probs = probs.double()
+    bins = pool_bins(probs * n, 10.0)
+    num_bins = int(bins.max()) + 1
+    e = torch.zeros(num_bins, dtype=torch.float64).index_add_(0, bins, probs * n)
+    threshold = chi_square_critical(alpha, num_bins - 1)
+    g, rejected = torch.Generator().manual_seed(seed), 0
+    for _ in range(sims // 10_000):
+        draws = torch.multinomial(probs.float(), 10_000 * n, replacement=True, generator=g)
+        counts = torch.zeros(10_000, len(probs), dtype=torch.float64).scatter_add_(
+            1, draws.view(10_000, n), torch.ones(10_000, n, dtype=torch.float64))
+        o = torch.zeros(10_000, num_bins, dtype=torch.float64).index_add_(1, bins, counts)
+        rejected += int((((o - e) ** 2 / e).sum(1) > threshold).sum())
+    return rejected / sims
+
+
+@pytest.mark.parametrize("length, n", [(4, 600), (4, 400), (1, 600)])
+def test_pooled_chi_square_is_not_anti_conservative(length, n):
+    """Each test gets a quarter of its Bonferroni share: its real tail must stay below 2 alpha."""
+    alpha = per_test_alpha(6)                       # the verifier's level, 4.2e-5
+    law = SAMPLED.law(length)
+    rate = _pooled_false_alarms(law, n, 100 * alpha, 100_000, seed=length + n)
+    assert rate <= 2 * 100 * alpha, rate            # checked at 100x alpha, where 100k sims see it

@@ -1,0 +1,69 @@
+"""Draft trees in the engine: the same round as ``speculative_generate`` drives, over a batch.
+
+* greedy: every request's tokens equal plain greedy decoding of it alone, for each tree drafter,
+  paged and contiguous caches, with requests of different lengths sharing steps;
+* sampled: the first two tokens of seeded tree runs in the engine follow the target's exact law;
+* preemption: a pool too small for every request's tree forces preemption by recompute; nothing
+  is lost, nothing duplicated, and every block comes back.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lawcheck import chi_square_pvalue
+from test_tree_attention import LAW_PARAMS, LAW_PROMPT, law_models  # noqa: F401 (fixture)
+from tinymodels import noisy_copy, tiny_llama
+
+import minispec as ms
+
+PROMPTS = [[1], [3, 4, 5], [10, 11] * 6, list(range(20, 40)), [7, 7, 7, 7]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama(seed=0)
+    return target, noisy_copy(target, 0.05, seed=None)
+
+
+@pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_engine_trees_equal_greedy(pair, kv_cache, drafter):
+    target, draft = pair
+    engine = ms.Engine(target, drafter=draft if drafter == "model" else "ngram", k=3,
+                       branching=(3, 2, 1), max_batch_size=3, kv_cache=kv_cache, block_size=4)
+    outs = engine.generate(PROMPTS, max_new_tokens=25, progress=False)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.tokens == ms.generate(target, prompt, 25).tokens
+    assert engine.target_forwards < sum(len(o.tokens) for o in outs)   # trees did accept drafts
+    if kv_cache == "paged":
+        assert engine.target_cache.num_used_blocks == 0
+
+
+def test_engine_trees_under_preemption_lose_nothing(pair):
+    target, draft = pair
+    engine = ms.Engine(target, draft=draft, k=3, branching=(2, 2, 1), max_batch_size=4,
+                       block_size=4, num_blocks=30)
+    outs = engine.generate(PROMPTS * 2, max_new_tokens=30, progress=False)
+    assert engine.scheduler.num_preemptions > 0
+    for prompt, out in zip(PROMPTS * 2, outs, strict=True):
+        assert out.tokens == ms.generate(target, prompt, 30).tokens
+    assert engine.target_cache.num_used_blocks == 0
+    assert engine.target_cache.num_free_blocks == engine.target_cache.num_blocks
+
+
+def test_engine_sampled_trees_have_the_target_law(law_models):  # noqa: F811
+    """First two tokens of 1,500 seeded requests (each alone in its first round: a depth-2 tree,
+    2 draws per node) against the exact law; a false alarm has probability 1e-3."""
+    target, draft, law = law_models
+    engine = ms.Engine(target, draft=draft, k=2, branching=(2, 2), max_batch_size=16)
+    n = 1500
+    params = [ms.SamplingParams(**LAW_PARAMS, seed=s) for s in range(n)]
+    outs = engine.generate([LAW_PROMPT] * n, params, max_new_tokens=3, progress=False)
+    counts = torch.zeros(25)
+    for out in outs:
+        counts[out.tokens[0] * 5 + out.tokens[1]] += 1
+    keep = law * n >= 5
+    merged = chi_square_pvalue(torch.cat([counts[keep], counts[~keep].sum()[None]]),
+                               torch.cat([law[keep], law[~keep].sum()[None]]))
+    assert merged > 1e-3

@@ -1,0 +1,64 @@
+"""The package stays small enough to read in an afternoon: measured, not promised.
+
+Code lines are lines holding code: not blank, not comments, not docstrings (docstrings are not
+budgeted: keep them). The layers a student reads -- ``core``, ``models``, ``drafters``,
+``decoding``, ``serving`` and the ``zoo`` registry, not the tools, the graders or the training
+recipes -- have no function over 50 code lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+import minispec
+
+PACKAGE = Path(minispec.__file__).parent
+READ = ("core", "zoo", "models", "drafters", "decoding", "serving")
+MAX_FUNCTION = 50
+
+
+def docstring_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                lines.update(range(first.lineno, first.end_lineno + 1))
+    return lines
+
+
+def code_lines(source: str) -> set[int]:
+    """The numbers of the lines that hold code."""
+    skip = docstring_lines(ast.parse(source))
+    lines: set[int] = set()
+    ignored = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+               tokenize.ENDMARKER)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in ignored:
+            lines.update(n for n in range(tok.start[0], tok.end[0] + 1) if n not in skip)
+    return lines
+
+
+def read_files() -> list[Path]:
+    return sorted(p for layer in READ for p in (PACKAGE / layer).rglob("*.py"))
+
+
+def function_sizes() -> list[tuple[int, str]]:
+    sizes = []
+    for path in read_files():
+        source = path.read_text()
+        code = code_lines(source)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = code & set(range(node.lineno, node.end_lineno + 1))
+                sizes.append((len(body), f"{path.relative_to(PACKAGE)}:{node.name}"))
+    return sorted(sizes, reverse=True)
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = [f"{name} ({n} code lines)" for n, name in function_sizes() if n > MAX_FUNCTION]
+    assert not long, "split these functions: " + ", ".join(long)
