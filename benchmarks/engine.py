@@ -2,9 +2,10 @@
 
 For each batch size it runs the same greedy prompts through
 
-* ``minispec.Engine`` without speculation, with the draft model and with n-gram drafting, each
-  with a fixed ``k`` and with goodput control (``adaptive=True``: ``k`` per request and step from
-  the measured costs, see ``minispec.serving.goodput``);
+* ``minispec.Engine`` without speculation, and with each drafter (the draft model, n-gram
+  drafting, an EAGLE head with ``--eagle``) twice: with a fixed ``k`` (``adaptive=False``) and as a
+  user gets it by default (goodput control: ``k`` per request and step from the measured costs,
+  see ``minispec.serving.goodput``);
 * transformers' continuous batching (``model.generate_batch``) and static batched ``generate``
   (left-padded; every request runs to ``max_new_tokens``, EOS ignored, so the work is equal);
 
@@ -18,7 +19,7 @@ Examples::
 
     python benchmarks/engine.py --quick              # small run; random models if none are shipped
     python benchmarks/engine.py --threads 2          # the full table on the shipped pair
-    python benchmarks/engine.py --model smollm2-135m-instruct --batch-sizes 1 4 16 --skip-hf
+    python benchmarks/engine.py --model smollm2-135m-instruct --eagle --batch-sizes 1 4 16 --skip-hf
 
 Not a test: timings depend on the machine and its load.
 """
@@ -61,6 +62,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--random", action="store_true", help="random models of the shipped shape")
     parser.add_argument("--model", default=None,
                         help="a target to load instead of the shipped pair (no draft model then)")
+    parser.add_argument("--eagle", action="store_true",
+                        help="also draft with the model's EAGLE head (<model>-eagle in the zoo)")
+    parser.add_argument("--drafters", nargs="+", default=["draft", "ngram"],
+                        choices=["draft", "ngram"], help="which other drafters to run")
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode, best kept")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall time, or this process's CPU time (steadier on a shared machine)")
@@ -194,6 +199,10 @@ def main(argv=None) -> None:
         if not args.skip_hf:
             from transformers import AutoModelForCausalLM
             hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    drafters = {name: spec for name, spec in (("draft", draft), ("ngram", "ngram"))
+                if name in args.drafters and spec is not None}
+    if args.eagle:
+        drafters["eagle"] = ms.load_drafter(f"{args.model}-eagle", target)
     eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else None
     print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; {args.max_new_tokens} new tokens; "
           f"{args.clock} clock, best of {args.repeats}")
@@ -205,10 +214,9 @@ def main(argv=None) -> None:
         reference = [ms.generate(target, p, max_new_tokens=args.max_new_tokens, eos_token_id=[]).tokens
                      for p in prompts]
         runs = {"engine": dict()}
-        for name, spec in (("draft", draft), ("ngram", "ngram")):
-            if spec is not None:
-                runs[f"engine+{name}"] = dict(drafter=spec)
-                runs[f"engine+{name} goodput"] = dict(drafter=spec, adaptive=True)
+        for name, spec in drafters.items():
+            runs[f"{name} k={args.k}"] = dict(drafter=spec, adaptive=False)
+            runs[f"{name} default"] = dict(drafter=spec)
         modes: dict[str, dict] = {}
         for _ in range(args.repeats):        # interleaved, so a disturbance hits every mode alike
             for name, kwargs in runs.items():
@@ -225,6 +233,7 @@ def main(argv=None) -> None:
             result["same_as_generate"] = sum(o == r for o, r in zip(outputs, reference, strict=True)) / len(prompts)
         rows.append(dict(batch_size=batch, requests=len(prompts), modes=modes))
         print_row(batch, modes)
+    print_table(rows, list(drafters), args.k)
 
     report = dict(label=label, threads=torch.get_num_threads(), k=args.k,
                   max_new_tokens=args.max_new_tokens, kv_cache=args.kv_cache, rows=rows)
@@ -246,6 +255,26 @@ def print_row(batch: int, modes: dict) -> None:
         mean_k = f"{r['mean_k']:.2f}" if r.get("mean_k") is not None else "-"
         print(f"  {name:<22}{r['tokens_per_s']:>9.0f}{r['tokens_per_s'] / base:>10.2f}x{vs_hf:>13}"
               f"{per_fwd:>9}{per_batch:>15}{mean_k:>8}{r['same_as_generate']:>6.0%}")
+
+
+def print_table(rows: list[dict], drafters: list[str], k: int) -> None:
+    """The summary: each drafter's fixed-k and default engine as multiples of the plain engine."""
+    head = "".join(f"{d + ' k=' + str(k):>12}{d + ' default':>16}" for d in drafters)
+    print(f"\n{'B':>3}{'plain tok/s':>13}{head}{'hf-static':>11}{'same':>6}")
+    for row in rows:
+        modes, plain = row["modes"], row["modes"]["engine"]["tokens_per_s"]
+        cells = ""
+        for d in drafters:
+            fixed, default = modes[f"{d} k={k}"], modes[f"{d} default"]
+            mean_k = f" ({default['mean_k']:.2f})" if default.get("mean_k") is not None else ""
+            cells += f"{fixed['tokens_per_s'] / plain:>11.2f}x{default['tokens_per_s'] / plain:>8.2f}x{mean_k:>7}"
+        hf = modes.get("hf-static")
+        vs_hf = f"{plain / hf['tokens_per_s']:.2f}x" if hf else "-"
+        same = min(r["same_as_generate"] for r in modes.values())
+        print(f"{row['batch_size']:>3}{plain:>13.0f}{cells}{vs_hf:>11}{same:>6.0%}")
+    print("(each drafter x the plain engine; default: goodput k, mean k chosen in brackets; "
+          "hf-static: the plain engine x transformers' static batched generate; same: the least "
+          "share of outputs equal to ms.generate)")
 
 
 def plot(rows: list[dict], path: Path, label: str) -> None:

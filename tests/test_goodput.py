@@ -9,7 +9,7 @@ from tinymodels import tiny_llama
 
 import minispec as ms
 from minispec.core.theory import expected_tokens
-from minispec.serving.goodput import StepCosts, alpha_estimates, bucket, choose_ks
+from minispec.serving.goodput import GoodputK, StepCosts, alpha_estimates, bucket, choose_ks
 
 
 def costs_with(verify, draft: float, rows: int, k_max: int = 4) -> StepCosts:
@@ -90,6 +90,31 @@ def test_costs_are_kept_per_bucket_and_interpolated():
     assert costs.draft_seconds(2) == pytest.approx(0.5) and costs.draft_seconds(16) == pytest.approx(0.5)
 
 
+def test_a_new_bucket_borrows_the_nearest_width_ratio():
+    """With only its plain step measured, a bucket prices a wide verify with the ratio of the
+    nearest bucket that has two widths (the smaller one on a tie), not a forced full-k step."""
+    costs = StepCosts()
+    for rows, r in ((2, 1.5), (8, 3.0)):                        # verify(B, 5) / verify(B, 1)
+        costs.record_verify(rows, 1, 1.0)
+        costs.record_verify(rows, 5, r)
+    costs.record_verify(4, 1, 2.0)                              # bucket 4: plain only
+    assert costs.verify_seconds(4, 5) == pytest.approx(2.0 * 1.5)    # ties 2 and 8: 2 wins
+    costs.record_verify(32, 1, 10.0)
+    assert costs.verify_seconds(32, 5) == pytest.approx(10.0 * 3.0)  # 8 is nearest to 32
+    assert costs.verify_seconds(32, 3) == pytest.approx(10.0 * 2.0)  # on bucket 8's line
+    assert costs.verify_seconds(64, 5) is None                  # nothing measured at 64
+
+
+def test_fixed_rows_draft_their_cap_whatever_the_plan():
+    """A seeded sampled request keeps the fixed k: its tokens must not depend on the batch."""
+    policy = GoodputK(4)
+    costs = costs_with(lambda t: float(t), 0.05, rows=4)        # compute-bound: plan k = 0
+    policy.costs = costs
+    ks = policy.choose([(str(b), 0, 0) for b in range(4)], [4, 4, 2, 4],
+                       fixed=[False, True, True, False])
+    assert ks == [0, 4, 2, 0] and policy.choices[-1].ks == ks
+
+
 def test_alpha_estimates_shrink_towards_the_pool_with_optimism():
     fresh, seasoned = alpha_estimates([0, 90], [0, 100], pooled=0.5, optimism=0.0)
     assert fresh == 0.5 and seasoned == pytest.approx((90 + 2) / 104)
@@ -118,6 +143,26 @@ def test_adaptive_engine_keeps_greedy_tokens_and_records_its_choices(kind):
     assert all(0 < p <= 1 for c in planned for p in c.proposal_rates)
     if kind == "model":                     # a draft model always proposes: its rate stays 1
         assert all(p == 1 for c in planned for p in c.proposal_rates)
+
+
+def test_goodput_k_is_the_default_with_a_chain_drafter():
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1)
+    assert ms.Engine(target, draft=draft, k=3).adaptive                     # k is the upper bound
+    assert not ms.Engine(target, draft=draft, k=3, adaptive=False).adaptive  # a fixed k
+    assert not ms.Engine(target).adaptive                                   # nothing to choose
+    assert not ms.Engine(target, draft=draft, k=2, branching=(2, 1)).adaptive  # trees: fixed depth
+    engine = ms.Engine(target, draft=draft, k=3, max_batch_size=4, block_size=4)
+    prompts = [[1, 2, 3], [5, 6, 5, 6], [9] * 5, list(range(10, 20))]
+    samplings = [ms.SamplingParams(temperature=0.0), ms.SamplingParams(temperature=1.0, seed=7),
+                 ms.SamplingParams(temperature=1.0, seed=8), ms.SamplingParams(temperature=0.0)]
+    results = engine.generate(prompts, samplings, progress=False, max_new_tokens=12)
+    for prompt, sp, result in zip(prompts, samplings, results, strict=True):
+        single = ms.speculative_generate(target, draft, prompt, 12, k=3, sampling=sp)
+        assert result.tokens == single.tokens
+        assert len(result.stats.k_per_round) == result.stats.rounds
+        if not sp.greedy:                         # seeded: every round drafts k, as alone
+            assert result.stats.k_per_round == single.stats.k_per_round
+            assert result.stats.accepted_per_round == single.stats.accepted_per_round
 
 
 def test_proposal_rates_fall_for_a_drafter_without_matches():

@@ -128,7 +128,7 @@ def test_the_heads_drafts_equal_an_uncached_reference(target, heads, driver):
     else:
         engine = Engine(target, drafter=HybridDrafter(SuffixDrafter(), EagleDrafter(head),
                                                       min_match=1),
-                        k=4, max_batch_size=3, block_size=4,
+                        k=4, max_batch_size=3, block_size=4, adaptive=False,
                         max_num_batched_tokens=5 if driver == "engine-chunked" else None)
         drafter = engine.drafter
         spy_on_head(drafter, rounds)
@@ -143,7 +143,7 @@ def test_the_heads_drafts_equal_an_uncached_reference(target, heads, driver):
 def test_engine_equals_single_runs(target, heads, baselines, kv_cache):
     template = HybridDrafter(SuffixDrafter(), EagleDrafter(heads["copy"]), min_match=1)
     engine = Engine(target, drafter=template, k=3, max_batch_size=4, kv_cache=kv_cache,
-                    block_size=4)
+                    block_size=4, adaptive=False)
     assert engine.drafter is not template                     # the engine owns a clone
     results = engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)
     for prompt, base, result in zip(PROMPTS, baselines, results, strict=True):

@@ -56,17 +56,23 @@ SAMPLINGS = {
 @pytest.mark.parametrize("kind", list(DRAFTERS))
 def test_both_drivers_emit_identical_tokens(pair, kind, sampling):
     """Greedy and seeded-sampled requests: the engine (batched, paged) gives each request exactly
-    what speculative_generate gives it alone -- the same round, the same random draws."""
+    what speculative_generate gives it alone -- with a fixed k the same rounds and random draws;
+    with the default goodput k the same tokens (greedy tokens do not depend on k, and a seeded
+    sampled request keeps the fixed k)."""
     target, draft = pair
     params = [SAMPLINGS[sampling](i) for i in range(len(PROMPTS))]
     single = [ms.speculative_generate(target, DRAFTERS[kind](draft), p, NEW, k=3, sampling=sp)
               for p, sp in zip(PROMPTS, params, strict=True)]
-    engine = Engine(target, drafter=DRAFTERS[kind](draft), k=3, max_batch_size=3, block_size=4)
-    batched = engine.generate(PROMPTS, params, progress=False, max_new_tokens=NEW)
-    for one, many in zip(single, batched, strict=True):
-        assert one.tokens == many.tokens
-        assert one.stats.accepted_per_round == many.stats.accepted_per_round
-    assert engine.target_cache.num_used_blocks == 0
+    for adaptive in (False, None):
+        engine = Engine(target, drafter=DRAFTERS[kind](draft), k=3, max_batch_size=3, block_size=4,
+                        adaptive=adaptive)
+        assert engine.adaptive == (adaptive is None)
+        batched = engine.generate(PROMPTS, params, progress=False, max_new_tokens=NEW)
+        for one, many, sp in zip(single, batched, params, strict=True):
+            assert one.tokens == many.tokens
+            if adaptive is False or not sp.greedy:
+                assert one.stats.accepted_per_round == many.stats.accepted_per_round
+        assert engine.target_cache.num_used_blocks == 0
 
 
 BAD_INPUTS = [

@@ -193,7 +193,7 @@ def test_engine_equals_single_runs(target, baselines, spec):
                "store": SuffixDrafter(SuffixStore(max_tokens=50))}[spec]
     branching = (2, 1, 1) if spec == "tree" else None
     engine = Engine(target, drafter=drafter, k=3, max_batch_size=4, block_size=4,
-                    branching=branching)
+                    branching=branching, adaptive=False)
     results = engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)
     assert [r.tokens for r in results] == baselines
     assert sum(r.stats.accepted for r in results) > 0

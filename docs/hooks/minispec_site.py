@@ -46,6 +46,7 @@ import html
 import json
 import logging
 import os
+import posixpath
 import re
 from pathlib import Path, PurePosixPath
 
@@ -56,6 +57,7 @@ from mkdocs.structure.files import File, Files
 log = logging.getLogger("mkdocs.hooks.minispec_site")
 
 LESSONS_GLOB = "lessons/*.ipynb"
+EXERCISES_GLOB = "lessons/exercises/*.ipynb"
 MODEL_CARD = "minispec/zoo/MODEL_CARD.md"
 MODEL_CARD_PAGE = "model-card.md"
 #: Every model card shown on the site: page -> (card in the package, what the card describes).
@@ -71,8 +73,14 @@ def _root(config) -> Path:
     return Path(config["config_file_path"]).resolve().parent
 
 
-def _lessons(root: Path) -> list[Path]:
-    return sorted(p for p in (root / "lessons").glob("*.ipynb") if not p.name.startswith("."))
+def _lessons(root: Path, folder: str = "lessons") -> list[Path]:
+    return sorted(p for p in (root / folder).glob("*.ipynb") if not p.name.startswith("."))
+
+
+def _notebooks(root: Path) -> list[str]:
+    """Every notebook the site shows, as a path from the repository root: lessons, exercises."""
+    return [f"lessons/{p.name}" for p in _lessons(root)] + \
+        [f"lessons/exercises/{p.name}" for p in _lessons(root, "lessons/exercises")]
 
 
 def _lesson_title(path: Path) -> str:
@@ -197,22 +205,23 @@ def _walk_nav(items):
             yield None, item
 
 
-def _expand_lessons(items, lesson_entries):
+def _expand_lessons(items, globs: dict[str, list]):
+    """The nav with each glob entry (``globs``: glob -> its page entries) expanded in place."""
     out = []
     for item in items:
         if isinstance(item, dict):
             new = {}
             for key, value in item.items():
-                if value == LESSONS_GLOB:
-                    value = lesson_entries
+                if isinstance(value, str) and value in globs:
+                    value = globs[value]
                 elif isinstance(value, list):
-                    value = _expand_lessons(value, lesson_entries)
+                    value = _expand_lessons(value, globs)
                 new[key] = value
             if any(v == [] for v in new.values()):
                 continue  # no lesson yet: drop the empty section rather than break the nav
             out.append(new)
-        elif item == LESSONS_GLOB:
-            out.extend(lesson_entries)
+        elif isinstance(item, str) and item in globs:
+            out.extend(globs[item])
         else:
             out.append(item)
     return out
@@ -222,9 +231,11 @@ def on_config(config):
     # Lessons execute in kernels started by this process: they inherit the setting.
     os.environ["TQDM_DISABLE"] = "1"
     root = _root(config)
-    entries = [{_lesson_title(p): f"lessons/{p.name}"} for p in _lessons(root)]
+    globs = {LESSONS_GLOB: [{_lesson_title(p): f"lessons/{p.name}"} for p in _lessons(root)],
+             EXERCISES_GLOB: [{_lesson_title(p): f"lessons/exercises/{p.name}"}
+                              for p in _lessons(root, "lessons/exercises")]}
     if config["nav"]:
-        config["nav"] = _expand_lessons(config["nav"], entries)
+        config["nav"] = _expand_lessons(config["nav"], globs)
     return config
 
 
@@ -283,8 +294,7 @@ def _model_card(root: Path, source: str = MODEL_CARD, what: str = MODEL_CARDS[MO
 def on_files(files: Files, config) -> Files:
     root = _root(config)
 
-    for nb in _lessons(root):
-        src_uri = f"lessons/{nb.name}"
+    for src_uri in _notebooks(root):
         if files.get_file_from_path(src_uri) is None:
             files.append(
                 File(src_uri, src_dir=str(root), dest_dir=config["site_dir"],
@@ -449,11 +459,24 @@ def on_page_context(context, page, config, nav):
     return context
 
 
+_NOTEBOOK_HREF = re.compile(r'href="(?!https?:|/)([^"#]+\.ipynb)(#[^"]*)?"')
+
+
+def _site_href(m: re.Match, src_uri: str) -> str:
+    """A notebook's link to another notebook (``../01_x.ipynb``, ``exercises/01_y.ipynb``, as it
+    works in Jupyter) becomes the link to that notebook's page on the site."""
+    here = posixpath.dirname(src_uri)
+    target = posixpath.normpath(posixpath.join(here, m.group(1))).removesuffix(".ipynb") + "/"
+    page_dir = src_uri.removesuffix(".ipynb") + "/"            # the page's own URL (a directory)
+    return f'href="{posixpath.relpath(target, page_dir)}/{m.group(2) or ""}"'
+
+
 def on_post_page(output: str, page, config) -> str:
     if not page.file.src_uri.endswith(".ipynb"):
         return output
     output = _MATHJAX2.sub("", output)
     output = _MERMAID.sub("", output)
+    output = _NOTEBOOK_HREF.sub(lambda m: _site_href(m, page.file.src_uri), output)
     if page.file.abs_src_path:
         output = _with_alt_text(output, Path(page.file.abs_src_path))
     return output

@@ -22,7 +22,10 @@ class SpecStats:
     """Counters of one generation (one request).
 
     Attributes:
-        k: the draft length asked for (0 for plain decoding).
+        k: the draft length asked for (0 for plain decoding): the upper bound when a policy
+            chooses each round's.
+        k_per_round: the draft length each round asked for (the policy's choice, shrunk near the
+            request's limits; 0: a plain round).
         drafted_per_round: drafts proposed in each round (can be < k: near ``max_seq_len``, or an
             n-gram drafter with nothing to say).
         accepted_per_round: drafts accepted in each round.
@@ -39,6 +42,7 @@ class SpecStats:
     """
 
     k: int = 0
+    k_per_round: list[int] = field(default_factory=list)
     drafted_per_round: list[int] = field(default_factory=list)
     accepted_per_round: list[int] = field(default_factory=list)
     target_forwards: int = 0

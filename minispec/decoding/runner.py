@@ -117,8 +117,9 @@ class SpeculativeRunner:
             proposals = [_chain(seq, root, d, k, self.target.config.vocab_size)
                          for seq, root, d, k in zip(seqs, roots, drafts, ks, strict=True)]
         elapsed = time.perf_counter() - t0
-        for seq in seqs:
+        for seq, k in zip(seqs, ks, strict=True):
             seq.stats.draft_time += elapsed                     # the batch's time, shared
+            seq.stats.k_per_round.append(k)
         return proposals
 
     # ------------------------------------------------------------------ 2. verify
@@ -138,8 +139,13 @@ class SpeculativeRunner:
         hidden = None
         if live:
             logits, hidden = self._verify_forward([seqs[b] for b in live], [proposals[b] for b in live])
+            # two batched reductions instead of three small ops per row: (B, N) each
+            bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).tolist()
+            argmax = logits.argmax(dim=-1).tolist()
             for r, b in enumerate(live):                    # logits[r]: (N_b.., V)
-                verdicts[b] = self._walk(seqs[b], proposals[b], logits[r, :len(proposals[b].tree)])
+                n = len(proposals[b].tree)
+                verdicts[b] = self._walk(seqs[b], proposals[b], logits[r, :n], argmax[r][:n],
+                                         any(bad[r][:n]))
             wants = self.drafter is not None and self.drafter.wants_hidden
             hidden = dict(zip(live, hidden, strict=True)) if wants else None   # row b's features
         elapsed = time.perf_counter() - t0
@@ -168,14 +174,16 @@ class SpeculativeRunner:
         self.target_forwards += 1
         return self._forward(ids, pos, seqs, tree)
 
-    def _walk(self, seq: Sequence, proposal: TreeProposal, logits: Tensor) -> TreeVerdict | None:
-        """The accept rule on one row: ``logits`` ``(N, V)`` at the root and every node."""
-        if torch.isnan(logits).any() or torch.isposinf(logits).any():
+    def _walk(self, seq: Sequence, proposal: TreeProposal, logits: Tensor, argmax: list[int],
+              non_finite: bool) -> TreeVerdict | None:
+        """The accept rule on one row: ``logits`` ``(N, V)`` at the root and every node, their
+        ``argmax``, and whether any holds NaN or +inf."""
+        if non_finite:
             seq.fail(ValueError("logits contain NaN or +inf (from this request's own tokens or "
                                 "non-finite weights)"))
             return None
         if seq.sampling.raw_argmax:                         # plain greedy: argmaxes only
-            return walk_greedy(proposal, logits.argmax(dim=-1).tolist())
+            return walk_greedy(proposal, argmax)
         tree = proposal.tree
         paths = [seq.context]
         for i in range(1, len(tree)):                       # the context each node's p sees

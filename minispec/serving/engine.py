@@ -96,7 +96,11 @@ class Engine:
         adaptive: choose each step's draft length per request (0..k) to maximise the batch's
             expected tokens per second, from each request's acceptance and the step costs the
             engine measures ([`GoodputK`][minispec.serving.goodput.GoodputK]); the choices are in
-            ``k_choices``. ``False``: every request drafts ``k`` (shrunk only near its limits).
+            ``k_choices`` and each request's ``stats.k_per_round``. ``None`` (the default): on
+            whenever a drafter drafts chains, so speculation is never chosen where it does not
+            pay. ``False``: every request drafts ``k`` (shrunk only near its limits). A sampled
+            request with a ``seed`` always drafts ``k``: its tokens must be a function of its own
+            prompt, sampling and seed, and a ``k`` chosen from the batch and the clock is not.
         max_num_batched_tokens: a per-step token budget (vLLM's name): the running requests'
             rounds come first, and prompts are prefilled in chunks with what is left, so a long
             prompt never stalls the requests already decoding (chunked prefill). ``None``: each
@@ -125,7 +129,7 @@ class Engine:
     def __init__(self, target: Llama, draft: Llama | None = None, drafter: Any = None, k: int = 4,
                  max_batch_size: int = 8, kv_cache: str = "paged", block_size: int = 16,
                  num_blocks: int | None = None, max_seq_len: int | None = None,
-                 tokenizer: Any = None, adaptive: bool = False,
+                 tokenizer: Any = None, adaptive: bool | None = None,
                  max_num_batched_tokens: int | None = None,
                  branching: Seq[int] | None = None) -> None:
         spec = _check_engine_args(draft, drafter, adaptive, branching, kv_cache, num_blocks,
@@ -150,6 +154,8 @@ class Engine:
         watermark = max(1, space.num_blocks() // 100) if kv_cache == "paged" else 0
         self.scheduler = Scheduler(space, max_batch_size, self.k, watermark, extra)
         self.runner = SpeculativeRunner(target, self.target_cache, drafter, self.branching)
+        if adaptive is None:                            # the default: goodput k for chains
+            adaptive = self.k > 0 and self.branching is None
         self.policy = GoodputK(self.k) if adaptive else None
         self._ids = itertools.count()
         self._sequences: dict[str, Sequence] = {}       # unfinished requests
@@ -301,7 +307,8 @@ class Engine:
         """The runner's round for every running request; the tokens each emitted."""
         caps = [seq.round_k(self.k) for seq in batch]
         ks = caps if self.policy is None else self.policy.choose(
-            [(s.request_id, s.stats.accepted, s.stats.tested) for s in batch], caps)
+            [(s.request_id, s.stats.accepted, s.stats.tested) for s in batch], caps,
+            fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in batch])
         t0 = time.perf_counter()
         proposals = self.runner.draft(batch, ks)                   # 1. guesses, all rows
         t1 = time.perf_counter()

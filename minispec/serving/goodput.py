@@ -12,9 +12,12 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
 ``(B rows, T tokens per
   row)`` and of one draft step by the number of drafting rows, from the engine's own steps
   (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
-  [`bucket`][minispec.serving.goodput.bucket]). Until both a plain step and a full-``k`` step have been seen
-  at a bucket, the engine runs one of each (real steps that emit tokens: nothing is spent on
-  calibration);
+  [`bucket`][minispec.serving.goodput.bucket]). A bucket's first step is plain (it measures the
+  plain step); the engine's first drafting step is a full-``k`` one (real steps that emit tokens:
+  nothing is spent on calibration). After that a bucket with only its plain step measured borrows
+  the ratio of a wide to a plain step from the nearest bucket that has both, so the engine drafts
+  at a new batch size only when the plan says it pays, instead of paying a full-``k`` step at every
+  bucket to find out;
 * [`alpha_estimates`][minispec.serving.goodput.alpha_estimates] gives each request's acceptance estimate:
 its own accepted / tested drafts,
   shrunk towards the pooled acceptance of all requests (a Beta prior), so a new request starts from
@@ -45,6 +48,7 @@ The choices and their inputs are kept as [`KChoice`][minispec.serving.goodput.KC
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -92,12 +96,26 @@ class StepCosts:
 
     def verify_seconds(self, rows: int, tokens: int) -> float | None:
         """A ``rows`` x ``tokens`` verify forward: measured, else on the line through the measured
-        widths of this batch-size bucket (two at least), else ``None``."""
+        widths of this batch-size bucket (two at least), else one measured width times the ratio
+        of the two widths at the nearest bucket that has a line (the smaller on a tie: the ratio
+        grows with the batch, so a borrowed one errs towards trying to draft, and the step that
+        tries measures the truth), else ``None``."""
         rows = bucket(rows)
         if (rows, tokens) in self.verify:
             return self.verify[rows, tokens]
-        known = sorted((t, s) for (b, t), s in self.verify.items() if b == rows)
-        return _line_through(known, tokens) if len(known) >= 2 else None
+        known = self._widths(rows)
+        if len(known) >= 2:
+            return _line_through(known, tokens)
+        lines = [b for b in {b for b, _ in self.verify} if len(self._widths(b)) >= 2]
+        if not known or not lines:
+            return None
+        (width, seconds), = known
+        near = self._widths(min(lines, key=lambda b: (abs(b.bit_length() - rows.bit_length()), b)))
+        return seconds * _line_through(near, tokens) / _line_through(near, width)
+
+    def _widths(self, rows: int) -> list[tuple[int, float]]:
+        """``[(T, seconds)]`` measured at the bucket ``rows``, by width."""
+        return sorted((t, s) for (b, t), s in self.verify.items() if b == rows)
 
     def draft_seconds(self, rows: int) -> float | None:
         """One draft step over ``rows`` rows: measured, else on the line through the measured
@@ -225,10 +243,12 @@ class GoodputK:
         self.retry: dict[int, tuple[int, int]] = {}  # bucket -> (step to draft again, interval)
         self.steps = 0
 
-    def choose(self, requests: list[tuple[str, int, int]], caps: list[int]) -> list[int]:
+    def choose(self, requests: list[tuple[str, int, int]], caps: list[int],
+               fixed: list[bool] | None = None) -> list[int]:
         """Each request's ``k`` this step. ``requests[b]``: (id, drafts accepted, drafts tested);
-        ``caps[b]``: its most drafts this round. While the costs at this batch size are unknown, a
-        plain step and a full step measure them."""
+        ``caps[b]``: its most drafts this round; ``fixed[b]``: it drafts ``caps[b]`` whatever the
+        plan (a seeded sampled request, whose tokens must not depend on the batch). While the
+        costs at this batch size are unknown, a plain step and a full step measure them."""
         self.steps += 1
         if not any(caps):
             return caps
@@ -242,6 +262,9 @@ class GoodputK:
         elif not any(choice.ks) and self.time_to_retry(bucket(len(caps))):
             # look again (acceptance drifts) with the cheapest round that measures it: one draft
             choice = KChoice(len(caps), [min(c, 1) for c in caps], alphas, {})
+        if fixed is not None and any(fixed):
+            ks = [c if f else k for k, c, f in zip(choice.ks, caps, fixed, strict=True)]
+            choice = dataclasses.replace(choice, ks=ks)
         self.choices.append(choice)
         return choice.ks
 
