@@ -51,3 +51,18 @@ def test_a_prompt_is_prefilled_once():
     engine = ms.Engine(target, drafter="ngram", k=3, max_batch_size=4, block_size=4)
     engine.generate([[1, 2, 3], [4, 5, 6, 7], [8, 9]], progress=False, max_new_tokens=12)
     assert engine.prefill_forwards == 1
+
+
+def test_a_tree_round_is_priced_at_its_nodes():
+    """The chunked-prefill budget counts what a decoding request's round feeds: a tree's nodes."""
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1)
+    engine = ms.Engine(target, draft=draft, k=2, branching=(3, 2), max_num_batched_tokens=16)
+    engine.add_request([1, 2, 3], max_new_tokens=8)
+    engine.step()
+    (seq,) = engine.scheduler.running
+    assert engine._round_tokens(seq) == 1 + 3 + 3 * 2
+    chains = ms.Engine(target, draft=draft, k=2, max_num_batched_tokens=16)
+    chains.add_request([1, 2, 3], max_new_tokens=8)
+    chains.step()
+    (seq,) = chains.scheduler.running
+    assert chains._round_tokens(seq) == 2 + 1

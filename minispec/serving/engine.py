@@ -29,6 +29,7 @@ from tqdm import tqdm
 from minispec.core.sampling import SamplingParams
 from minispec.core.sequence import Sequence
 from minispec.core.stats import SpecStats
+from minispec.core.tree import tree_size
 from minispec.decoding.loop import (
     GenerationResult,
     as_drafter_for,
@@ -292,16 +293,22 @@ class Engine:
 
     def _chunks(self, filling: list[Sequence], running: list[Sequence]) -> list[int] | None:
         """Prefill tokens each filling request gets this step: the budget left after the decoding
-        requests' rounds (``k + 1`` tokens each), first come first served; at least one token."""
+        requests' rounds (a chain's ``k + 1`` tokens, a tree's nodes), first come first served; at
+        least one token."""
         if self.max_num_batched_tokens is None:
             return None
-        decoding = sum(seq.round_k(self.k) + 1 for seq in running if seq.prefill_left == 0)
+        decoding = sum(self._round_tokens(seq) for seq in running if seq.prefill_left == 0)
         left = max(1, self.max_num_batched_tokens - decoding)
         chunks = []
         for seq in filling:
             chunks.append(min(seq.prefill_left, left))
             left = max(0, left - chunks[-1])
         return chunks
+
+    def _round_tokens(self, seq: Sequence) -> int:
+        """Tokens the request's next round feeds the target at most: ``k + 1``, or a tree's nodes."""
+        k = seq.round_k(self.k)
+        return k + 1 if self.branching is None else tree_size(self.branching[:k])
 
     def _round(self, batch: list[Sequence]) -> list[list[int]]:
         """The runner's round for every running request; the tokens each emitted."""
