@@ -42,8 +42,10 @@ from minispec.serving.engine import Engine
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
 #: The shipped pair's shapes (notes/tiny-models.md), for random stand-ins when it is not built.
 SHAPES = {
-    "target": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=704),
-    "draft": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=352),
+    "target": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8,
+                   intermediate_size=704),
+    "draft": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=352),
 }
 
 
@@ -57,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=24, help="approximate prompt length")
     parser.add_argument("--k", type=int, default=4, help="drafts per round")
     parser.add_argument("--kv-cache", choices=["paged", "contiguous"], default="paged")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="skip the transformers baselines")
     parser.add_argument("--random", action="store_true", help="random models of the shipped shape")
     parser.add_argument("--model", default=None,
@@ -74,7 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.batch_sizes, args.max_new_tokens = [b for b in args.batch_sizes if b <= 4] or [1, 2, 4], 16
+        args.batch_sizes, args.max_new_tokens = ([b for b in args.batch_sizes if b <= 4]
+                                                 or [1, 2, 4], 16)
     return args
 
 
@@ -98,7 +102,8 @@ def load_models(use_random: bool, quick: bool, tmp: Path, model: str | None = No
     """(target, draft, tokenizer, target checkpoint dir, label)."""
     if model is not None:
         target, tok = ms.load(model)
-        return target, None, tok, ms.zoo.path(model) if model in ms.zoo.REGISTERED else Path(model), model
+        return (target, None, tok,
+                ms.zoo.path(model) if model in ms.zoo.REGISTERED else Path(model), model)
     if not use_random:
         try:
             target, tok = ms.load("shakespeare-target")
@@ -138,7 +143,8 @@ def run_engine(target, prompts, batch, args, **kwargs) -> dict:
     chosen = [k for choice in engine.k_choices for k in choice.ks]
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
                 mean_k=sum(chosen) / len(chosen) if chosen else None,
-                tokens_per_target_forward=sum(r.stats.tokens_per_target_forward for r in results) / len(results),
+                tokens_per_target_forward=sum(r.stats.tokens_per_target_forward
+                                              for r in results) / len(results),
                 tokens_per_batched_forward=tokens / max(1, engine.target_forwards),
                 acceptance=_mean([r.stats.acceptance_rate for r in results]),
                 outputs=[r.tokens for r in results])
@@ -148,8 +154,8 @@ def run_hf_continuous(hf, prompts, batch, args, eos) -> dict:
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
-                              do_sample=False, eos_token_id=eos)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens,
+                              min_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=eos)
     # Size the KV pool for this workload: left to itself on CPU it sizes from free RAM (slow).
     per_request = -(-(max(map(len, prompts)) + args.max_new_tokens) // 16)
     cb = ContinuousBatchingConfig(max_requests_per_batch=batch, page_size=16,
@@ -194,7 +200,8 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        target, draft, tok, target_dir, label = load_models(args.random, args.quick, Path(tmp), args.model)
+        target, draft, tok, target_dir, label = load_models(args.random, args.quick, Path(tmp),
+                                                            args.model)
         hf = None
         if not args.skip_hf:
             from transformers import AutoModelForCausalLM
@@ -204,14 +211,15 @@ def main(argv=None) -> None:
     if args.eagle:
         drafters["eagle"] = ms.load_drafter(f"{args.model}-eagle", target)
     eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else None
-    print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; {args.max_new_tokens} new tokens; "
-          f"{args.clock} clock, best of {args.repeats}")
+    print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; "
+          f"{args.max_new_tokens} new tokens; {args.clock} clock, best of {args.repeats}")
 
     rows = []
     for batch in args.batch_sizes:
         prompts = make_prompts(max(4, args.requests_per_batch * batch), args.prompt_tokens, tok,
                                target.config.vocab_size)
-        reference = [ms.generate(target, p, max_new_tokens=args.max_new_tokens, eos_token_id=[]).tokens
+        reference = [ms.generate(target, p, max_new_tokens=args.max_new_tokens,
+                                 eos_token_id=[]).tokens
                      for p in prompts]
         runs = {"engine": dict()}
         for name, spec in drafters.items():
@@ -224,13 +232,15 @@ def main(argv=None) -> None:
                 if name not in modes or result["tokens_per_s"] > modes[name]["tokens_per_s"]:
                     modes[name] = result
             if hf is not None:
-                for name, run in (("hf-continuous", run_hf_continuous), ("hf-static", run_hf_static)):
+                for name, run in (("hf-continuous", run_hf_continuous),
+                                  ("hf-static", run_hf_static)):
                     result = run(hf, prompts, batch, args, eos)
                     if name not in modes or result["tokens_per_s"] > modes[name]["tokens_per_s"]:
                         modes[name] = result
         for result in modes.values():
             outputs = result.pop("outputs")
-            result["same_as_generate"] = sum(o == r for o, r in zip(outputs, reference, strict=True)) / len(prompts)
+            result["same_as_generate"] = sum(o == r for o, r in
+                                             zip(outputs, reference, strict=True)) / len(prompts)
         rows.append(dict(batch_size=batch, requests=len(prompts), modes=modes))
         print_row(batch, modes)
     print_table(rows, list(drafters), args.k)
@@ -250,8 +260,10 @@ def print_row(batch: int, modes: dict) -> None:
           f"{'tok/batch-fwd':>15}{'mean k':>8}{'same':>6}")
     for name, r in modes.items():
         vs_hf = f"{r['tokens_per_s'] / hf:.2f}x" if hf else "-"
-        per_fwd = f"{r['tokens_per_target_forward']:.2f}" if "tokens_per_target_forward" in r else "-"
-        per_batch = f"{r['tokens_per_batched_forward']:.1f}" if "tokens_per_batched_forward" in r else "-"
+        per_fwd = (f"{r['tokens_per_target_forward']:.2f}" if "tokens_per_target_forward" in r
+                   else "-")
+        per_batch = (f"{r['tokens_per_batched_forward']:.1f}" if "tokens_per_batched_forward" in r
+                     else "-")
         mean_k = f"{r['mean_k']:.2f}" if r.get("mean_k") is not None else "-"
         print(f"  {name:<22}{r['tokens_per_s']:>9.0f}{r['tokens_per_s'] / base:>10.2f}x{vs_hf:>13}"
               f"{per_fwd:>9}{per_batch:>15}{mean_k:>8}{r['same_as_generate']:>6.0%}")
@@ -267,7 +279,8 @@ def print_table(rows: list[dict], drafters: list[str], k: int) -> None:
         for d in drafters:
             fixed, default = modes[f"{d} k={k}"], modes[f"{d} default"]
             mean_k = f" ({default['mean_k']:.2f})" if default.get("mean_k") is not None else ""
-            cells += f"{fixed['tokens_per_s'] / plain:>11.2f}x{default['tokens_per_s'] / plain:>8.2f}x{mean_k:>7}"
+            cells += (f"{fixed['tokens_per_s'] / plain:>11.2f}x"
+                      f"{default['tokens_per_s'] / plain:>8.2f}x{mean_k:>7}")
         hf = modes.get("hf-static")
         vs_hf = f"{plain / hf['tokens_per_s']:.2f}x" if hf else "-"
         same = min(r["same_as_generate"] for r in modes.values())
@@ -290,7 +303,8 @@ def plot(rows: list[dict], path: Path, label: str) -> None:
     sizes = [r["batch_size"] for r in rows]
     for name in rows[0]["modes"]:
         ax.plot(sizes, [r["modes"][name]["tokens_per_s"] for r in rows], marker="o", label=name)
-    ax.set(xscale="log", xlabel="batch size", ylabel="generated tokens / s", title=f"minispec engine: {label}")
+    ax.set(xscale="log", xlabel="batch size", ylabel="generated tokens / s",
+           title=f"minispec engine: {label}")
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.grid(alpha=0.3)

@@ -28,7 +28,8 @@ def test_a_long_prompt_does_not_stall_the_running_requests(drafter):
     while engine.has_unfinished():
         filling = any(s.prefill_left > 0 for s in engine.scheduler.running)
         outs = engine.step()
-        steps_while_filling += filling and any(o.request_id == first and o.token is not None for o in outs)
+        steps_while_filling += filling and any(o.request_id == first and o.token is not None
+                                               for o in outs)
         for o in outs:
             if o.token is not None:
                 tokens[o.request_id].append(o.token)

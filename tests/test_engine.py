@@ -107,7 +107,8 @@ def test_greedy_engine_equals_single_request_decoding(pair, baselines, kind, kv_
                                          max_new_tokens=NEW, k=3 if kind != "none" else 0)
         assert tokens == single.tokens == base
         stats = outs[-1].stats
-        assert stats.new_tokens == NEW and outs[-1].finish_reason == single.finish_reason == "length"
+        assert (stats.new_tokens == NEW
+                and outs[-1].finish_reason == single.finish_reason == "length")
         if kind in ("ngram", "prompt_lookup", "none"):   # deterministic drafts: the same rounds
             assert stats.accepted_per_round == single.stats.accepted_per_round
         several_in_one_step |= stats.rounds < NEW
@@ -218,7 +219,8 @@ def test_eos_and_stop_tokens_end_a_request_inside_an_accepted_block():
         engine = Engine(model, draft=drafter, k=4, max_batch_size=3, kv_cache="paged", block_size=4)
         results = engine.generate(prompts, progress=False, max_new_tokens=NEW, **extra)
         for prompt, result in zip(prompts, results, strict=True):
-            single = ms.speculative_generate(model, drafter, prompt, max_new_tokens=NEW, k=4, **extra)
+            single = ms.speculative_generate(model, drafter, prompt, max_new_tokens=NEW, k=4,
+                                             **extra)
             assert result.tokens == single.tokens and result.finish_reason == single.finish_reason
         cut = results[2]
         assert cut.finish_reason == ("eos" if not extra else "stop") and cut.tokens[-1] == eos
@@ -234,7 +236,8 @@ def test_max_seq_len_guard_in_a_batch(pair):
                     max_seq_len=limit)
     results = engine.generate(prompts, progress=False, max_new_tokens=30)
     for prompt, result in zip(prompts, results, strict=True):
-        single = ms.speculative_generate(target, draft, prompt, max_new_tokens=30, k=4, max_seq_len=limit)
+        single = ms.speculative_generate(target, draft, prompt, max_new_tokens=30, k=4,
+                                         max_seq_len=limit)
         assert result.tokens == single.tokens and result.finish_reason == single.finish_reason
         assert len(prompt) + len(result.tokens) <= limit
     assert results[-1].tokens == [] and results[-1].finish_reason == "max_seq_len"

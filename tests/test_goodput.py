@@ -87,7 +87,8 @@ def test_costs_are_kept_per_bucket_and_interpolated():
     costs.record_verify(4, 1, 4.0)                              # moving average: 2 -> 3
     assert costs.verify_seconds(4, 1) == pytest.approx(3.0)
     costs.record_draft(2, steps=4, seconds=2.0)
-    assert costs.draft_seconds(2) == pytest.approx(0.5) and costs.draft_seconds(16) == pytest.approx(0.5)
+    assert (costs.draft_seconds(2) == pytest.approx(0.5)
+            and costs.draft_seconds(16) == pytest.approx(0.5))
 
 
 def test_a_new_bucket_borrows_the_nearest_width_ratio():
@@ -119,7 +120,8 @@ def test_alpha_estimates_shrink_towards_the_pool_with_optimism():
     fresh, seasoned = alpha_estimates([0, 90], [0, 100], pooled=0.5, optimism=0.0)
     assert fresh == 0.5 and seasoned == pytest.approx((90 + 2) / 104)
     bold_fresh, bold_seasoned = alpha_estimates([0, 90], [0, 100], pooled=0.5)
-    assert bold_fresh - fresh > 0.15 > 0.05 > bold_seasoned - seasoned > 0   # the bonus fades with data
+    # the bonus fades with data
+    assert bold_fresh - fresh > 0.15 > 0.05 > bold_seasoned - seasoned > 0
 
 
 @pytest.mark.parametrize("kind", ["model", "ngram"])

@@ -158,7 +158,8 @@ def test_engine_equals_single_runs(target, heads, baselines, kv_cache):
 
 
 def test_a_draft_model_can_stand_in_for_the_head(target, baselines):
-    """Any batched drafter is a head: a draft model's cache catches up lazily after context rounds."""
+    """Any batched drafter is a head: a draft model's cache catches up lazily after context
+    rounds."""
     template = HybridDrafter(SuffixDrafter(), ms.ModelDrafter(noisy_copy(target, 0.05)))
     for prompt, base in zip(PROMPTS, baselines, strict=True):
         assert ms.speculative_generate(target, template, prompt, NEW, k=3).tokens == base

@@ -1,4 +1,5 @@
-"""One round, two drivers: parity between speculative_generate and the Engine, and requests that fail alone.
+"""One round, two drivers: parity between speculative_generate and the Engine, and requests that
+fail alone.
 
 Every bad input of the issue "an engine no bad request can hurt" has a regression test here: it is
 refused with a clear ValueError (the same one through both drivers), or, if it only shows inside a
@@ -205,11 +206,13 @@ def test_nan_logits_fail_that_request_only(pair):
     with pytest.raises(ValueError, match="NaN"):
         ms.generate(target, [1, PoisonedTarget.POISON], 4)
     with pytest.raises(ValueError, match="NaN"):
-        ms.generate(target, [1, PoisonedTarget.POISON], 4, ms.SamplingParams(temperature=1.0, seed=0))
+        ms.generate(target, [1, PoisonedTarget.POISON], 4,
+                    ms.SamplingParams(temperature=1.0, seed=0))
     engine = Engine(target, drafter="ngram", k=3, max_batch_size=4, block_size=4)
     results = engine.generate([healthy[0], [1, PoisonedTarget.POISON], healthy[1]], progress=False,
                               max_new_tokens=NEW)
-    assert results[1].finish_reason == "error" and "NaN" in results[1].error and results[1].tokens == []
+    assert (results[1].finish_reason == "error" and "NaN" in results[1].error
+            and results[1].tokens == [])
     assert [r.tokens for r in (results[0], results[2])] == [ms.generate(target, p, NEW).tokens
                                                            for p in healthy[:2]]
     assert engine.target_cache.num_used_blocks == 0
@@ -230,7 +233,8 @@ class FlakyDrafter:
 def test_a_drafter_error_fails_that_request_only(pair):
     target, _ = pair
     engine = Engine(target, drafter=FlakyDrafter, k=3, max_batch_size=4, block_size=4)
-    results = engine.generate([PROMPTS[0], [33, 1, 2], PROMPTS[1]], progress=False, max_new_tokens=NEW)
+    results = engine.generate([PROMPTS[0], [33, 1, 2], PROMPTS[1]], progress=False,
+                              max_new_tokens=NEW)
     assert results[1].finish_reason == "error" and "drafter bug" in results[1].error
     assert results[0].tokens == ms.generate(target, PROMPTS[0], NEW).tokens
     assert results[2].tokens == ms.generate(target, PROMPTS[1], NEW).tokens
@@ -302,7 +306,8 @@ def test_stream_yields_tokens_as_they_are_accepted(pair):
 def test_soak_mixed_requests_none_lost_no_block_leaked(pair, kind):
     """64 requests with random prompts, lengths, samplings and arrival steps; some refused at
     add_request, some failing inside a step (NaN logits), some aborted. Every accepted request
-    finishes exactly once, the healthy ones with the tokens they get alone, and both pools end empty."""
+    finishes exactly once, the healthy ones with the tokens they get alone, and both pools end
+    empty."""
     target = poisoned(pair[0])
     rng = random.Random(0)
     drafter = poisoned(pair[1]) if kind.startswith("model") else "ngram"   # never drafts POISON
@@ -317,9 +322,9 @@ def test_soak_mixed_requests_none_lost_no_block_leaked(pair, kind):
             prompt = [rng.randrange(0, VOCAB - 1) for _ in range(rng.randint(1, 24))]
             kind_of = rng.random()
             if kind_of < 0.08:
-                prompt[-1] = VOCAB + 5                 # refused: outside the vocabulary
+                prompt[-1] = VOCAB + 5              # refused: outside the vocabulary
             elif kind_of < 0.16:
-                prompt[-1] = PoisonedTarget.POISON     # fails inside a step (fed in its first round)
+                prompt[-1] = PoisonedTarget.POISON  # fails inside a step (fed in its first round)
             sp = ms.SamplingParams(temperature=rng.choice([0.0, 0.8]), seed=rng.randrange(1000))
             try:
                 new = rng.randint(0, 30)
@@ -406,8 +411,8 @@ def test_the_scalar_verify_loop_equals_verify_batch(seed):
     drafts = torch.multinomial(q, 1, generator=g)[:, 0] if k else torch.zeros(0, dtype=torch.long)
     for draft_probs in (q, None):
         one = ms.verify(drafts, draft_probs, p, torch.Generator().manual_seed(seed))
-        many = ms.verify_batch(drafts[None], None if draft_probs is None else draft_probs[None], p[None],
-                               torch.Generator().manual_seed(seed))[0]
+        many = ms.verify_batch(drafts[None], None if draft_probs is None else draft_probs[None],
+                               p[None], torch.Generator().manual_seed(seed))[0]
         assert (one.tokens, one.num_accepted) == (many.tokens, many.num_accepted)
         assert torch.allclose(one.final_probs, many.final_probs, atol=1e-6)
 
@@ -421,7 +426,8 @@ class HiddenRecorder(ms.Drafter):
     wants_hidden = True
 
     def __init__(self):
-        self.inner, self.forwards, self.seen = ms.drafters.base.PerRequestDrafter(NGramDrafter), 0, []
+        self.inner, self.forwards, self.seen = (ms.drafters.base.PerRequestDrafter(NGramDrafter),
+                                                0, [])
 
     def propose_batch(self, seqs, ks):
         self.contexts = [list(s.context) for s in seqs]

@@ -2,8 +2,9 @@
 
 Leviathan et al. (§3.5, Figure 3) pick one ``gamma`` from ``alpha`` and ``c`` before decoding
 starts. ``alpha`` is not known in advance, though: it depends on the pair, on the text and on the
-sampling settings, and it drifts within a request. [`AdaptiveK`][minispec.decoding.adaptive.AdaptiveK]
-estimates it online and re-solves §3.5's problem before each round::
+sampling settings, and it drifts within a request.
+[`AdaptiveK`][minispec.decoding.adaptive.AdaptiveK] estimates it online and re-solves §3.5's
+problem before each round::
 
     k = argmax_gamma  E[tokens](alpha_hat, gamma) / (gamma c + r(gamma))
 
@@ -117,7 +118,8 @@ class AdaptiveK:
         return k
 
     def update(self, drafted: int, accepted: int) -> None:
-        """Add one round's tested drafts: ``accepted`` successes and one failure if any was rejected."""
+        """Add one round's tested drafts: ``accepted`` successes and one failure if any was
+        rejected."""
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted={accepted} must lie in [0, drafted={drafted}]")
         self.successes = self.decay * self.successes + accepted
@@ -144,7 +146,8 @@ def _positive_costs(r: object) -> bool:
     return _is_real(r) and r > 0
 
 
-def _verify_cost(r: float | Callable[[int], float] | Mapping[int, float]) -> float | Callable[[int], float]:
+def _verify_cost(r: float | Callable[[int], float] | Mapping[int, float]
+                 ) -> float | Callable[[int], float]:
     """A mapping ``{gamma: r}`` becomes a function; gammas beyond the table extrapolate linearly."""
     if not isinstance(r, Mapping):
         return r

@@ -1,8 +1,9 @@
-"""Single-sequence decoding: plain ``generate`` and ``speculative_generate`` (Leviathan Algorithm 1).
+"""Single-sequence decoding: plain ``generate`` and ``speculative_generate`` (Leviathan
+Algorithm 1).
 
 The loop drives the same round as the [`Engine`][minispec.serving.engine.Engine] -- the phases of
-[`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] on a batch of one -- so the two cannot
-drift apart:
+[`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] on a batch of one -- so the two
+cannot drift apart:
 
 1. **draft**: the drafter guesses ``k`` tokens after the context (with the ``q`` of each);
 2. **verify**: one target forward scores ``[last, d_1..d_k]`` and the accept rule keeps a prefix of
@@ -50,7 +51,8 @@ class GenerationResult:
         finish_reason: ``"length"`` (max_new_tokens), ``"eos"``, ``"stop"`` (stop token id or
             string), ``"max_seq_len"`` (the context is full), ``"error"`` or ``"abort"`` (engine).
         stats: a [`minispec.core.stats.SpecStats`][minispec.core.stats.SpecStats].
-        rounds: every round's drafts and outcome (drawn by [`minispec.tools.viz`][minispec.tools.viz]).
+        rounds: every round's drafts and outcome (drawn by
+            [`minispec.tools.viz`][minispec.tools.viz]).
         error: what went wrong, for ``finish_reason="error"``.
     """
 
@@ -64,17 +66,19 @@ class GenerationResult:
     @classmethod
     def of(cls, seq: Sequence) -> GenerationResult:
         """The result of a finished sequence."""
-        return cls(list(seq.generated), seq.text(), seq.finish_reason, seq.stats, seq.rounds, seq.error)
+        return cls(list(seq.generated), seq.text(), seq.finish_reason, seq.stats, seq.rounds,
+                   seq.error)
 
 
 def generate(model: Llama, prompt_ids: Any, max_new_tokens: int = 64,
              sampling: SamplingParams | None = None, **kwargs) -> GenerationResult:
     """Plain autoregressive decoding: one target forward per token.
 
-    Args and keyword arguments: as [`speculative_generate`][minispec.decoding.loop.speculative_generate],
-    without a drafter.
+    Args and keyword arguments: as
+    [`speculative_generate`][minispec.decoding.loop.speculative_generate], without a drafter.
     """
-    return speculative_generate(model, None, prompt_ids, max_new_tokens, k=0, sampling=sampling, **kwargs)
+    return speculative_generate(model, None, prompt_ids, max_new_tokens, k=0, sampling=sampling,
+                                **kwargs)
 
 
 @torch.inference_mode()
@@ -106,8 +110,8 @@ def speculative_generate(
         max_new_tokens: at most this many new tokens (an integer >= 0).
         k: drafts per round (gamma), an integer >= 1 with a drafter; shrunk near ``max_seq_len``.
             Or a draft-length policy such as
-            [`minispec.decoding.adaptive.AdaptiveK`][minispec.decoding.adaptive.AdaptiveK], asked before every round
-            (``next_k()``) and told the outcome after it; reset once per call.
+            [`minispec.decoding.adaptive.AdaptiveK`][minispec.decoding.adaptive.AdaptiveK], asked
+            before every round (``next_k()``) and told the outcome after it; reset once per call.
         sampling: the adjustments applied to both models' logits and the seed of the one
             ``torch.Generator`` of this call (default: greedy).
         tokenizer: a Hugging Face tokenizer to encode the prompt, decode the result and match
@@ -123,15 +127,16 @@ def speculative_generate(
             of Algorithm 1.
 
     Returns:
-        A [`GenerationResult`][minispec.decoding.loop.GenerationResult]; greedy output is token-for-token
-        the target's greedy output, sampled output has the target's law.
+        A [`GenerationResult`][minispec.decoding.loop.GenerationResult]; greedy output is
+        token-for-token the target's greedy output, sampled output has the target's law.
 
     Raises:
         ValueError: for a bad request or configuration (the same checks as ``Engine.add_request``),
             or NaN logits.
     """
-    runner, seq, policy = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling, tokenizer,
-                                 stop, stop_token_ids, eos_token_id, max_seq_len, branching)
+    runner, seq, policy = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling,
+                                 tokenizer, stop, stop_token_ids, eos_token_id, max_seq_len,
+                                 branching)
     while not seq.is_finished:
         ks = [seq.round_k(policy.next_k() if policy is not None else k)]
         proposals = runner.draft([seq], ks)                    # 1. a chain (or tree) of guesses
@@ -236,7 +241,8 @@ def context_limit(target: Llama, drafter: Any, max_seq_len: Any) -> int:
     integer in ``[1, max_position_embeddings]``.
     """
     limit = target.config.max_position_embeddings
-    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+    if max_seq_len is not None and (isinstance(max_seq_len, bool)
+                                    or not isinstance(max_seq_len, int)
                                     or not 1 <= max_seq_len <= limit):
         raise ValueError(f"max_seq_len must be an integer in [1, {limit}] (the target's context), "
                          f"got {max_seq_len!r}")
@@ -250,4 +256,5 @@ def eos_ids(target: Llama, eos_token_id: Any) -> tuple[int, ...]:
     """The EOS ids of a request: the given ones (``[]`` disables EOS) or the target config's."""
     if eos_token_id is None:
         return tuple(target.config.eos_token_ids)
-    return (eos_token_id,) if not isinstance(eos_token_id, (list, tuple, set, frozenset)) else tuple(eos_token_id)
+    return ((eos_token_id,) if not isinstance(eos_token_id, (list, tuple, set, frozenset))
+            else tuple(eos_token_id))

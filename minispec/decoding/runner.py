@@ -24,7 +24,8 @@ A chain of ``k`` drafts is the tree with one child per node, so every proposal i
 * **the rollback**: both caches keep exactly the accepted path
   ([`KVCache.compact`][minispec.models.kv_cache.KVCache.compact]; on a chain: a truncation), and the
   drafter sees the target's features of the accepted positions only;
-* **the stop rules** ([`Sequence.append`][minispec.core.sequence.Sequence.append]) and the statistics.
+* **the stop rules** ([`Sequence.append`][minispec.core.sequence.Sequence.append]) and the
+  statistics.
 
 A request whose logits contain NaN or +inf, or whose drafter proposes something invalid, fails alone
 (``finish_reason="error"``): it gets no verdict and no token, and the other rows go on; no phase is
@@ -94,7 +95,8 @@ class SpeculativeRunner:
         self.prefill_forwards += 1
         if self.drafter is not None:
             states = [hidden[r, :len(t)] for r, (_, _, t) in enumerate(rows)] if wants else None
-            self.drafter.observe_prefill([seq for seq, _, _ in rows], [s for _, s, _ in rows], states)
+            self.drafter.observe_prefill([seq for seq, _, _ in rows], [s for _, s, _ in rows],
+                                         states)
         for seq, _, t in rows:
             seq.num_cached += len(t)
             seq.stats.prefill_tokens += len(t)
@@ -138,7 +140,8 @@ class SpeculativeRunner:
         verdicts: list[TreeVerdict | None] = [None] * len(seqs)
         hidden = None
         if live:
-            logits, hidden = self._verify_forward([seqs[b] for b in live], [proposals[b] for b in live])
+            logits, hidden = self._verify_forward([seqs[b] for b in live],
+                                                  [proposals[b] for b in live])
             # two batched reductions instead of three small ops per row: (B, N) each
             bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).tolist()
             argmax = logits.argmax(dim=-1).tolist()

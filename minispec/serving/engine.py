@@ -2,14 +2,16 @@
 
 Requests come and go while the engine runs (continuous batching):
 [`Engine.add_request`][minispec.serving.engine.Engine.add_request] queues one,
-[`Engine.step`][minispec.serving.engine.Engine.step] runs one speculative round for every running request
-and returns the tokens it produced, [`Engine.generate`][minispec.serving.engine.Engine.generate] and
+[`Engine.step`][minispec.serving.engine.Engine.step] runs one speculative round for every running
+request and returns the tokens it produced,
+[`Engine.generate`][minispec.serving.engine.Engine.generate] and
 [`Engine.stream`][minispec.serving.engine.Engine.stream] drive the loop for a list of prompts,
 [`Engine.abort`][minispec.serving.engine.Engine.abort] cancels one. The round itself is
 [`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner]'s, the same one
 [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] drives for a single
-sequence; the engine only adds scheduling ([`minispec.serving.scheduler`][minispec.serving.scheduler]) and the
-guarantee that one bad request never hurts another.
+sequence; the engine only adds scheduling
+([`minispec.serving.scheduler`][minispec.serving.scheduler]) and the guarantee that one bad request
+never hurts another.
 """
 
 from __future__ import annotations
@@ -120,11 +122,11 @@ class Engine:
     3. **draft**, 4. **verify**, 5. **roll back**, 6. **emit** -- the runner's round over all
        running requests ([`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner]).
 
-    A request with something wrong is refused by [`add_request`][minispec.serving.engine.Engine.add_request]
-    with a ``ValueError``; one that fails inside a step (non-finite logits, its drafter raising or
-    proposing nonsense) finishes alone with ``finish_reason="error"``, its memory is freed and the
-    other requests go on. No round is ever retried, so every request draws its random numbers
-    exactly as it would alone.
+    A request with something wrong is refused by
+    [`add_request`][minispec.serving.engine.Engine.add_request] with a ``ValueError``; one that
+    fails inside a step (non-finite logits, its drafter raising or proposing nonsense) finishes
+    alone with ``finish_reason="error"``, its memory is freed and the other requests go on. No
+    round is ever retried, so every request draws its random numbers exactly as it would alone.
     """
 
     def __init__(self, target: Llama, draft: Llama | None = None, drafter: Any = None, k: int = 4,
@@ -237,7 +239,8 @@ class Engine:
         return request_id
 
     def abort(self, request_id: str) -> None:
-        """Cancel a waiting or running request: it finishes with ``"abort"`` and its blocks are freed.
+        """Cancel a waiting or running request: it finishes with ``"abort"`` and its blocks are
+        freed.
 
         Raises:
             KeyError: for an unknown or already finished request.
@@ -306,7 +309,8 @@ class Engine:
         return chunks
 
     def _round_tokens(self, seq: Sequence) -> int:
-        """Tokens the request's next round feeds the target at most: ``k + 1``, or a tree's nodes."""
+        """Tokens the request's next round feeds the target at most: ``k + 1``, or a tree's
+        nodes."""
         k = seq.round_k(self.k)
         return k + 1 if self.branching is None else tree_size(self.branching[:k])
 
@@ -356,7 +360,8 @@ class Engine:
 
     # ------------------------------------------------------------------ driving the loop
 
-    def generate(self, prompts: Seq[Any], sampling: SamplingParams | Seq[SamplingParams] | None = None,
+    def generate(self, prompts: Seq[Any],
+                 sampling: SamplingParams | Seq[SamplingParams] | None = None,
                  progress: bool = True, max_new_tokens: int = 64, stop_token_ids: Seq[int] = (),
                  stop: str | Seq[str] = (), eos_token_id: int | Seq[int] | None = None
                  ) -> list[GenerationResult]:
@@ -368,13 +373,13 @@ class Engine:
             sampling: one ``SamplingParams`` for all (each request seeds its own generator from
                 it), or one per prompt.
             progress: a tqdm bar counting finished requests (off when ``TQDM_DISABLE`` is set).
-            max_new_tokens: as [`add_request`][minispec.serving.engine.Engine.add_request], for every
-                prompt.
-            stop_token_ids: as [`add_request`][minispec.serving.engine.Engine.add_request], for every
-                prompt.
+            max_new_tokens: as [`add_request`][minispec.serving.engine.Engine.add_request], for
+                every prompt.
+            stop_token_ids: as [`add_request`][minispec.serving.engine.Engine.add_request], for
+                every prompt.
             stop: as [`add_request`][minispec.serving.engine.Engine.add_request], for every prompt.
-            eos_token_id: as [`add_request`][minispec.serving.engine.Engine.add_request] (``[]``: every
-                request runs to ``max_new_tokens``).
+            eos_token_id: as [`add_request`][minispec.serving.engine.Engine.add_request] (``[]``:
+                every request runs to ``max_new_tokens``).
 
         Raises:
             ValueError: for any bad prompt; then no request of this call is left behind.
@@ -388,7 +393,8 @@ class Engine:
                 bar.update(out.finished)
         return [self._results.pop(rid) for rid in ids]
 
-    def stream(self, prompts: Seq[Any], sampling: SamplingParams | Seq[SamplingParams] | None = None,
+    def stream(self, prompts: Seq[Any],
+               sampling: SamplingParams | Seq[SamplingParams] | None = None,
                max_new_tokens: int = 64, stop_token_ids: Seq[int] = (), stop: str | Seq[str] = (),
                eos_token_id: int | Seq[int] | None = None) -> Iterator[StepOutput]:
         """Like [`generate`][minispec.serving.engine.Engine.generate], but yield each ``StepOutput``
@@ -431,8 +437,10 @@ class Engine:
         """Queue every prompt, or none: on a bad one, the ones queued already are aborted."""
         if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a list of prompts (token ids, strings or chat "
-                             f"messages), got {type(prompts).__name__}; wrap a single prompt: [prompt]")
-        samplings = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
+                             f"messages), got {type(prompts).__name__}; "
+                             "wrap a single prompt: [prompt]")
+        samplings = (list(sampling) if isinstance(sampling, (list, tuple))
+                     else [sampling] * len(prompts))
         if len(samplings) != len(prompts):
             raise ValueError(f"{len(samplings)} SamplingParams for {len(prompts)} prompts")
         ids: list[str] = []
@@ -466,7 +474,8 @@ def _check_engine_args(draft, drafter, adaptive, branching, kv_cache, num_blocks
         (draft is not None and drafter is not None,
          "give either a draft model (draft=) or a drafter (drafter=), not both"),
         (max_num_batched_tokens is not None and not _positive_int(max_num_batched_tokens),
-         f"max_num_batched_tokens must be a positive integer or None, got {max_num_batched_tokens!r}"),
+         "max_num_batched_tokens must be a positive integer or None, "
+         f"got {max_num_batched_tokens!r}"),
         (adaptive and draft is None and drafter is None,
          "adaptive=True chooses the draft length: it needs a drafter"),
         (adaptive and branching is not None,
@@ -483,11 +492,14 @@ def _check_engine_args(draft, drafter, adaptive, branching, kv_cache, num_blocks
 def _check_pool(kv_cache: str, block_size: Any, num_blocks: Any, max_batch_size: Any) -> None:
     """``ValueError`` with a clear message for an inconsistent cache configuration."""
     checks = [
-        (kv_cache not in ("paged", "contiguous"), f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}"),
-        (not _positive_int(block_size), f"block_size must be a positive integer, got {block_size!r}"),
+        (kv_cache not in ("paged", "contiguous"),
+         f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}"),
+        (not _positive_int(block_size),
+         f"block_size must be a positive integer, got {block_size!r}"),
         (num_blocks is not None and not _positive_int(num_blocks),
          f"num_blocks must be a positive integer or None, got {num_blocks!r}"),
-        (not _positive_int(max_batch_size), f"max_batch_size must be an integer >= 1, got {max_batch_size!r}"),
+        (not _positive_int(max_batch_size),
+         f"max_batch_size must be an integer >= 1, got {max_batch_size!r}"),
     ]
     for failed, message in checks:
         if failed:

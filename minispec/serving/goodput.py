@@ -8,26 +8,24 @@ compute-bound, ``k + 1`` tokens per row cost nearly ``k + 1`` times as much, and
 Which side of the crossover a step is on depends on the batch size, the model, the machine and each
 request's acceptance, so nothing here is hard-coded; everything is measured:
 
-* [`StepCosts`][minispec.serving.goodput.StepCosts] learns the seconds of a verify forward by shape
-``(B rows, T tokens per
-  row)`` and of one draft step by the number of drafting rows, from the engine's own steps
-  (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
+* [`StepCosts`][minispec.serving.goodput.StepCosts] learns the seconds of a verify forward by
+  shape ``(B rows, T tokens per row)`` and of one draft step by the number of drafting rows, from
+  the engine's own steps (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
   [`bucket`][minispec.serving.goodput.bucket]). A bucket's first step is plain (it measures the
   plain step); the engine's first drafting step is a full-``k`` one (real steps that emit tokens:
   nothing is spent on calibration). After that a bucket with only its plain step measured borrows
   the ratio of a wide to a plain step from the nearest bucket that has both, so the engine drafts
   at a new batch size only when the plan says it pays, instead of paying a full-``k`` step at every
   bucket to find out;
-* [`alpha_estimates`][minispec.serving.goodput.alpha_estimates] gives each request's acceptance estimate:
-its own accepted / tested drafts,
-  shrunk towards the pooled acceptance of all requests (a Beta prior), so a new request starts from
-  what the engine has seen, plus one standard deviation of optimism (an upper confidence bound):
-  a request that stopped drafting on an unlucky start gets to try again as the bonus outweighs
-  the evidence, and one with a long record is judged on it;
-* [`choose_ks`][minispec.serving.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and every ``R``,
-the plan "the ``R``
-  requests with the highest acceptance draft ``K`` tokens, the others none" with the most expected
-  tokens per second::
+* [`alpha_estimates`][minispec.serving.goodput.alpha_estimates] gives each request's acceptance
+  estimate: its own accepted / tested drafts, shrunk towards the pooled acceptance of all requests
+  (a Beta prior), so a new request starts from what the engine has seen, plus one standard
+  deviation of optimism (an upper confidence bound): a request that stopped drafting on an
+  unlucky start gets to try again as the bonus outweighs the evidence, and one with a long record
+  is judged on it;
+* [`choose_ks`][minispec.serving.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
+  every ``R``, the plan "the ``R`` requests with the highest acceptance draft ``K`` tokens, the
+  others none" with the most expected tokens per second::
 
       tokens(K, R) = sum_{top R} [1 + P_b (E(alpha_b, K) - 1)] + (B - R)
       seconds(K, R) = verify(B, 1) + (1 + m) [P_any (verify(B, K + 1) - verify(B, 1)) + K draft(R)]
@@ -69,9 +67,9 @@ class StepCosts:
     """Measured seconds of the engine's two kinds of forward, by shape (module docstring).
 
     Everything comes from the engine's own steps (moving averages, kept per
-    [`bucket`][minispec.serving.goodput.bucket] of the batch size); a shape not measured yet is read off a
-    straight line through the measured ones (a forward's cost grows about linearly with the tokens
-    it scores).
+    [`bucket`][minispec.serving.goodput.bucket] of the batch size); a shape not measured yet is
+    read off a straight line through the measured ones (a forward's cost grows about linearly
+    with the tokens it scores), or borrowed from the nearest bucket (``verify_seconds``).
 
     Attributes:
         verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.

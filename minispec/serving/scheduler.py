@@ -16,17 +16,18 @@ runs one speculative round for every running sequence.
    a request preempted for lack of blocks is not readmitted into the same shortage at once, only
    when the pool has some slack again.
 
-The engine hands each request back with [`Scheduler.release`][minispec.serving.scheduler.Scheduler.release]
-as soon as it finishes (or is aborted), so its blocks are free at once;
-[`Scheduler.schedule`][minispec.serving.scheduler.Scheduler.schedule] still retires, once per step, anything
-that finished without being released.
+The engine hands each request back with
+[`Scheduler.release`][minispec.serving.scheduler.Scheduler.release] as soon as it finishes (or is
+aborted), so its blocks are free at once;
+[`Scheduler.schedule`][minispec.serving.scheduler.Scheduler.schedule] still retires, once per step,
+anything that finished without being released.
 
 A request that could not fit even in an empty pool is refused by
-[`Scheduler.add`][minispec.serving.scheduler.Scheduler.add] with a ``ValueError``, so the loop above always
-makes progress. The scheduler is pure Python: it sees the KV memory only through the small
-[`CacheSpace`][minispec.serving.scheduler.CacheSpace] interface, which
-[`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace] implements on top of the engine's target (and
-draft) ``KVCache``.
+[`Scheduler.add`][minispec.serving.scheduler.Scheduler.add] with a ``ValueError``, so the loop
+above always makes progress. The scheduler is pure Python: it sees the KV memory only through the
+small [`CacheSpace`][minispec.serving.scheduler.CacheSpace] interface, which
+[`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace] implements on top of the engine's target
+(and draft) ``KVCache``.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ class CacheSpace(Protocol):
 
 
 class KVCacheSpace:
-    """[`CacheSpace`][minispec.serving.scheduler.CacheSpace] over a target ``KVCache`` and, optionally, the
-    draft model's.
+    """[`CacheSpace`][minispec.serving.scheduler.CacheSpace] over a target ``KVCache`` and,
+    optionally, the draft model's.
 
     The two caches are reserved in lockstep (the same positions), so admission and preemption
     account for both pools. Slots are recorded on the sequence (``slot``, ``draft_slot``).
@@ -97,13 +98,15 @@ class KVCacheSpace:
     def can_fit(self, num_positions: int) -> bool:
         for cache in self._caches():
             total_blocks = getattr(cache, "num_blocks", None) or cache.table.num_slots
-            if num_positions > cache.max_seq_len or -(-num_positions // cache.block_size) > total_blocks:
+            if (num_positions > cache.max_seq_len
+                    or -(-num_positions // cache.block_size) > total_blocks):
                 return False
         return True
 
     def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
         return all(cache.can_allocate(num_positions)
-                   and cache.num_free_blocks - -(-num_positions // cache.block_size) >= watermark_blocks
+                   and (cache.num_free_blocks - -(-num_positions // cache.block_size)
+                        >= watermark_blocks)
                    for cache in self._caches())
 
     def allocate(self, seq: Sequence, num_positions: int) -> None:
@@ -206,7 +209,8 @@ class Scheduler:
         if not out.preempted:
             out.admitted = self._admit()
         if self.waiting and not self.running:
-            raise RuntimeError("the scheduler is stuck: nothing runs and the next request does not fit")
+            raise RuntimeError("the scheduler is stuck: nothing runs and the next request "
+                               "does not fit")
         out.running = list(self.running)
         return out
 
