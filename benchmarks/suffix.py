@@ -171,11 +171,12 @@ def calibrate(target, head, prompts: dict[str, list[int]], args) -> str:
         out = ms.speculative_generate(target, head, ids, args.max_new_tokens, k=args.k)
         head_accepted += [a for d, a in zip(out.stats.drafted_per_round,
                                             out.stats.accepted_per_round, strict=True) if d > 0]
-        draft_time, verify_time = draft_time + out.stats.draft_time, verify_time + out.stats.verify_time
+        draft_time, verify_time = (draft_time + out.stats.draft_time,
+                                   verify_time + out.stats.verify_time)
     lines = [f"suffix k={args.k}: drafts accepted per round by match length (rounds)"]
     for m in sorted(by_match):
-        lines.append(f"  match {m}{'+' if m == 6 else ' '}  {sum(by_match[m]) / len(by_match[m]):.2f}"
-                     f"  ({len(by_match[m])})")
+        lines.append(f"  match {m}{'+' if m == 6 else ' '}  "
+                     f"{sum(by_match[m]) / len(by_match[m]):.2f}  ({len(by_match[m])})")
     lines.append(f"eagle k={args.k}: {sum(head_accepted) / len(head_accepted):.2f} per round "
                  f"({len(head_accepted)} rounds); draft time / verify time = "
                  f"{draft_time / verify_time:.2f} (perf_counter)")

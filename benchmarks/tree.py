@@ -1,4 +1,5 @@
-"""Benchmark draft trees against draft chains at equal depth, and r(N), the cost of verifying N nodes.
+"""Benchmark draft trees against draft chains at equal depth, and r(N), the cost of
+verifying N nodes.
 
 For held-out prompts it runs, on the shipped pair (greedy by default, EOS ignored so the work is
 equal; with ``--model NAME``, a real chat model on minispec's five workloads instead, where only the
@@ -6,8 +7,8 @@ n-gram table drafts, since there is no draft model):
 
 * plain ``minispec.generate`` (the baseline: one target forward per token);
 * the chain: ``speculative_generate(k=depth)`` with the draft model and with n-gram drafting;
-* trees of the same depth (``minispec.decoding.tree_loop.decode_tree``) for each ``--branching``, with
-  the draft model and with the n-gram table; ``(1,)`` is the chain through the tree machinery.
+* trees of the same depth (``minispec.decoding.tree_loop.decode_tree``) for each ``--branching``,
+  with the draft model and with the n-gram table; ``(1,)`` is the chain through the tree machinery.
 
 and prints, side by side: tokens per target forward, draft forwards per token, seconds per token
 (process CPU time, the median over ``--repeats`` interleaved runs: the machine is shared) and the
@@ -26,13 +27,13 @@ Examples::
         --threads 1 --repeats 3 --max-new-tokens 48 --chains 4 2 --branching 3,2,1,1 2,2,1,1 3,1:2
 
 With ``--eagle HEAD`` (needs ``--model``) the shipped EAGLE head drafts instead of the n-gram table:
-chains of each ``--chains`` length and trees of each ``--branching``; a spec ``B:K`` gives a tree its
-own depth ``K``. Draft compute is counted two ways, both printed per round: head FORWARDS (a chain of
-k costs k: the catch-up forward over the real pairs, then one per further draft; a tree of depth k
-costs k too: the catch-up, then ONE tree-attention forward per fed depth, however wide) and head
-ROWS (tokens fed to the head past the catch-up, plus 1: a chain of k feeds k, a tree feeds its root
-and every node above the last depth). Chain k=4 and tree (3,2,1,1) spend equal forwards; chain k=4
-and tree (3,1) of depth 2 (3 + 1 rows) equal rows.
+chains of each ``--chains`` length and trees of each ``--branching``; a spec ``B:K`` gives a tree
+its own depth ``K``. Draft compute is counted two ways, both printed per round: head FORWARDS (a
+chain of k costs k: the catch-up forward over the real pairs, then one per further draft; a tree of
+depth k costs k too: the catch-up, then ONE tree-attention forward per fed depth, however wide) and
+head ROWS (tokens fed to the head past the catch-up, plus 1: a chain of k feeds k, a tree feeds its
+root and every node above the last depth). Chain k=4 and tree (3,2,1,1) spend equal forwards; chain
+k=4 and tree (3,1) of depth 2 (3 + 1 rows) equal rows.
 
 Not a test: timings depend on the machine and its load.
 """
@@ -61,7 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--depth", type=int, default=4, help="k: drafts on the longest path")
-    parser.add_argument("--branching", nargs="+", default=["1", "2", "3,2,1,1", "4,2,1,1", "2,2,2,2"],
+    parser.add_argument("--branching", nargs="+",
+                        default=["1", "2", "3,2,1,1", "4,2,1,1", "2,2,2,2"],
                         help="children per depth, comma separated (padded with 1s)")
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts")
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -71,14 +73,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 5, 9, 13, 21, 32, 64])
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy (outputs checked equal); > 0: sampled, seed 0 per run")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's)")
     parser.add_argument("--eagle", default=None, help="an EAGLE head for --model (e.g. "
                         "smollm2-135m-instruct-eagle): chains and trees drafted by the head")
     parser.add_argument("--chains", type=int, nargs="+", default=[4, 2],
                         help="with --eagle: chain lengths k to compare")
     parser.add_argument("--model", default=None,
                         help="a chat model (e.g. smollm2-135m-instruct) on the five workloads of "
-                             "minispec.tools.workloads instead of the shipped pair; n-gram drafting only")
+                             "minispec.tools.workloads instead of the shipped pair; "
+                             "n-gram drafting only")
     return parser.parse_args(argv)
 
 
@@ -127,9 +131,11 @@ def eagle_modes(target, head, args) -> dict:
 
 
 def modes(target, draft, args) -> dict:
-    """name -> function(prompt) -> GenerationResult (no draft-model modes when ``draft`` is None)."""
+    """name -> function(prompt) -> GenerationResult (no draft-model modes when ``draft`` is
+    None)."""
     out = {
-        "plain": lambda p: ms.generate(target, p, args.max_new_tokens, sampling(args), eos_token_id=[]),
+        "plain": lambda p: ms.generate(target, p, args.max_new_tokens, sampling(args),
+                                       eos_token_id=[]),
         "chain draft": lambda p: ms.speculative_generate(target, ms.ModelDrafter(draft), p,
                                                          args.max_new_tokens, k=args.depth,
                                                          sampling=sampling(args), eos_token_id=[]),
@@ -148,7 +154,7 @@ def compare(target, draft, prompts, args, head=None) -> None:
     runs = modes(target, draft, args) if head is None else eagle_modes(target, head, args)
     times: dict[str, list[float]] = {name: [] for name in runs}
     results: dict[str, list[GenerationResult]] = {}
-    for _ in range(args.repeats):                          # interleaved: every mode sees the same load
+    for _ in range(args.repeats):                  # interleaved: every mode sees the same load
         for name, run in runs.items():
             t0 = time.process_time()
             results[name] = [run(p) for p in prompts]
@@ -180,7 +186,8 @@ def r_of_n(target, context: list[int], nodes: list[int], repeats: int = 30) -> N
 
     def step(size: int) -> float:
         parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, size)]
-        tree = ms.DraftTree(list(torch.randint(0, target.config.vocab_size, (size,), generator=g).tolist()),
+        tree = ms.DraftTree(list(torch.randint(0, target.config.vocab_size, (size,),
+                                               generator=g).tolist()),
                             parents)
         depth = [0] * size
         for i in range(1, size):

@@ -105,8 +105,8 @@ def verify_law(p: Model, q: Model | None, vocab: int, k: int,
             assert verdict.num_accepted == n
             assert verdict.tokens[:n] == list(draft[:n])
             for y in range(vocab):
-                extend_with_target(p, tuple(draft[:n]) + (y,), branch * float(verdict.final_probs[y]),
-                                   vocab, k + 1, law)
+                extend_with_target(p, tuple(draft[:n]) + (y,),
+                                   branch * float(verdict.final_probs[y]), vocab, k + 1, law)
     return law
 
 
@@ -123,7 +123,8 @@ def max_law_error(a: dict, b: dict) -> float:
 
 
 def tree_law(p: Model, qs: list[Model], vocab: int, depth: int) -> dict[tuple[int, ...], float]:
-    """Exact law of ``depth + 1`` tokens: ``ms.verify_tree`` on ``len(qs)`` sampled drafts, then the target."""
+    """Exact law of ``depth + 1`` tokens: ``ms.verify_tree`` on ``len(qs)`` sampled drafts, then
+    the target."""
     law: dict[tuple[int, ...], float] = defaultdict(float)
     K = len(qs)
     for flat in itertools.product(range(vocab), repeat=K * depth):
@@ -137,10 +138,12 @@ def tree_law(p: Model, qs: list[Model], vocab: int, depth: int) -> dict[tuple[in
         tree = ms.DraftTree.from_drafts(drafts)
         paths = _node_paths(tree)
         target_probs = torch.stack([p(path) for path in paths])
-        draft_probs = [torch.stack([qs[j](d[:i]) for i in range(depth)]) for j, d in enumerate(drafts)]
+        draft_probs = [torch.stack([qs[j](d[:i]) for i in range(depth)])
+                       for j, d in enumerate(drafts)]
         max_tests = K * depth
         for pattern in itertools.product([0.0, 1.0], repeat=max_tests):
-            verdict = ms.verify_tree(tree, target_probs, draft_probs, greedy=False, uniforms=list(pattern))
+            verdict = ms.verify_tree(tree, target_probs, draft_probs, greedy=False,
+                                     uniforms=list(pattern))
             used = len(verdict.accept_probs)
             if any(u != 0.0 for u in pattern[used:]):
                 continue                   # count each real path once (canonical tail)
@@ -165,7 +168,8 @@ def _node_paths(tree: ms.DraftTree) -> list[tuple[int, ...]]:
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's chi-square goodness of fit of ``counts`` to ``probs`` over the support of ``probs``.
+    """Pearson's chi-square goodness of fit of ``counts`` to ``probs`` over the support of
+    ``probs``.
 
     Raises AssertionError if a token outside the support was observed.
     """

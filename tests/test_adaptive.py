@@ -17,7 +17,8 @@ def target():
 
 
 class ControlledDrafter:
-    """Proposes the target's own greedy tokens (always accepted) or shifted ones (always rejected)."""
+    """Proposes the target's own greedy tokens (always accepted) or shifted ones (always
+    rejected)."""
 
     def __init__(self, target, right: bool):
         self.inner = ModelDrafter(target)
@@ -50,7 +51,8 @@ def test_k_is_optimal_gamma_of_the_estimate():
     policy = AdaptiveK(c=0.2, r=r, k_max=8)
     for _ in range(30):
         policy.update(drafted=4, accepted=3)
-        expected = ms.theory.optimal_gamma(round(policy.alpha_hat, 3), 0.2, lambda g: r[g], max_gamma=8)
+        expected = ms.theory.optimal_gamma(round(policy.alpha_hat, 3), 0.2, lambda g: r[g],
+                                           max_gamma=8)
         assert policy.next_k() == expected
 
 

@@ -1,4 +1,5 @@
-"""A fast smoke test of the benchmark code on a tiny random checkpoint (its own draft: alpha = 1)."""
+"""A fast smoke test of the benchmark code on a tiny random checkpoint (its own draft:
+alpha = 1)."""
 
 import json
 
@@ -15,9 +16,9 @@ PROMPTS = {"shakespeare": [[1, 5, 9, 2, 7, 3], [4, 4, 8, 1]],
 @pytest.fixture(scope="module")
 def results(tiny_gqa):
     model = tiny_gqa.model
-    return bench.run_speed(model, model, PROMPTS, max_new_tokens=8, ks=(1, 2), hf_ks=(2,), k_ngram=3,
-                           repeats=1, warmup=0, target_dir=tiny_gqa.path, draft_dir=tiny_gqa.path,
-                           adaptive=AdaptiveK(c=0.5, k_max=2), log=None)
+    return bench.run_speed(model, model, PROMPTS, max_new_tokens=8, ks=(1, 2), hf_ks=(2,),
+                           k_ngram=3, repeats=1, warmup=0, target_dir=tiny_gqa.path,
+                           draft_dir=tiny_gqa.path, adaptive=AdaptiveK(c=0.5, k_max=2), log=None)
 
 
 def test_every_method_reproduces_minispec_greedy(results):
@@ -66,7 +67,8 @@ def test_cost_model(tiny_gqa, results, tmp_path):
 
 def test_cli_bench_quick(tiny_gqa, tmp_path, capsys):
     code = main(["bench", "--quick", "--no-hf", "--target", str(tiny_gqa.path), "--draft",
-                 str(tiny_gqa.path), "--ks", "1,2", "--max-new-tokens", "8", "--out", str(tmp_path)])
+                 str(tiny_gqa.path), "--ks", "1,2", "--max-new-tokens", "8", "--out",
+                 str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "minispec draft k=2" in out and "verify ratio" in out

@@ -11,7 +11,8 @@ from minispec.tools.cli import main
 
 
 def test_help_lists_commands():
-    out = subprocess.run([sys.executable, "-m", "minispec", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "minispec", "--help"], capture_output=True,
+                         text=True)
     assert out.returncode == 0
     assert "demo" in out.stdout
 
@@ -19,7 +20,8 @@ def test_help_lists_commands():
 def test_demo_measures_acceptance_near_theory(capsys):
     assert main(["demo", "--samples", "50000", "--seed", "1"]) == 0
     text = capsys.readouterr().out
-    measured, theory = map(float, re.search(r"measured ([\d.]+), theory sum min\(p, q\) = ([\d.]+)", text).groups())
+    measured, theory = map(float, re.search(
+        r"measured ([\d.]+), theory sum min\(p, q\) = ([\d.]+)", text).groups())
     assert abs(measured - theory) < 5 * (theory * (1 - theory) / 50000) ** 0.5
     tv = float(re.search(r"total variation\(measured, p\) = ([\d.]+)", text).group(1))
     assert tv < 0.02
@@ -32,7 +34,8 @@ def test_demo_rejects_bad_arguments(capsys):
 
 
 def test_generate_help():
-    out = subprocess.run([sys.executable, "-m", "minispec", "generate", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "minispec", "generate", "--help"],
+                         capture_output=True, text=True)
     assert out.returncode == 0
     assert "--prompt-lookup" in out.stdout and "--trace" in out.stdout
 
@@ -111,7 +114,8 @@ def test_corrupt_weights_print_the_path_without_a_traceback(tiny_gqa, tmp_path):
     shutil.copytree(tiny_gqa.path, broken)
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    out = subprocess.run([sys.executable, "-m", "minispec", "generate", "hi", "--target", str(broken)],
+    out = subprocess.run([sys.executable, "-m", "minispec", "generate", "hi",
+                          "--target", str(broken)],
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert str(weights) in out.stderr and "Traceback" not in out.stderr

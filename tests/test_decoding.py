@@ -1,4 +1,5 @@
-"""Single-sequence decoding: greedy parity, the law of sampled output, stops, max_seq_len, bad inputs."""
+"""Single-sequence decoding: greedy parity, the law of sampled output, stops, max_seq_len, bad
+inputs."""
 
 
 import pytest
@@ -44,7 +45,8 @@ def greedy_baselines(pair):
 def test_greedy_speculative_equals_greedy_generate(pair, greedy_baselines, name, k):
     target = pair[0]
     for prompt, base in zip(PROMPTS, greedy_baselines, strict=True):
-        out = speculative_generate(target, drafters(pair)[name](), prompt, max_new_tokens=NEW_TOKENS, k=k)
+        out = speculative_generate(target, drafters(pair)[name](), prompt,
+                                   max_new_tokens=NEW_TOKENS, k=k)
         assert out.tokens == base
         assert out.stats.new_tokens == NEW_TOKENS
         assert out.stats.target_forwards == out.stats.rounds <= NEW_TOKENS
@@ -96,7 +98,8 @@ def test_repetition_penalty_parity(pair):
     params = ms.SamplingParams(temperature=0, repetition_penalty=1.3)
     base = generate(target, [5, 5, 5, 5], 40, sampling=params)
     for drafter in [ModelDrafter(draft), NGramDrafter(), PromptLookupDrafter()]:
-        assert speculative_generate(target, drafter, [5, 5, 5, 5], 40, k=4, sampling=params).tokens == base.tokens
+        assert speculative_generate(target, drafter, [5, 5, 5, 5], 40, k=4,
+                                    sampling=params).tokens == base.tokens
     assert base.tokens != generate(target, [5, 5, 5, 5], 40).tokens      # the penalty did something
 
 
@@ -156,7 +159,7 @@ def test_max_seq_len_guard(pair):
     assert out.tokens == base.tokens
     assert out.finish_reason == base.finish_reason == "max_seq_len"
     assert max(out.stats.drafted_per_round) <= limit - len(prompt) - 1
-    assert out.stats.drafted_per_round[-1] == 0          # the last steps fall back to plain decoding
+    assert out.stats.drafted_per_round[-1] == 0  # the last steps fall back to plain decoding
     # A prompt that fills the context exactly fits, but leaves no room for a new token.
     full = speculative_generate(target, draft, list(range(1, 31)), 5, k=4, max_seq_len=limit)
     assert (full.tokens, full.finish_reason) == ([], "max_seq_len")

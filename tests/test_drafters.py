@@ -88,7 +88,8 @@ def test_model_drafter_syncs_cache_with_the_accepted_context():
     g = torch.Generator().manual_seed(0)
     context = [3, 4, 5, 6]
     draft = drafter.propose(context, 3, params, g)
-    assert drafter.forwards == 4     # the lazy prefill of the prompt is its own forward (as in a batch), then 3 draft steps
+    # the lazy prefill of the prompt is its own forward (as in a batch), then 3 draft steps
+    assert drafter.forwards == 4
     assert drafter.fed == context + draft.tokens[:2].tolist()   # d_3 was drawn but never fed
     # Each q row is the distribution given the context plus earlier drafts (penalty included).
     for i in range(3):

@@ -1,14 +1,16 @@
-"""EAGLE-style drafting: the head reads the target's own features; verification keeps the target's law.
+"""EAGLE-style drafting: the head reads the target's own features; verification keeps the
+target's law.
 
 The tests use tiny random targets (tests/tinymodels.py). Three kinds of head:
 
-* a randomly initialised :class:`~minispec.models.eagle_head.EagleHead` (full vocabulary, or every other id):
-  few drafts accepted, but every draft is still judged by the target, so greedy output must be the
-  target's and sampled output must have the target's law;
+* a randomly initialised :class:`~minispec.models.eagle_head.EagleHead` (full vocabulary, or every
+  other id): few drafts accepted, but every draft is still judged by the target, so greedy output
+  must be the target's and sampled output must have the target's law;
 * a *self-copy* head on a one-layer target: ``fc`` passes the token's embedding through and the
   head's decoder layer is the target's only layer, so the head computes the target minus its first
   token (the head's positions count pairs ``(f_{t-1}, x_t)``, which start at ``x_1``). Most drafts
-  are accepted: the accept path and the multi-draft rounds are exercised, honestly, without training;
+  are accepted: the accept path and the multi-draft rounds are exercised, honestly, without
+  training;
 * a reference drafter written here without any cache (:func:`reference_drafts`): the target's
   features of the committed context, the head over all pairs, then its own predicted features. The
   drafter's batched, cached drafts must equal it round by round -- a head fed a rejected draft's
@@ -72,7 +74,8 @@ def target():
 
 @pytest.fixture(scope="module")
 def heads(target):
-    return {"full": random_head(target), "reduced": random_head(target, every_other(target.config.vocab_size))}
+    return {"full": random_head(target),
+            "reduced": random_head(target, every_other(target.config.vocab_size))}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +131,8 @@ class Spy:
                 self.prefills.append((seq.request_id, list(seq.context), s, h.clone()))
             prefill(seqs, starts, hidden)
 
-        drafter.propose_batch, drafter.observe, drafter.observe_prefill = propose_batch, observe_hook, prefill_hook
+        drafter.propose_batch, drafter.observe, drafter.observe_prefill = (
+            propose_batch, observe_hook, prefill_hook)
 
 
 # ---------------------------------------------------------------------- 1. greedy parity
@@ -147,7 +151,8 @@ def test_greedy_output_is_the_targets_with_a_random_head(target, heads, baseline
 @pytest.mark.parametrize("vocab", ["full", "reduced"])
 def test_a_head_that_knows_the_target_gets_drafts_accepted(vocab):
     target = tiny_llama(seed=0, layers=1)
-    head = self_copy_head(target, None if vocab == "full" else every_other(target.config.vocab_size))
+    head = self_copy_head(target,
+                          None if vocab == "full" else every_other(target.config.vocab_size))
     accepted = tested = 0
     for prompt in PROMPTS:
         out = ms.speculative_generate(target, EagleDrafter(head), prompt, NEW, k=3)
@@ -181,7 +186,8 @@ def test_a_packed_head_drafts_as_the_eager_one(tmp_path):
 
 @pytest.mark.parametrize("driver", ["single", "engine"])
 def test_drafts_equal_an_uncached_reference(target, heads, driver):
-    """Round by round, the cached (batched) drafts are the reference drafts of the committed context."""
+    """Round by round, the cached (batched) drafts are the reference drafts of the committed
+    context."""
     head = heads["full"]
     if driver == "single":
         spy = Spy(EagleDrafter(head))
@@ -245,7 +251,7 @@ def test_q_is_zero_outside_the_draft_vocabulary(target, heads):
         assert all(t % 2 == 0 for t in d.tokens.tolist())
 
 
-# ---------------------------------------------------------------------- 3. features of accepted positions only
+# ---------------------------------------------------------- 3. features of accepted positions only
 
 
 def check_features(target, spy: Spy, k: int) -> None:
@@ -385,8 +391,10 @@ def test_save_then_load_gives_the_same_drafts(target, heads, vocab, tmp_path):
     rounded.bind(target)
     for prompt in PROMPTS[1:5]:
         context = prompt + [3, 1]
-        assert reference_drafts(target, exact.model, context, 4) == reference_drafts(target, head, context, 4)
-        assert reference_drafts(target, half, context, 4) == reference_drafts(target, rounded, context, 4)
+        assert (reference_drafts(target, exact.model, context, 4)
+                == reference_drafts(target, head, context, 4))
+        assert (reference_drafts(target, half, context, 4)
+                == reference_drafts(target, rounded, context, 4))
         for loaded, original in ((exact, head), (EagleDrafter(half), rounded)):
             a = ms.speculative_generate(target, loaded, prompt, NEW, k=3)
             b = ms.speculative_generate(target, EagleDrafter(original), prompt, NEW, k=3)

@@ -55,7 +55,8 @@ def test_greedy_tree_output_is_the_targets(target, vocab):
 def test_a_head_that_knows_the_target_gets_a_tree_accepted(vocab):
     """On a one-layer target the self-copy head drafts well: a tree accepts at least its chain."""
     target = tiny_llama(seed=0, layers=1)
-    head = self_copy_head(target, None if vocab == "full" else every_other(target.config.vocab_size))
+    head = self_copy_head(target,
+                          None if vocab == "full" else every_other(target.config.vocab_size))
     per_forward = {}
     for branching in [(1,), (3, 2, 1, 1)]:
         tokens = forwards = 0
@@ -183,7 +184,8 @@ def wrong_q(right):
 @pytest.mark.parametrize("vocab", ["full", "reduced"])
 def test_the_head_only_gets_features_of_the_accepted_path(vocab):
     target = tiny_llama(seed=0, layers=1)                 # a self-copy head: paths get accepted
-    head = self_copy_head(target, None if vocab == "full" else every_other(target.config.vocab_size))
+    head = self_copy_head(target,
+                          None if vocab == "full" else every_other(target.config.vocab_size))
     spies = [spied_run(target, head, prompt, (3, 2, 1, 1)) for prompt in PROMPTS]
     observed = [o for spy in spies for o in spy.observed]
     assert any(len(a) > 0 for _, a, _, _ in observed) and any(len(a) < 4 for _, a, _, _ in observed)

@@ -71,7 +71,8 @@ WRONG = {
 from minispec.check.bugs.samplers import sample_resample_from_p as speculative_sample
 """,
     "02_residual": "from minispec.check.bugs.samplers import residual_q_minus_p as residual\n",
-    "03_verify": "from minispec.check.bugs.verifiers import verify_bonus_from_wrong_row as verify\n",
+    "03_verify": ("from minispec.check.bugs.verifiers import verify_bonus_from_wrong_row "
+                  "as verify\n"),
     "04_greedy_verify": """
 from minispec.check.bugs.verifiers import verify_greedy_rows_shifted as verify_greedy
 """,

@@ -1,5 +1,5 @@
-"""The packed fast path (minispec.models.packed): same logits as eager, same greedy tokens, undoable, and an
-eager fallback with one warning where it cannot pack.
+"""The packed fast path (minispec.models.packed): same logits as eager, same greedy tokens,
+undoable, and an eager fallback with one warning where it cannot pack.
 
 Float tolerance: the packed GEMM sums the same products in another order, so logits may differ from
 eager's by float32 rounding (~1e-6 relative); the issue's bound is 1e-4 absolute.
@@ -43,7 +43,8 @@ def test_fast_logits_match_eager_without_cache(tiny):
 
 @pytest.mark.parametrize("cache_kind", [ContiguousKVCache, PagedKVCache])
 def test_fast_decode_steps_match_eager_with_a_cache(tiny, cache_kind):
-    """Prefill, then verify-shaped steps of 1..9 tokens at batch 3 with a padded row, and a rollback."""
+    """Prefill, then verify-shaped steps of 1..9 tokens at batch 3 with a padded row, and a
+    rollback."""
     eager, fast = tiny.model, fast_copy(tiny.model)
     V = eager.config.vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -55,7 +56,8 @@ def test_fast_decode_steps_match_eager_with_a_cache(tiny, cache_kind):
         pos = torch.tensor(start)[:, None] + torch.arange(T)  # (3, T)
         pos[2, T // 2 + 1:] = -1  # row 2 is shorter: its tail is padding
         with torch.inference_mode():
-            ref, out = (m(ids, pos, c, s) for m, c, s in zip((eager, fast), caches, slots, strict=True))
+            ref, out = (m(ids, pos, c, s)
+                        for m, c, s in zip((eager, fast), caches, slots, strict=True))
         valid = pos >= 0
         assert (out[valid] - ref[valid]).abs().max().item() < TOL
         # roll every row back by one position, as after a rejected draft
@@ -73,7 +75,8 @@ def test_make_fast_keeps_parameters_and_is_undoable():
         ref = model(ids, pos)
     assert make_fast(model) is model and make_fast(model) is model  # twice is harmless
     assert list(model.state_dict()) == keys
-    assert [p.data_ptr() for p in model.parameters()] == params  # packed copies are extra, not moved
+    # packed copies are extra, not moved
+    assert [p.data_ptr() for p in model.parameters()] == params
     assert packed_bytes(model) > 0
     assert isinstance(model.layers[0].mlp.down_proj, PackedLinear)
     make_eager(model)
@@ -161,7 +164,7 @@ def test_shipped_pair_fast_logits_and_speculative_greedy():
     assert spec.tokens == ms.generate(target, ids, 64).tokens == base
 
 
-# ------------------------------------------------------------------ minispec.tools.costs (the benchmark)
+# ------------------------------------------------------------- minispec.tools.costs (the benchmark)
 
 
 def test_weight_bytes_counts_the_tied_head_once_and_skips_an_untied_embedding(tiny):

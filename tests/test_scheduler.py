@@ -32,7 +32,8 @@ class FakeSpace:
         return self._blocks(n) <= self.num_blocks
 
     def can_allocate(self, n: int, watermark_blocks: int = 0) -> bool:
-        return len(self.held) < self.num_slots and self._blocks(n) + watermark_blocks <= self.free_blocks
+        return (len(self.held) < self.num_slots
+                and self._blocks(n) + watermark_blocks <= self.free_blocks)
 
     def allocate(self, seq: Sequence, n: int) -> None:
         assert seq.request_id not in self.held
@@ -53,7 +54,8 @@ class FakeSpace:
 
 
 def make_seq(rid: str, prompt_len: int, max_new: int = 8, limit: int = 64) -> Sequence:
-    return Sequence(rid, list(range(1, prompt_len + 1)), GREEDY, max_new_tokens=max_new, max_seq_len=limit)
+    return Sequence(rid, list(range(1, prompt_len + 1)), GREEDY, max_new_tokens=max_new,
+                    max_seq_len=limit)
 
 
 def fake_round(seq: Sequence, tokens: int, limit: int) -> None:
@@ -164,7 +166,8 @@ def test_soak_every_request_finishes_and_no_block_leaks(seed):
     limit, k = 40, rng.choice([0, 1, 3, 5])
     space = FakeSpace(num_blocks=rng.randint(10, 16), block_size=rng.choice([2, 4]))
     sched = Scheduler(space, max_batch_size=rng.randint(1, 6), k=k)
-    incoming = [make_seq(str(i), rng.randint(1, 20), max_new=rng.randint(1, 25), limit=limit) for i in range(30)]
+    incoming = [make_seq(str(i), rng.randint(1, 20), max_new=rng.randint(1, 25), limit=limit)
+                for i in range(30)]
     admitted_order, steps = [], 0
     while incoming or sched.has_unfinished():
         for _ in range(rng.randint(0, 3)):             # requests arrive while others run

@@ -268,7 +268,8 @@ _INSPECT_JS = r"""
   };
   // Wider than its box and not inside a box that scrolls: its right side is cut off.
   const boxes = [...article.querySelectorAll(
-    "pre, table, .jp-OutputArea-output, .jp-InputArea-editor, .highlight, mjx-container[display='true']")];
+    "pre, table, .jp-OutputArea-output, .jp-InputArea-editor, .highlight, " +
+    "mjx-container[display='true']")];
   const clipped = boxes.filter((el) => el.scrollWidth > el.clientWidth + 1 && !inScrollBox(el))
     .map(describe);
   // A table must fit the column even where its box would scroll: a column out of sight is lost.
@@ -297,7 +298,8 @@ _INSPECT_JS = r"""
   // Leaks: the text a student reads, outputs included; code as written (cell inputs, signatures,
   // code blocks of the prose) may name warnings on purpose.
   const shown = article.cloneNode(true);
-  shown.querySelectorAll(".jp-Cell-inputWrapper, .doc-signature, script, style, .clipboard-copy-txt")
+  shown.querySelectorAll(".jp-Cell-inputWrapper, .doc-signature, script, style, " +
+                         ".clipboard-copy-txt")
     .forEach((el) => el.remove());
   [...shown.querySelectorAll(".highlight")].filter((el) => !el.closest(".jp-OutputArea"))
     .forEach((el) => el.remove());
@@ -305,21 +307,24 @@ _INSPECT_JS = r"""
   const leaks = [];
   for (const re of [/\b[A-Z][a-z]\w*Warning\b[^\n]{0,60}/g, /IProgress not found[^\n]{0,40}/g,
                     /<[\w.]+(?: object)? at 0x[0-9a-f]+>/g, /\bobject at 0x[0-9a-f]+/g,
-                    /site-packages[^\s]{0,40}/g, /(?:^|[\s'"(])\/(?:root|home|tmp|usr)\/[^\s'")]{0,40}/g]) {
+                    /site-packages[^\s]{0,40}/g,
+                    /(?:^|[\s'"(])\/(?:root|home|tmp|usr)\/[^\s'")]{0,40}/g]) {
     for (const m of fullText.matchAll(re)) leaks.push(m[0].trim().slice(0, 80));
   }
   // \_ inside \text{...}: MathJax prints it literally there.
   const escapedUnderscores = [];
   if (window.MathJax && MathJax.startup && MathJax.startup.document) {
     for (const item of MathJax.startup.document.math) {
-      const m = /\\(?:text|texttt|textrm|mathrm|operatorname)\w*\{[^{}]*\\_[^{}]*\}/.exec(item.math);
+      const m = /\\(?:text|texttt|textrm|mathrm|operatorname)\w*\{[^{}]*\\_[^{}]*\}/
+        .exec(item.math);
       if (m) escapedUnderscores.push(m[0].slice(0, 60));
     }
   }
   const stderr = [...article.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]')]
     .map((el) => (el.textContent || "").trim().slice(0, 80));
   const history = [];
-  for (const re of [/\b(?:first|second|third|fourth|fifth|next|this) waves?\b/gi, /\bwaves? of (?:work|changes)\b/gi,
+  for (const re of [/\b(?:first|second|third|fourth|fifth|next|this) waves?\b/gi,
+                    /\bwaves? of (?:work|changes)\b/gi,
                     /\bissue \d{1,3}\b/gi, /\b\d+(?:\.\d+)?x goal\b/gi, /\bgoal set for\b/gi]) {
     for (const m of fullText.matchAll(re)) history.push(m[0]);
   }
@@ -359,7 +364,8 @@ _INSPECT_JS = r"""
 """
 
 
-def _open_and_inspect(browser, base_url: str, path: str, shot: Path, viewport: dict | None = None) -> dict:
+def _open_and_inspect(browser, base_url: str, path: str, shot: Path,
+                      viewport: dict | None = None) -> dict:
     """Open ``path``, wait for math and fonts, screenshot, return the page's report."""
     host = urlsplit(base_url).netloc
     external: list[str] = []
@@ -380,7 +386,8 @@ def _open_and_inspect(browser, base_url: str, path: str, shot: Path, viewport: d
     page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: console_errors.append(f"uncaught: {e}"))
     page.on("requestfailed", lambda r: failed.append(f"{r.url} ({r.failure})"))
-    page.on("response", lambda r: failed.append(f"{r.url} (HTTP {r.status})") if r.status >= 400 else None)
+    page.on("response",
+            lambda r: failed.append(f"{r.url} (HTTP {r.status})") if r.status >= 400 else None)
     try:
         page.goto(base_url + path, wait_until="load")
         page.wait_for_function("() => document.body.hasAttribute('data-math')", timeout=60_000)
@@ -394,7 +401,8 @@ def _open_and_inspect(browser, base_url: str, path: str, shot: Path, viewport: d
     return report
 
 
-def _check(report: dict, where: str, *, needs_math: bool = True, needs_images: bool = False) -> None:
+def _check(report: dict, where: str, *, needs_math: bool = True,
+           needs_images: bool = False) -> None:
     assert not report["external"], f"{where}: requests outside the site: {report['external']}"
     assert not report["failed"], f"{where}: failed requests: {report['failed']}"
     assert not report["console_errors"], f"{where}: console errors: {report['console_errors']}"
@@ -402,15 +410,19 @@ def _check(report: dict, where: str, *, needs_math: bool = True, needs_images: b
     if needs_math:
         assert report["containers"] > 0, f"{where}: no math was typeset"
     assert report["merrors"] == 0, f"{where}: MathJax reported TeX errors"
-    assert report["emptyContainers"] == 0, f"{where}: {report['emptyContainers']} math boxes have no width"
+    assert report["emptyContainers"] == 0, (
+        f"{where}: {report['emptyContainers']} math boxes have no width"
+    )
     assert report["styledGlyphs"] == report["glyphs"], (
-        f"{where}: {report['glyphs'] - report['styledGlyphs']} of {report['glyphs']} glyphs lack the "
-        "MathJax font or content (math would look blank)"
+        f"{where}: {report['glyphs'] - report['styledGlyphs']} of {report['glyphs']} glyphs lack "
+        "the MathJax font or content (math would look blank)"
     )
     if report["containers"]:
         assert report["glyphs"] > 0, f"{where}: math boxes hold no glyphs"
         assert report["mjxFontsLoaded"], f"{where}: no MathJax web font loaded"
-    assert not report["mjxFontsFailed"], f"{where}: MathJax fonts failed: {report['mjxFontsFailed']}"
+    assert not report["mjxFontsFailed"], (
+        f"{where}: MathJax fonts failed: {report['mjxFontsFailed']}"
+    )
     assert not report["rawTex"], f"{where}: raw TeX left in the text: {report['rawTex']}"
     assert report["brokenImages"] == 0, f"{where}: {report['brokenImages']} images did not load"
     if needs_images:
@@ -421,29 +433,45 @@ def _check(report: dict, where: str, *, needs_math: bool = True, needs_images: b
 def _check_student_view(report: dict, where: str) -> None:
     """What a student sees at 1400 px: nothing cut off, legible figures, no leaks, live anchors."""
     assert not report["clipped"], f"{where}: content cut off on the right: {report['clipped']}"
-    assert not report["wideTables"], f"{where}: tables wider than the column: {report['wideTables']}"
-    assert report["pageScroll"] <= 1, f"{where}: the page scrolls sideways by {report['pageScroll']} px"
+    assert not report["wideTables"], (
+        f"{where}: tables wider than the column: {report['wideTables']}"
+    )
+    assert report["pageScroll"] <= 1, (
+        f"{where}: the page scrolls sideways by {report['pageScroll']} px"
+    )
     if report["codeCells"]:
         share = len(report["scrollingCode"]) / report["codeCells"]
         assert share <= MAX_SCROLLING_CODE_SHARE, (
-            f"{where}: {len(report['scrollingCode'])} of {report['codeCells']} code cells are wider "
-            f"than the column: {report['scrollingCode']}"
+            f"{where}: {len(report['scrollingCode'])} of {report['codeCells']} code cells are "
+            f"wider than the column: {report['scrollingCode']}"
         )
     assert not report["smallFigures"], (
         f"{where}: figures shrunk below {MIN_FIGURE_SCALE:.0%} of their natural width (labels "
         f"would be under 10 px): {report['smallFigures']}"
     )
-    assert report["unzoomable"] == 0, f"{where}: {report['unzoomable']} shrunk figures cannot be zoomed"
+    assert report["unzoomable"] == 0, (
+        f"{where}: {report['unzoomable']} shrunk figures cannot be zoomed"
+    )
     assert report["noAlt"] == 0, f"{where}: {report['noAlt']} figures without a description (alt)"
-    assert not report["leaks"], f"{where}: warnings, reprs or machine paths in the page: {report['leaks']}"
+    assert not report["leaks"], (
+        f"{where}: warnings, reprs or machine paths in the page: {report['leaks']}"
+    )
     assert not report["escapedUnderscores"], (
         f"{where}: \\_ inside \\text{{}} is printed literally: {report['escapedUnderscores']}"
     )
-    assert not report["deadToc"], f"{where}: table-of-contents entries without a target: {report['deadToc']}"
-    assert not report["stderr"], f"{where}: stderr blocks (progress bars, logs) in the page: {report['stderr']}"
+    assert not report["deadToc"], (
+        f"{where}: table-of-contents entries without a target: {report['deadToc']}"
+    )
+    assert not report["stderr"], (
+        f"{where}: stderr blocks (progress bars, logs) in the page: {report['stderr']}"
+    )
     if not where.startswith("api"):
-        assert not report["history"], f"{where}: project-history words on a teaching page: {report['history']}"
-    assert not re.search(r"[$\\]", report["title"]), f"{where}: TeX in the tab title: {report['title']!r}"
+        assert not report["history"], (
+            f"{where}: project-history words on a teaching page: {report['history']}"
+        )
+    assert not re.search(r"[$\\]", report["title"]), (
+        f"{where}: TeX in the tab title: {report['title']!r}"
+    )
 
 
 def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path):
@@ -475,21 +503,24 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
         url_path = path.removesuffix("index.html")
         shot = screenshot_dir / f"{name}.png"
         report = _open_and_inspect(browser, server, url_path, shot)
-        print(f"{name} /{url_path}: {report['containers']} formulas, {report['glyphs']} glyphs checked, "
-              f"{report['images']} images {report['imageWidths']}, screenshot {shot}")
+        print(f"{name} /{url_path}: {report['containers']} formulas, {report['glyphs']} glyphs "
+              f"checked, {report['images']} images {report['imageWidths']}, screenshot {shot}")
         try:
-            _check(report, f"{name} page /{url_path}", needs_math=needs_math, needs_images=needs_images)
+            _check(report, f"{name} page /{url_path}", needs_math=needs_math,
+                   needs_images=needs_images)
         except AssertionError as exc:
             failures.append(str(exc))
         if name.startswith("api-"):
             continue
         # The same page on a phone: nothing may push the page wider than the screen.
-        phone = _open_and_inspect(browser, server, url_path, screenshot_dir / f"{name}-390.png", PHONE)
+        phone = _open_and_inspect(browser, server, url_path, screenshot_dir / f"{name}-390.png",
+                                  PHONE)
         if phone["pageScroll"] > 1:
             failures.append(f"{name} page /{url_path}: at 390 px the page scrolls sideways by "
                             f"{phone['pageScroll']} px")
         if phone["console_errors"] or phone["failed"]:
-            failures.append(f"{name} page /{url_path} at 390 px: {phone['console_errors'] + phone['failed']}")
+            failures.append(f"{name} page /{url_path} at 390 px: "
+                            f"{phone['console_errors'] + phone['failed']}")
     assert not failures, "\n".join(failures)
 
 
@@ -504,7 +535,8 @@ def _text(html: str) -> str:
 
 
 def test_api_pages_parse_docstrings(site: Path):
-    """Every Returns section is one typed row (no "Name: A, class:Verdict" split); no Sphinx role text."""
+    """Every Returns section is one typed row (no "Name: A, class:Verdict" split); no Sphinx role
+    text."""
     pages = sorted((site / "api").glob("*/index.html"))
     assert pages, "no API pages"
     problems, sections = [], 0
@@ -519,12 +551,17 @@ def test_api_pages_parse_docstrings(site: Path):
             sections += 1
             header = [_text(h) for h in re.findall(r"<th>(.*?)</th>", table, re.DOTALL)]
             rows = re.findall(r"<tr class=\"doc-section-item\">(.*?)</tr>", table, re.DOTALL)
-            cells = [_text(c) for c in re.findall(r"<td>(.*?)</td>", rows[0], re.DOTALL)] if rows else []
+            cells = ([_text(c) for c in re.findall(r"<td>(.*?)</td>", rows[0], re.DOTALL)]
+                     if rows else [])
             if header != ["Type", "Description"] or len(rows) != 1:
                 problems.append(f"{where}: Returns split into {header} x {len(rows)} rows: {cells}")
-            elif not cells[0] or _BOGUS_TYPE.search(cells[0]) or cells[0] in {"A", "An", "One", "The"}:
-                problems.append(f"{where}: Returns type mis-parsed as {cells[0]!r}: {cells[1][:60]!r}")
-    assert sections >= 10, f"only {sections} Returns sections found: did the API pages' markup change?"
+            elif (not cells[0] or _BOGUS_TYPE.search(cells[0])
+                  or cells[0] in {"A", "An", "One", "The"}):
+                problems.append(f"{where}: Returns type mis-parsed as {cells[0]!r}: "
+                                f"{cells[1][:60]!r}")
+    assert sections >= 10, (
+        f"only {sections} Returns sections found: did the API pages' markup change?"
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -572,13 +609,16 @@ def test_next_after_the_last_lesson_is_not_the_api(site: Path):
     lessons = _lesson_pages(site)
     for here, there in zip(lessons, lessons[1:], strict=False):
         html_text = (site / here).read_text(encoding="utf-8")
-        nxt = re.search(r'<a href="([^"]+)"[^>]*class="md-footer__link md-footer__link--next"', html_text)
+        nxt = re.search(r'<a href="([^"]+)"[^>]*class="md-footer__link md-footer__link--next"',
+                        html_text)
         assert nxt and Path(there).parent.name in nxt.group(1), f"{here}: Next is not {there}"
     html_text = (site / lessons[-1]).read_text(encoding="utf-8")
-    nxt = re.search(r'<a href="([^"]+)"[^>]*class="md-footer__link md-footer__link--next"', html_text)
+    nxt = re.search(r'<a href="([^"]+)"[^>]*class="md-footer__link md-footer__link--next"',
+                    html_text)
     assert nxt, f"{lessons[-1]}: no Next link"
     assert "api/" not in nxt.group(1) and "results" in nxt.group(1), (
-        f"Next after the last lesson ({lessons[-1]}) leads to {nxt.group(1)}, not to the Results page")
+        f"Next after the last lesson ({lessons[-1]}) leads to {nxt.group(1)}, not to the "
+        "Results page")
 
 
 _MATH_WORDS = re.compile(r"\b(?:min|max|sum|prod|log|exp|norm|argmax)\b")
@@ -623,15 +663,18 @@ def test_round_widget_steps_through_the_recorded_rounds(site: Path, server: str,
         assert r["emitted"] == [d["token"] for d in r["drafts"][:a]] + [r["final"]["token"]]
         assert r["context_after"] == r["context_before"] + a + 1
     for viewport, tag in ((VIEWPORT, "1400"), (PHONE, "390")):
-        _drive_round_widget(browser, server, viewport, rounds, k, screenshot_dir / f"widget-round-{tag}.png")
+        _drive_round_widget(browser, server, viewport, rounds, k,
+                            screenshot_dir / f"widget-round-{tag}.png")
 
 
 _STATE_JS = """(el) => ({round: +el.dataset.round, step: el.dataset.step, at: +el.dataset.at,
-  cards: [...el.querySelectorAll('.ms-card')].map((c) => c.querySelector('.ms-card__tok').textContent),
+  cards: [...el.querySelectorAll('.ms-card')]
+    .map((c) => c.querySelector('.ms-card__tok').textContent),
   verdicts: [...el.querySelectorAll('.ms-card__verdict')].map((v) => v.textContent)})"""
 
 
-def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: int, shot: Path) -> None:
+def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: int,
+                        shot: Path) -> None:
     host = urlsplit(server).netloc
     where = f"{viewport['width']} px"
     context = browser.new_context(viewport=viewport)
@@ -662,7 +705,8 @@ def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: i
         later = widget.evaluate(_STATE_JS)
         assert (later["round"], later["step"]) == (2, "draft"), (where, later)
         assert later["cards"][:k] == [_show(d["text"]) for d in rounds[1]["drafts"]], (where, later)
-        scroll = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        scroll = page.evaluate("document.documentElement.scrollWidth - "
+                               "document.documentElement.clientWidth")
         assert scroll <= 1, f"{where}: the round page scrolls sideways by {scroll} px"
         widget.screenshot(path=str(shot))
         assert not errors, (where, errors)
@@ -670,7 +714,8 @@ def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: i
         context.close()
 
 
-def test_speedup_explorer_follows_its_sliders(site: Path, server: str, browser, screenshot_dir: Path):
+def test_speedup_explorer_follows_its_sliders(site: Path, server: str, browser,
+                                              screenshot_dir: Path):
     """Moving a slider redraws the prediction: S = E(alpha, k) / (k c + r)."""
     host = urlsplit(server).netloc
     context = browser.new_context(viewport=VIEWPORT)

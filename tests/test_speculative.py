@@ -53,11 +53,13 @@ def first_token_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
             continue
         a = min(1.0, float(p[x] / q[x]))
         if a > 0:
-            verdict = ms.verify([x], q[None], target, uniforms=torch.zeros(1, dtype=p.dtype), greedy=False)
+            verdict = ms.verify([x], q[None], target, uniforms=torch.zeros(1, dtype=p.dtype),
+                                greedy=False)
             assert verdict.tokens[0] == x
             law[x] += q[x] * a
         if a < 1:
-            verdict = ms.verify([x], q[None], target, uniforms=torch.ones(1, dtype=p.dtype), greedy=False)
+            verdict = ms.verify([x], q[None], target, uniforms=torch.ones(1, dtype=p.dtype),
+                                greedy=False)
             assert verdict.num_accepted == 0
             law += q[x] * (1 - a) * verdict.final_probs
     return law
@@ -90,7 +92,8 @@ def test_exact_joint_law_with_one_hot_q():
     """n-gram drafts: deterministic tokens, ``draft_probs=None``, still exact."""
     vocab, k = 4, 3
     p = random_table_model(vocab, seed=7, zeros=0.4)
-    law = verify_law(p, None, vocab, k, deterministic_draft=lambda prefix: (len(prefix) * 3 + 1) % vocab)
+    law = verify_law(p, None, vocab, k,
+                     deterministic_draft=lambda prefix: (len(prefix) * 3 + 1) % vocab)
     assert max_law_error(law, autoregressive_law(p, vocab, k + 1)) < 1e-9
 
 
@@ -149,14 +152,15 @@ def test_verify_batch_rows_match_single_verify_with_own_generators():
     batch = ms.verify_batch(draft, q, target, [torch.Generator().manual_seed(b) for b in range(B)],
                             greedy=greedy)
     for b in range(B):
-        single = ms.verify(draft[b], q[b], target[b], torch.Generator().manual_seed(b), greedy=greedy[b])
+        single = ms.verify(draft[b], q[b], target[b], torch.Generator().manual_seed(b),
+                           greedy=greedy[b])
         assert single.tokens == batch[b].tokens
         assert single.num_accepted == batch[b].num_accepted
 
 
 def test_greedy_verify_is_exact_match_plus_argmax():
     target = torch.zeros(4, 6)
-    target[torch.arange(4), torch.tensor([1, 2, 3, 4])] = 1      # the target's greedy path: 1 2 3 | 4
+    target[torch.arange(4), torch.tensor([1, 2, 3, 4])] = 1  # the target's greedy path: 1 2 3 | 4
     assert ms.verify([1, 2, 3], None, target).tokens == [1, 2, 3, 4]
     assert ms.verify([1, 5, 3], None, target).tokens == [1, 2]
     verdict = ms.verify([0, 2, 3], None, target)
@@ -193,8 +197,10 @@ def test_accept_boundary_u_equal_ratio_rejects():
     p = torch.tensor([0.25, 0.75])
     q = torch.tensor([0.5, 0.5])
     # p(0)/q(0) = 0.5: u = 0.5 rejects, u just below accepts.
-    assert ms.verify([0], q[None], torch.stack([p, p]), uniforms=torch.tensor([0.5]), greedy=False).num_accepted == 0
-    assert ms.verify([0], q[None], torch.stack([p, p]), uniforms=torch.tensor([0.4999]), greedy=False).num_accepted == 1
+    assert ms.verify([0], q[None], torch.stack([p, p]), uniforms=torch.tensor([0.5]),
+                     greedy=False).num_accepted == 0
+    assert ms.verify([0], q[None], torch.stack([p, p]), uniforms=torch.tensor([0.4999]),
+                     greedy=False).num_accepted == 1
 
 
 def test_residual_when_p_equals_q_is_safe():

@@ -1,4 +1,5 @@
-"""Closed forms of Leviathan et al. §3, checked against the paper's numbers and against simulation."""
+"""Closed forms of Leviathan et al. §3, checked against the paper's numbers and against
+simulation."""
 
 import pytest
 import torch
@@ -30,7 +31,8 @@ def test_expected_tokens_closed_form_and_edges():
         for gamma in range(0, 9):
             closed = (1 - alpha ** (gamma + 1)) / (1 - alpha)
             assert theory.expected_tokens(alpha, gamma) == pytest.approx(closed, rel=1e-12)
-            assert theory.expected_accepted(alpha, gamma) == pytest.approx(closed - 1, rel=1e-12, abs=1e-12)
+            assert theory.expected_accepted(alpha, gamma) == pytest.approx(closed - 1, rel=1e-12,
+                                                                           abs=1e-12)
     assert theory.expected_tokens(1.0, 4) == 5
     assert theory.expected_tokens(0.0, 4) == 1
     # Stratos §1.1.1: beta = 0.8, T = 10 gives more than 4 tokens per step.
@@ -132,5 +134,6 @@ def test_property_speedup_bounds(alpha, gamma, c):
 
 
 def test_public_api_names():
-    for name in ["expected_tokens", "walltime_speedup", "optimal_gamma", "lk_divergence", "acceptance_rate"]:
+    for name in ["expected_tokens", "walltime_speedup", "optimal_gamma", "lk_divergence",
+                 "acceptance_rate"]:
         assert callable(getattr(ms.theory, name))

@@ -1,5 +1,6 @@
-"""The EAGLE head's recipe (``python -m minispec.tools.train_eagle``) end to end, on the tiny shipped
-target and a toy corpus: data, vocabulary, training, checkpoint, resume, files a drafter loads.
+"""The EAGLE head's recipe (``python -m minispec.tools.train_eagle``) end to end, on the tiny
+shipped target and a toy corpus: data, vocabulary, training, checkpoint, resume, files a drafter
+loads.
 
 The real run (SmolLM2-135M-Instruct, an hour of CPU) is not repeated here; its facts are in the
 shipped head's ``eagle_config.json`` and model card.
@@ -30,9 +31,9 @@ def toy_corpus(tmp_path):
 
 def tiny_args(out, corpus) -> list[str]:
     return ["--target", "shakespeare-target", "--out", str(out), "--corpus", str(corpus),
-            "--prompts", "3", "--answer-tokens", "12", "--prose-chars", "3000", "--code-chars", "3000",
-            "--chunk", "64", "--batch", "2", "--eval-every", "2", "--threads", "1", "--coverage", "0.9",
-            "--eval-tokens", "12"]
+            "--prompts", "3", "--answer-tokens", "12", "--prose-chars", "3000",
+            "--code-chars", "3000", "--chunk", "64", "--batch", "2", "--eval-every", "2",
+            "--threads", "1", "--coverage", "0.9", "--eval-tokens", "12"]
 
 
 def test_recipe_runs_end_to_end_and_resumes(toy_corpus, tmp_path, one_thread):
@@ -41,7 +42,8 @@ def test_recipe_runs_end_to_end_and_resumes(toy_corpus, tmp_path, one_thread):
     facts = json.loads((out / "training.json").read_text())
     assert facts["training"]["steps"] == 4
     assert [row["step"] for row in facts["training"]["curve"]] == [2, 4]
-    assert all(0 <= row["heldout_top1"] <= 1 and row["loss"] > 0 for row in facts["training"]["curve"])
+    assert all(0 <= row["heldout_top1"] <= 1 and row["loss"] > 0
+               for row in facts["training"]["curve"])
     assert set(facts["data"]["tokens_by_source"]) == {"answers", "shakespeare", "code"}
     size = facts["draft_vocab"]["size"]
     assert 0 < size < 4096          # the tiny target's vocabulary: V' is a strict subset
@@ -62,7 +64,8 @@ def test_recipe_runs_end_to_end_and_resumes(toy_corpus, tmp_path, one_thread):
     train_eagle.CHECKPOINT_EVERY_S, saved = 0, train_eagle.CHECKPOINT_EVERY_S
     try:
         train_eagle.main([*tiny_args(out, toy_corpus), "--steps", "6"])
-        train_eagle.main([*tiny_args(out, toy_corpus), "--steps", "8", "--resume", "--answer-weight", "0.5"])
+        train_eagle.main([*tiny_args(out, toy_corpus), "--steps", "8", "--resume",
+                          "--answer-weight", "0.5"])
     finally:
         train_eagle.CHECKPOINT_EVERY_S = saved
     facts = json.loads((out / "training.json").read_text())

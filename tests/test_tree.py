@@ -84,7 +84,8 @@ def test_draft_tree_structure():
 
 
 def greedy_reference(p, drafts):
-    """Brute force: the longest draft prefix that is the target's greedy continuation, then its argmax."""
+    """Brute force: the longest draft prefix that is the target's greedy continuation, then its
+    argmax."""
     best: tuple[int, ...] = ()
     for draft in drafts:
         accepted: tuple[int, ...] = ()
@@ -101,7 +102,8 @@ def test_greedy_tree_finds_longest_accepted_path(seed):
     vocab = 3
     p = random_table_model(vocab, seed=seed, zeros=0.0)
     g = torch.Generator().manual_seed(seed)
-    drafts = [torch.randint(vocab, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+    drafts = [torch.randint(vocab, (int(torch.randint(1, 4, (1,), generator=g)),),
+                            generator=g).tolist()
               for _ in range(int(torch.randint(1, 5, (1,), generator=g)))]
     tree = ms.DraftTree.from_drafts(drafts)
     target = torch.stack([p(path) for path in _node_paths(tree)])
@@ -145,4 +147,5 @@ def test_tree_bad_inputs():
     with pytest.raises(ValueError, match="at least one"):
         ms.DraftTree.from_drafts([])
     with pytest.raises(ValueError, match="probability 0"):
-        ms.iterative_speculative_sample(torch.tensor([0.5, 0.5]), torch.tensor([[1.0, 0.0]]), proposals=[1])
+        ms.iterative_speculative_sample(torch.tensor([0.5, 0.5]), torch.tensor([[1.0, 0.0]]),
+                                        proposals=[1])

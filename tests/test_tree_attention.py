@@ -1,4 +1,5 @@
-"""Tree attention: one target forward scores a whole draft tree, and the caches keep the accepted path.
+"""Tree attention: one target forward scores a whole draft tree, and the caches keep the accepted
+path.
 
 Checked against a reference that never saw a tree: every node's logits equal a sequential forward of
 its root path; after compaction the cache equals one that only ever saw the accepted path (next
@@ -33,8 +34,10 @@ def model():
 
 
 def random_tree(rng: random.Random, vocab: int = 6) -> ms.DraftTree:
-    """A prefix tree of 1..5 random drafts of length 1..4 over a few tokens (so prefixes are shared)."""
-    drafts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 5))]
+    """A prefix tree of 1..5 random drafts of length 1..4 over a few tokens (so prefixes are
+    shared)."""
+    drafts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 4))]
+              for _ in range(rng.randint(1, 5))]
     return ms.DraftTree.from_drafts(drafts)
 
 
@@ -102,7 +105,8 @@ def test_tree_without_a_cache_is_a_tree_forward(model):
     positions = torch.tensor([depths(tree)])
     logits = model(ids, positions, tree=TreeAttention.for_nodes(tree.ancestor_mask(), start=0))[0]
     for node, path in enumerate(root_paths(tree)):
-        torch.testing.assert_close(logits[node], reference_logits(model, [9] + path), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits[node], reference_logits(model, [9] + path), atol=1e-4,
+                                   rtol=1e-4)
 
 
 @torch.inference_mode()
@@ -133,7 +137,8 @@ def test_compaction_leaves_the_cache_of_the_accepted_path(model, kind):
             assert cache.num_used_blocks == -(-(n + len(accepted)) // cache.block_size)
 
         # compaction is a pure move: the accepted nodes' entries, bit for bit, at their depths
-        after = [read_positions(cache, store, slot, n + len(accepted)) for store in cache.k + cache.v]
+        after = [read_positions(cache, store, slot, n + len(accepted))
+                 for store in cache.k + cache.v]
         for b, a in zip(before, after, strict=True):
             assert torch.equal(a[:n], b[:n])
             assert torch.equal(a[n:], b[[n - 1 + i for i in path_nodes]])
@@ -181,8 +186,8 @@ def test_compact_rejects_bad_positions(model):
 # ---------------------------------------------------------------------------- tree decoding
 
 
-def tree_generate(target, drafter, prompt, max_new_tokens, k=4, branching=(3, 2, 1, 1), sampling=None,
-                  *, eos_token_id=None, max_seq_len=None) -> GenerationResult:
+def tree_generate(target, drafter, prompt, max_new_tokens, k=4, branching=(3, 2, 1, 1),
+                  sampling=None, *, eos_token_id=None, max_seq_len=None) -> GenerationResult:
     """``speculative_generate`` with a draft tree: the same round as a chain."""
     return ms.speculative_generate(target, drafter, prompt, max_new_tokens, k=k, sampling=sampling,
                                    branching=branching, eos_token_id=eos_token_id,
@@ -244,10 +249,12 @@ def test_limits_eos_and_bad_input(pair):
 
 
 def test_draft_cache_after_compaction_equals_a_fresh_drafter(pair):
-    """Round after round, the drafter's tree equals the one a drafter that never saw a tree makes."""
+    """Round after round, the drafter's tree equals the one a drafter that never saw a tree
+    makes."""
     target, draft, _ = pair
     params = ms.SamplingParams(temperature=0)
-    seq = ms.Sequence.new("a", [3, 4, 5], params, max_new_tokens=40, max_seq_len=96, vocab_size=VOCAB)
+    seq = ms.Sequence.new("a", [3, 4, 5], params, max_new_tokens=40, max_seq_len=96,
+                          vocab_size=VOCAB)
     drafter = TreeModelDrafter(draft, 96, 64)
     rng = random.Random(0)
     for _ in range(6):
@@ -324,7 +331,7 @@ def test_a_batch_of_trees_with_padding(model, kind):
         storage.append(list(range(n - 1, n - 1 + len(tree))) + [-1] * pad)
         masks[b, :len(tree), :len(tree)] = tree.ancestor_mask()
     attn = TreeAttention(torch.tensor(storage), torch.tensor([len(c) - 1 for c in contexts]), masks)
-    logits = model(torch.tensor(ids), torch.tensor(positions), cache, slots, tree=attn)   # (2, W, V)
+    logits = model(torch.tensor(ids), torch.tensor(positions), cache, slots, tree=attn)  # (2, W, V)
     for b, (context, tree) in enumerate(zip(contexts, trees, strict=True)):
         for node, path in enumerate(root_paths(tree)):
             torch.testing.assert_close(logits[b, node], reference_logits(model, context + path),

@@ -1,4 +1,5 @@
-"""minispec.tools.viz: the overlap picture draws exactly min(p, q), max(0, q - p) and max(0, p - q)."""
+"""minispec.tools.viz: the overlap picture draws exactly min(p, q), max(0, q - p) and
+max(0, p - q)."""
 
 import subprocess
 import sys
@@ -105,7 +106,8 @@ def test_trace_figure_1_kinds():
                 Round([8, 8], 0, [7])],              # first draft rejected
     )
     t = viz.trace(result)
-    assert t.rounds[0] == [("[1]", "accepted"), ("[2]", "accepted"), ("[3]", "rejected"), ("[9]", "correction")]
+    assert t.rounds[0] == [("[1]", "accepted"), ("[2]", "accepted"), ("[3]", "rejected"),
+                           ("[9]", "correction")]
     assert t.rounds[1][-1] == ("[6]", "bonus")
     assert t.counts() == {"accepted": 5, "rejected": 2, "correction": 2, "bonus": 1}
     page = t._repr_html_()

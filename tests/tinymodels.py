@@ -16,8 +16,8 @@ from minispec.models.llama import Llama, ModelConfig
 VOCAB = 48
 
 
-def tiny_llama(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, seed=0, scale=0.35, max_pos=96,
-               eos=None) -> Llama:
+def tiny_llama(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, seed=0, scale=0.35,
+               max_pos=96, eos=None) -> Llama:
     """A random fp32 Llama (GQA, Llama-3 RoPE, tied embeddings) with peaked logits."""
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -35,8 +35,8 @@ def tiny_llama(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, seed=0, sc
 
 
 def noisy_copy(model: Llama, noise: float, seed: int | None = 1) -> Llama:
-    """A draft: ``model`` with Gaussian noise of scale ``noise`` added to every parameter (many drafts
-    accepted). ``seed=None`` draws from torch's global generator as it stands."""
+    """A draft: ``model`` with Gaussian noise of scale ``noise`` added to every parameter (many
+    drafts accepted). ``seed=None`` draws from torch's global generator as it stands."""
     if seed is not None:
         torch.manual_seed(seed)
     draft = copy.deepcopy(model)

@@ -2,9 +2,9 @@ r"""mkdocs hooks for the minispec site (registered under ``hooks:`` in mkdocs.ym
 
 What they do, in build order:
 
-* ``on_config``: the nav entry whose value is the string ``lessons/*.ipynb`` is replaced by one entry
-  per notebook present in ``lessons/`` (title from the notebook's first ``#`` heading), so the nav
-  lists exactly the lessons that exist.
+* ``on_config``: the nav entry whose value is the string ``lessons/*.ipynb`` is replaced by one
+  entry per notebook present in ``lessons/`` (title from the notebook's first ``#`` heading), so the
+  nav lists exactly the lessons that exist.
 * ``on_files`` (high priority, so it runs before mkdocs-jupyter wraps notebooks as pages):
   - adds ``lessons/*.ipynb`` from the repository root; the notebooks stay in ``lessons/``;
   - generates ``api/<module>.md`` (``# module`` + ``::: module``) for every nav entry of that form
@@ -16,8 +16,8 @@ What they do, in build order:
     the package) are shown as paths, so a card cannot break the strict build.
 * ``on_page_markdown``: a link to ``lessons/NN_*.ipynb`` (a glob) points at the lesson with that
   number, or turns into plain text marked "in preparation" when no such notebook exists yet; an
-  API page gets an autorefs anchor named after its module, so ``[`minispec.tools.viz`][minispec.tools.viz]``
-  links to it.
+  API page gets an autorefs anchor named after its module, so
+  ``[`minispec.tools.viz`][minispec.tools.viz]`` links to it.
 * ``on_page_content``: a file path in inline code (``vllm/v1/core/block_pool.py``) may wrap only
   after its slashes, never mid-word; on API pages a code span that is really a formula
   (``f_{t-1}``, ``(f_j, x_{j+1})``) is typeset as math, and `` -- `` in running text becomes a dash.
@@ -35,8 +35,8 @@ becomes ``γ`` there (the page's own heading keeps the typeset math). The build 
 "IProgress not found" warning is written into a page.
 
 Docstrings write cross-references as mkdocstrings reads them,
-``[`Verdict`][minispec.core.speculative.Verdict]``; an object with no page of its own (a torch class, a
-module outside the API reference) is plain inline code.
+``[`Verdict`][minispec.core.speculative.Verdict]``; an object with no page of its own (a torch
+class, a module outside the API reference) is plain inline code.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ MODEL_CARD_PAGE = "model-card.md"
 MODEL_CARDS = {
     MODEL_CARD_PAGE: (MODEL_CARD, "the shipped pair (`shakespeare-target`, `shakespeare-draft`)"),
     "model-card-eagle.md": ("minispec/zoo/smollm2-135m-instruct-eagle/MODEL_CARD.md",
-                            "the EAGLE head for SmolLM2-135M-Instruct (`smollm2-135m-instruct-eagle`)"),
+                            "the EAGLE head for SmolLM2-135M-Instruct "
+                            "(`smollm2-135m-instruct-eagle`)"),
 }
 _API_PAGE = re.compile(r"^api/(?P<module>[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*)\.md$")
 
@@ -115,7 +116,8 @@ def plain_title(heading: str) -> str:
     (``$D_{LK}$`` -> ``D_LK``, ``$\\gamma$`` -> ``γ``); emphasis and code marks are dropped.
     """
     def math(m: re.Match) -> str:
-        tex = re.sub(r"\\([A-Za-z]+)", lambda s: _TEX_SYMBOLS.get(s.group(1), s.group(1)), m.group(1))
+        tex = re.sub(r"\\([A-Za-z]+)", lambda s: _TEX_SYMBOLS.get(s.group(1), s.group(1)),
+                     m.group(1))
         return re.sub(r"[{}]", "", tex).strip()
 
     text = re.sub(r"\$([^$]+)\$", math, heading)
@@ -158,7 +160,8 @@ def _fracs(tex: str) -> str:
 def plain_math(tex: str) -> str:
     """TeX as readable plain text for search previews: ``\\beta = \\sum_x \\min(p, q)`` ->
     ``β = Σ_x min(p, q)``. Not a renderer: spacing and sizing commands are dropped."""
-    tex = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|displaystyle|quad|qquad)\b", " ", tex)
+    tex = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|displaystyle|quad|qquad)\b", " ",
+                 tex)
     tex = re.sub(r"\\[,;:! ]", " ", tex)
     tex = _fracs(tex)
 
@@ -172,7 +175,8 @@ def plain_math(tex: str) -> str:
     return re.sub(r"\s+", " ", tex).strip()
 
 
-_SEARCH_MATH = re.compile(r"\\\((.+?)\\\)|\\\[(.+?)\\\]|\$\$(.+?)\$\$|(?<![\\$])\$([^$\n]+?)\$", re.DOTALL)
+_SEARCH_MATH = re.compile(r"\\\((.+?)\\\)|\\\[(.+?)\\\]|\$\$(.+?)\$\$|(?<![\\$])\$([^$\n]+?)\$",
+                          re.DOTALL)
 
 
 def on_post_build(config) -> None:
@@ -183,7 +187,8 @@ def on_post_build(config) -> None:
     data = json.loads(index.read_text(encoding="utf-8"))
 
     def clean(text: str) -> str:
-        return _SEARCH_MATH.sub(lambda m: plain_math(next(g for g in m.groups() if g is not None)), text)
+        return _SEARCH_MATH.sub(lambda m: plain_math(next(g for g in m.groups() if g is not None)),
+                                text)
 
     for doc in data.get("docs", []):
         for key in ("title", "text"):
@@ -308,8 +313,8 @@ def on_files(files: Files, config) -> Files:
         module = m.group("module")
         if _module_file(root, module) is None:
             raise PluginError(
-                f"mkdocs.yml lists the API page {value!r}, but module {module!r} has no source file "
-                f"under {root}. Remove the nav entry or add the module."
+                f"mkdocs.yml lists the API page {value!r}, but module {module!r} has no source "
+                f"file under {root}. Remove the nav entry or add the module."
             )
         files.append(File.generated(config, value, content=f"# `{module}`\n\n::: {module}\n"))
 
@@ -411,8 +416,8 @@ def on_page_content(html_text: str, page, config, files: Files) -> str:
 
 
 _MATHJAX2 = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.DOTALL)
-_MERMAID = re.compile(r"<script type=\"module\">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*?</script>",
-                      re.DOTALL)
+_MERMAID = re.compile(r"<script type=\"module\">(?:(?!</script>).)*?mermaid"
+                      r"(?:(?!</script>).)*?</script>", re.DOTALL)
 
 
 _CELL_ID = re.compile(r'id="cell-id=([^"]+)"')

@@ -60,7 +60,8 @@ def _speed(tables) -> tuple[str, str]:
 
     sets = [(label, rows) for label, header, rows in tables if header[:2] == ["method", "time (s)"]]
     heights = [len(rows) for _, rows in sets]
-    fig, axes = plt.subplots(len(sets), 1, figsize=(_WIDTH_IN, 0.3 * sum(heights) + 1.4 * len(sets)),
+    fig, axes = plt.subplots(len(sets), 1,
+                             figsize=(_WIDTH_IN, 0.3 * sum(heights) + 1.4 * len(sets)),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     for ax, (label, rows) in zip(axes[:, 0], sets, strict=True):
         names = [r[0] for r in rows]
@@ -108,8 +109,8 @@ def _engine(tables) -> tuple[str, str]:
     fig.tight_layout()
     png = _png(fig)
     plt.close(fig)
-    alt = ("Throughput against batch size, log-log: the engine grows from about 360 to 4100 tokens/s; "
-           "speculation (draft or n-gram) helps at B = 1-2 and falls behind from B = 16; "
+    alt = ("Throughput against batch size, log-log: the engine grows from about 360 to 4100 "
+           "tokens/s; speculation (draft or n-gram) helps at B = 1-2 and falls behind from B = 16; "
            "transformers' continuous batching stays below the engine.")
     return png, alt
 
@@ -125,7 +126,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     def figure(m: re.Match) -> str:
         kind = m.group(1)
         if kind not in _PLOTS:
-            raise ValueError(f"{page.file.src_uri}: unknown plot {kind!r} (known: {sorted(_PLOTS)})")
+            raise ValueError(f"{page.file.src_uri}: unknown plot {kind!r} "
+                             f"(known: {sorted(_PLOTS)})")
         png, alt = _PLOTS[kind](tables)
         return f"![{alt}](data:image/png;base64,{png}){{ .minispec-figure }}"
 

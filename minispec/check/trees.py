@@ -91,7 +91,8 @@ def _law(fn: Callable, chain: Chain, width: int, sampled: bool, n: int, alpha: f
     def case():
         g = torch.Generator().manual_seed(seed)
         inputs = {"drafts per round": width, "depth": 2}
-        return law_case(name, chain, make_round(fn, chain, width, sampled, g), n, LENGTH, alpha, inputs)
+        return law_case(name, chain, make_round(fn, chain, width, sampled, g), n, LENGTH, alpha,
+                        inputs)
 
     return name, case
 

@@ -70,7 +70,8 @@ class SamplingParams:
             ("repetition_penalty", self.repetition_penalty,
              _is_real(self.repetition_penalty) and self.repetition_penalty > 0,
              "a real number > 0"),
-            ("seed", self.seed, self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
+            ("seed", self.seed,
+             self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
              "an integer in [0, 2**64) or None"),
         ]
         for name, value, ok, expected in checks:
@@ -201,7 +202,8 @@ def probs_for_rows(logits: Tensor, params: Sequence[SamplingParams],
         groups.setdefault((sp.temperature, sp.top_k, sp.top_p, sp.repetition_penalty), []).append(r)
     for rows in groups.values():
         sp = params[rows[0]]
-        ctx = [contexts[r] for r in rows] if contexts is not None and sp.repetition_penalty != 1 else None
+        ctx = ([contexts[r] for r in rows] if contexts is not None and sp.repetition_penalty != 1
+               else None)
         index = torch.tensor(rows, device=logits.device)
         out[index] = probs_from_logits(logits[index], sp, context_ids=ctx)
     return out

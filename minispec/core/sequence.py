@@ -1,28 +1,27 @@
 """One request: its tokens, its limits, its stop rules, its random stream (vLLM's ``Sequence``).
 
-A [`Sequence`][minispec.core.sequence.Sequence] is everything a decoding loop knows about one request,
-and the same object is driven by both loops:
+A [`Sequence`][minispec.core.sequence.Sequence] is everything a decoding loop knows about one
+request, and the same object is driven by both loops:
 [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] makes one, the
-[`Engine`][minispec.serving.engine.Engine] makes one per request. So the rules that belong to a request are
-written here, once:
+[`Engine`][minispec.serving.engine.Engine] makes one per request. So the rules that belong to a
+request are written here, once:
 
-* **what a valid request is** ([`Sequence.new`][minispec.core.sequence.Sequence.new]): integral token ids
-inside the vocabulary, an
-  integral ``max_new_tokens >= 0``, stop ids inside the vocabulary, non-empty stop strings, a prompt
-  that fits ``max_seq_len`` -- a bad request is refused with a ``ValueError`` before it can run;
+* **what a valid request is** ([`Sequence.new`][minispec.core.sequence.Sequence.new]): integral
+  token ids inside the vocabulary, an integral ``max_new_tokens >= 0``, stop ids inside the
+  vocabulary, non-empty stop strings, a prompt that fits ``max_seq_len`` -- a bad request is
+  refused with a ``ValueError`` before it can run;
 * **how long a round may be** ([`round_k`][minispec.core.sequence.round_k]): ``k`` shrinks near
-``max_seq_len`` and
-  ``max_new_tokens``;
-* **when to stop** ([`Sequence.append`][minispec.core.sequence.Sequence.append]): at an EOS id, a stop
-id, a stop string, the token
-  budget or the context limit -- even in the middle of an accepted block;
+  ``max_seq_len`` and ``max_new_tokens``;
+* **when to stop** ([`Sequence.append`][minispec.core.sequence.Sequence.append]): at an EOS id, a
+  stop id, a stop string, the token budget or the context limit -- even in the middle of an
+  accepted block;
 * **its own random stream**: one ``torch.Generator`` made once from ``sampling.seed`` and never
   reseeded (not even on preemption), so a request draws the same numbers in either loop.
 
 A sequence also records where it lives while it runs (its KV cache slots and how many positions the
-draft cache holds, ``draft_len``) and what happened (``generated``, ``rounds``, ``stats``, the finish
-reason, and the error message of a request that failed alone). Bookkeeping only: pure Python, plus
-the generator.
+draft cache holds, ``draft_len``) and what happened (``generated``, ``rounds``, ``stats``, the
+finish reason, and the error message of a request that failed alone). Bookkeeping only: pure Python,
+plus the generator.
 """
 
 from __future__ import annotations
@@ -64,11 +63,13 @@ class Round:
     emitted: list[int]
 
 
-def round_k(k: int, num_tokens: int, num_generated: int, max_new_tokens: int, max_seq_len: int) -> int:
+def round_k(k: int, num_tokens: int, num_generated: int, max_new_tokens: int,
+            max_seq_len: int) -> int:
     """Drafts one round may propose.
 
-    A round feeds ``[last, d_1..d_k]`` at positions ``n-1..n-1+k`` and yields up to ``k + 1`` tokens,
-    so ``k`` shrinks to keep ``n + k + 1 <= max_seq_len`` and to not draft past ``max_new_tokens``.
+    A round feeds ``[last, d_1..d_k]`` at positions ``n-1..n-1+k`` and yields up to ``k + 1``
+    tokens, so ``k`` shrinks to keep ``n + k + 1 <= max_seq_len`` and to not draft past
+    ``max_new_tokens``.
 
     Args:
         k: the drafts asked for (0: plain decoding).
@@ -160,12 +161,14 @@ class Sequence:
 
         Raises:
             ValueError: naming what is wrong (ids outside the vocabulary or not integers, a
-                non-integral or negative ``max_new_tokens``, empty stop strings, stop strings without
-                a tokenizer, a prompt longer than ``max_seq_len``, a bad ``SamplingParams``).
+                non-integral or negative ``max_new_tokens``, empty stop strings, stop strings
+                without a tokenizer, a prompt longer than ``max_seq_len``, a bad
+                ``SamplingParams``).
         """
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise ValueError(f"sampling must be a SamplingParams or None, got {sampling!r}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                or max_new_tokens < 0):
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         stops = (stop,) if isinstance(stop, str) else tuple(stop)
         if any(not isinstance(s, str) or not s for s in stops):
@@ -178,7 +181,8 @@ class Sequence:
             for ids in (eos_token_ids, stop_token_ids))
         prompt = as_token_ids(prompt, "prompt token ids", vocab_size)
         if len(prompt) > max_seq_len:
-            raise ValueError(f"the prompt has {len(prompt)} tokens but max_seq_len is {max_seq_len}")
+            raise ValueError(f"the prompt has {len(prompt)} tokens but max_seq_len is "
+                             f"{max_seq_len}")
         seq = cls(str(request_id), prompt, sampling or SamplingParams(temperature=0.0),
                   max_new_tokens, max_seq_len,
                   frozenset(as_token_ids(eos_token_ids, "eos_token_id", vocab_size)),
@@ -212,7 +216,8 @@ class Sequence:
     def round_k(self, k: int) -> int:
         """Drafts this sequence may propose in its next round (see
         [`round_k`][minispec.core.sequence.Sequence.round_k])."""
-        return round_k(k, self.num_tokens, len(self.generated), self.max_new_tokens, self.max_seq_len)
+        return round_k(k, self.num_tokens, len(self.generated), self.max_new_tokens,
+                       self.max_seq_len)
 
     def round_len(self, k: int) -> int:
         """Cache positions its next round needs: ``n - 1`` cached plus ``k_round + 1`` fed."""
@@ -220,7 +225,8 @@ class Sequence:
 
     def max_len(self) -> int:
         """The most cache positions this request can ever hold (its worst-case ``round_len``)."""
-        return max(len(self.prompt), min(len(self.prompt) + self.max_new_tokens - 1, self.max_seq_len - 1))
+        return max(len(self.prompt),
+                   min(len(self.prompt) + self.max_new_tokens - 1, self.max_seq_len - 1))
 
     def done_before_start(self) -> str | None:
         """The finish reason of a request that ends before any round, else ``None``."""
@@ -231,11 +237,12 @@ class Sequence:
     # ------------------------------------------------------------------ the stop rules
 
     def append(self, tokens: list[int], drafts: list[int], num_accepted: int) -> list[int]:
-        """Append a verdict's tokens, stopping exactly at the first stop condition; returns the emitted.
+        """Append a verdict's tokens, stopping exactly at the first stop condition; returns the
+        emitted.
 
         The conditions, checked token by token inside the accepted block: an EOS id (``"eos"``), a
-        stop id or a completed stop string (``"stop"``), ``max_new_tokens`` (``"length"``); after the
-        block, a full context (``"max_seq_len"``). The round is recorded in ``rounds``.
+        stop id or a completed stop string (``"stop"``), ``max_new_tokens`` (``"length"``); after
+        the block, a full context (``"max_seq_len"``). The round is recorded in ``rounds``.
         """
         emitted, finish = [], None
         for token in tokens:

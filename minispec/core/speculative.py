@@ -2,8 +2,8 @@
 
 Notation (Leviathan et al. 2023): ``p`` is the target distribution, ``q`` the draft distribution,
 both over a vocabulary of ``V`` tokens and both *after* the same sampling adjustments
-([`minispec.core.sampling.probs_from_logits`][minispec.core.sampling.probs_from_logits]). ``k`` (gamma in the
-paper) is the number of draft tokens checked in one round.
+([`minispec.core.sampling.probs_from_logits`][minispec.core.sampling.probs_from_logits]). ``k``
+(gamma in the paper) is the number of draft tokens checked in one round.
 
 The one rule everything here is built from (Leviathan §2.3, Stratos §1):
 
@@ -11,9 +11,9 @@ The one rule everything here is built from (Leviathan §2.3, Stratos §1):
 * on rejection, draw from the residual ``norm(max(0, p - q))``.
 
 The accepted-or-resampled token is distributed exactly as ``p`` (Leviathan App. A.1).
-[`verify`][minispec.core.speculative.verify] applies the rule to ``k`` drafts in a row (Algorithm 1),
-[`verify_batch`][minispec.core.speculative.verify_batch] to a batch of rows at once, and
-``minispec.core.tree`` generalises it to several proposals and draft trees.
+[`verify`][minispec.core.speculative.verify] applies the rule to ``k`` drafts in a row
+(Algorithm 1), [`verify_batch`][minispec.core.speculative.verify_batch] to a batch of rows at once,
+and ``minispec.core.tree`` generalises it to several proposals and draft trees.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def check_probs(probs: Tensor, name: str, atol: float = 1e-4) -> None:
     if not torch.is_floating_point(probs):
         raise ValueError(f"{name} must be a floating-point tensor, got {probs.dtype}")
     if probs.ndim == 0 or probs.shape[-1] == 0:
-        raise ValueError(f"{name} must have a non-empty vocabulary dimension, got {tuple(probs.shape)}")
+        raise ValueError(f"{name} must have a non-empty vocabulary dimension, "
+                         f"got {tuple(probs.shape)}")
     row_error = (probs.sum(dim=-1) - 1).abs()
     bad = torch.isnan(probs).any() | (probs < 0).any() | (row_error > atol).any()
     if not bool(bad):
@@ -96,7 +97,8 @@ def residual(p: Tensor, q: Tensor) -> Tensor:
         the row is never used and we return ``p`` itself instead of dividing by zero.
 
     Raises:
-        ValueError: when ``p`` or ``q`` is not a distribution (NaN, negative, rows not summing to 1).
+        ValueError: when ``p`` or ``q`` is not a distribution (NaN, negative, rows not summing
+            to 1).
     """
     check_probs(p, "p")
     check_probs(q, "q")
@@ -160,13 +162,15 @@ def speculative_sample_batch(
     x = torch.multinomial(q, num_samples, replacement=True, generator=generator)      # (n,)
     u = torch.rand(num_samples, generator=generator, device=q.device)                 # (n,)
     accepted = accepts(u, p[x], q[x])                                                # (n,)
-    fallback = torch.multinomial(_residual(p, q), num_samples, replacement=True, generator=generator)
+    fallback = torch.multinomial(_residual(p, q), num_samples, replacement=True,
+                                 generator=generator)
     return torch.where(accepted, x, fallback), accepted
 
 
 def _check_pair(p: Tensor, q: Tensor) -> None:
     if p.ndim != 1 or p.shape != q.shape:
-        raise ValueError(f"p and q must both be [V] with the same V, got {tuple(p.shape)} and {tuple(q.shape)}")
+        raise ValueError(f"p and q must both be [V] with the same V, got {tuple(p.shape)} and "
+                         f"{tuple(q.shape)}")
     check_probs(p, "p")
     check_probs(q, "q")
 
@@ -198,8 +202,8 @@ class Verdict:
 
 @dataclass(frozen=True)
 class GreedyVerdict:
-    """The outcome of [`verify_greedy`][minispec.core.speculative.verify_greedy]: the tokens to append
-    and how many drafts were kept."""
+    """The outcome of [`verify_greedy`][minispec.core.speculative.verify_greedy]: the tokens to
+    append and how many drafts were kept."""
 
     tokens: list[int]
     num_accepted: int
@@ -215,8 +219,8 @@ def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
     Returns:
         The drafts up to the first one that differs from the target's argmax, then the target's
         argmax at that position (or the bonus argmax when all ``k`` match) -- exactly what
-        [`verify`][minispec.core.speculative.verify] returns on one-hot target rows, without building
-        them.
+        [`verify`][minispec.core.speculative.verify] returns on one-hot target rows, without
+        building them.
     """
     accepted = 0
     while accepted < len(draft_tokens) and draft_tokens[accepted] == target_argmax[accepted]:
@@ -233,12 +237,13 @@ def verify(
     greedy: bool | None = None,
     uniforms: Tensor | None = None,
 ) -> Verdict:
-    """Algorithm 1's accept loop for one sequence (Leviathan et al. 2023, §2.3), written as the loop.
+    """Algorithm 1's accept loop for one sequence (Leviathan et al. 2023, §2.3), written as the
+    loop.
 
     This is the scalar reference a student reads;
-    [`verify_batch`][minispec.core.speculative.verify_batch] is the same rule on tensors for many rows at
-    once and draws the same random numbers (``k`` uniforms first, then the last token), so the two
-    agree token for token; the exact-law tests check both.
+    [`verify_batch`][minispec.core.speculative.verify_batch] is the same rule on tensors for many
+    rows at once and draws the same random numbers (``k`` uniforms first, then the last token), so
+    the two agree token for token; the exact-law tests check both.
 
     Args:
         draft_tokens: ``[k]`` the drafted tokens ``d_1..d_k``.
@@ -257,7 +262,8 @@ def verify(
         A [`Verdict`][minispec.core.speculative.Verdict] with ``1..k+1`` tokens.
     """
     if not isinstance(draft_tokens, Tensor):
-        draft_tokens = torch.tensor(list(draft_tokens), dtype=torch.long, device=target_probs.device)
+        draft_tokens = torch.tensor(list(draft_tokens), dtype=torch.long,
+                                    device=target_probs.device)
     if draft_tokens.ndim != 1 or target_probs.ndim != 2:
         raise ValueError(
             f"verify expects draft_tokens [k] and target_probs [k+1, V], got "
@@ -370,7 +376,8 @@ def _check_verify_inputs(
         raise ValueError(f"target_probs must be [B, k+1, V] = [{B}, {k + 1}, V], "
                          f"got {tuple(target_probs.shape)}")
     if draft_probs is not None and draft_probs.shape != (B, k, V):
-        raise ValueError(f"draft_probs must be [B, k, V] = [{B}, {k}, {V}], got {tuple(draft_probs.shape)}")
+        raise ValueError(f"draft_probs must be [B, k, V] = [{B}, {k}, {V}], "
+                         f"got {tuple(draft_probs.shape)}")
     if uniforms is not None and uniforms.shape != (B, k):
         raise ValueError(f"uniforms must be [B, k] = [{B}, {k}], got {tuple(uniforms.shape)}")
     if draft_tokens.dtype != torch.long:

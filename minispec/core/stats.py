@@ -1,4 +1,5 @@
-"""Statistics of a speculative decoding run, returned as data so lessons and tests can assert on them.
+"""Statistics of a speculative decoding run, returned as data so lessons and tests can assert on
+them.
 
 Two acceptance numbers are easy to confuse:
 
@@ -84,14 +85,16 @@ class SpecStats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """For draft position ``i = 1..k``: P(draft i accepted | drafts 1..i-1 accepted, i proposed).
+        """For draft position ``i = 1..k``: P(draft i accepted | drafts 1..i-1 accepted, i
+        proposed).
 
         Under the i.i.d. assumption every entry estimates the same ``alpha``.
         """
         k = max(self.drafted_per_round, default=0)
         rates = []
         for i in range(1, k + 1):
-            reached = [a for a, d in zip(self.accepted_per_round, self.drafted_per_round, strict=True)
+            reached = [a for a, d in zip(self.accepted_per_round, self.drafted_per_round,
+                                         strict=True)
                        if d >= i and a >= i - 1]
             rates.append(sum(a >= i for a in reached) / len(reached) if reached else float("nan"))
         return rates
@@ -112,7 +115,8 @@ class SpecStats:
         return max(0.0, self.total_time - self.draft_time - self.verify_time)
 
     def summary(self) -> str:
-        """Two lines for terminals: tokens per target forward and acceptance, then the time split."""
+        """Two lines for terminals: tokens per target forward and acceptance, then the time
+        split."""
         return (
             f"{self.new_tokens} tokens in {self.rounds} target forwards "
             f"({self.tokens_per_target_forward:.2f} tokens/forward), k={self.k}, "

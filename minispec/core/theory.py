@@ -1,9 +1,9 @@
 """Closed forms from the analysis of speculative decoding (Leviathan et al. 2023, §3).
 
-Notation: ``alpha`` is the expected acceptance rate ``E[beta]``, with ``beta = sum_x min(p(x), q(x))``
-at one position; ``gamma`` is the number of drafts per round (``k`` in code); ``c`` is the cost of
-one draft step divided by the cost of one target step; ``c_hat`` the same ratio for arithmetic
-operations.
+Notation: ``alpha`` is the expected acceptance rate ``E[beta]``, with
+``beta = sum_x min(p(x), q(x))`` at one position; ``gamma`` is the number of drafts per round (``k``
+in code); ``c`` is the cost of one draft step divided by the cost of one target step; ``c_hat`` the
+same ratio for arithmetic operations.
 
 The paper assumes that verifying ``gamma + 1`` tokens in one target forward costs the same as one
 target step. That holds when the target is memory-bound (large models on GPUs) but not for tiny
@@ -124,7 +124,8 @@ def walltime_speedup(alpha: float, gamma: int, c: float, r: VerifyCost = 1.0) ->
 
 
 def optimal_gamma(alpha: float, c: float, r: VerifyCost = 1.0, max_gamma: int = 64) -> int:
-    """The integer ``gamma >= 1`` maximising [`walltime_speedup`][minispec.core.theory.walltime_speedup].
+    """The integer ``gamma >= 1`` maximising
+    [`walltime_speedup`][minispec.core.theory.walltime_speedup].
 
     Leviathan et al. §3.5, Figure 3.
 
@@ -149,7 +150,8 @@ def ops_factor(alpha: float, gamma: int, c_hat: float) -> float:
 
 
 def min_speedup_gamma1(alpha: float, c: float) -> float:
-    """Corollary 3.9: with ``alpha > c``, ``gamma = 1`` already gives ``(1 + alpha) / (1 + c) > 1``."""
+    """Corollary 3.9: with ``alpha > c``, ``gamma = 1`` already gives
+    ``(1 + alpha) / (1 + c) > 1``."""
     if not alpha > c:
         raise ValueError(f"Corollary 3.9 needs alpha > c, got alpha={alpha}, c={c}")
     return walltime_speedup(alpha, 1, c)

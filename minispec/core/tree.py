@@ -1,13 +1,13 @@
 """Several proposals at once: iterative speculative sampling and draft trees (Stratos §2, App. A).
 
 Speculative sampling can be chained. If the draft ``q_1``'s proposal is rejected, the residual
-``p_1 = norm(max(0, p - q_1))`` is itself a target we can speculate on with another proposal ``q_2``,
-and so on; only after the last rejection do we sample from what is left. The token that comes out
-still has law ``p`` (Stratos §2). SpecInfer (Miao et al. 2024) applies this at every node of a prefix
-tree of drafts: the children of a node are the proposals, tried one after another.
+``p_1 = norm(max(0, p - q_1))`` is itself a target we can speculate on with another proposal
+``q_2``, and so on; only after the last rejection do we sample from what is left. The token that
+comes out still has law ``p`` (Stratos §2). SpecInfer (Miao et al. 2024) applies this at every node
+of a prefix tree of drafts: the children of a node are the proposals, tried one after another.
 
-For greedy decoding the tree is simpler (Stratos App. A): at each node the target's argmax is the only
-acceptable child, so walking down while a child matches finds the longest accepted path.
+For greedy decoding the tree is simpler (Stratos App. A): at each node the target's argmax is the
+only acceptable child, so walking down while a child matches finds the longest accepted path.
 
 The functions consume their random numbers in a fixed order (proposal after proposal, in draft
 order) and report the acceptance probability of every test they made, so tests can enumerate every
@@ -25,13 +25,15 @@ from torch import Tensor
 from minispec.core.sampling import one_hot, sample
 from minispec.core.speculative import accepts, check_probs, residual
 
-__all__ = ["DraftTree", "IterativeResult", "TreeProposal", "TreeVerdict", "iterative_speculative_sample",
-           "tree_size", "verify_proposal", "verify_tree", "walk_greedy"]
+__all__ = ["DraftTree", "IterativeResult", "TreeProposal", "TreeVerdict",
+           "iterative_speculative_sample", "tree_size", "verify_proposal", "verify_tree",
+           "walk_greedy"]
 
 
 def _uniform_stream(uniforms: Iterable[float] | None, generator: torch.Generator | None,
                     device: torch.device) -> Iterator[Tensor]:
-    """Yield ``u ~ U[0, 1)`` one at a time, from ``uniforms`` when given, else from ``generator``."""
+    """Yield ``u ~ U[0, 1)`` one at a time, from ``uniforms`` when given, else from
+    ``generator``."""
     if uniforms is not None:
         for u in uniforms:
             yield torch.as_tensor(float(u), device=device)
@@ -54,7 +56,7 @@ def _try_proposals(p: Tensor, proposals: Sequence[tuple[int, Tensor | None]],
         accept_probs.append(min(1.0, float(p[x] / q[x])))
         if accepts(next(us), p[x], q[x]):
             return j, p
-        p = residual(p, q)          # speculate on what the target has left: p_j ∝ max(0, p_{j-1} - q_j)
+        p = residual(p, q)  # speculate on what the target has left: p_j ∝ max(0, p_{j-1} - q_j)
     return None, p
 
 
@@ -97,7 +99,8 @@ def iterative_speculative_sample(
         An [`IterativeResult`][minispec.core.tree.IterativeResult] whose token has law ``p``.
     """
     if p.ndim != 1 or qs.ndim != 2 or qs.shape[1] != p.shape[0]:
-        raise ValueError(f"expected p [V] and qs [K, V], got {tuple(p.shape)} and {tuple(qs.shape)}")
+        raise ValueError(f"expected p [V] and qs [K, V], got {tuple(p.shape)} and "
+                         f"{tuple(qs.shape)}")
     check_probs(p, "p")
     check_probs(qs, "qs")
     if proposals is None:
@@ -208,7 +211,8 @@ def verify_tree(
     greedy: bool | None = None,
     uniforms: Iterable[float] | None = None,
 ) -> TreeVerdict:
-    """Verify a tree of drafts against the target: SpecInfer's rule, or greedy (Stratos §2.1, App. A).
+    """Verify a tree of drafts against the target: SpecInfer's rule, or greedy (Stratos §2.1,
+    App. A).
 
     Args:
         tree: the prefix tree of the drafts
@@ -223,8 +227,8 @@ def verify_tree(
         uniforms: acceptance uniforms to use instead of drawing them, consumed in order.
 
     Returns:
-        A [`TreeVerdict`][minispec.core.tree.TreeVerdict]. In sampled mode the emitted tokens have the
-        target's law; in greedy mode they are the target's greedy continuation, with the longest
+        A [`TreeVerdict`][minispec.core.tree.TreeVerdict]. In sampled mode the emitted tokens have
+        the target's law; in greedy mode they are the target's greedy continuation, with the longest
         accepted path.
     """
     n, V = len(tree), target_probs.shape[-1]
@@ -237,7 +241,8 @@ def verify_tree(
                              f"{len(tree.draft_nodes)}")
         for j, (q, nodes) in enumerate(zip(draft_probs, tree.draft_nodes, strict=True)):
             if q.shape != (len(nodes), V):
-                raise ValueError(f"draft_probs[{j}] must be [{len(nodes)}, V], got {tuple(q.shape)}")
+                raise ValueError(f"draft_probs[{j}] must be [{len(nodes)}, V], "
+                                 f"got {tuple(q.shape)}")
             check_probs(q, f"draft_probs[{j}]")
     draws: list[list[tuple[int, Tensor | None]]] = [[] for _ in range(n)]
     for j, nodes in enumerate(tree.draft_nodes):  # every draft proposes its next token at a node

@@ -1,8 +1,9 @@
 """Drafters: where the ``k`` guesses of each round come from, behind one batched interface.
 
-Both decoding loops ([`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] for
-one sequence, the [`Engine`][minispec.serving.engine.Engine] for many) talk to a drafter through the same
-three calls:
+Both decoding loops
+([`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] for one sequence,
+the [`Engine`][minispec.serving.engine.Engine] for many) talk to a drafter through the same three
+calls:
 
 * ``propose_batch(seqs, ks) -> list[Draft]`` -- row ``b`` guesses up to ``ks[b]`` tokens after
   ``seqs[b].context`` and says which distribution ``q`` each guess was drawn from (``probs=None``
@@ -14,15 +15,14 @@ three calls:
 
 The drafters:
 
-* [`ModelDrafter`][minispec.drafters.base.ModelDrafter] runs a small draft model (Leviathan et al.), all
-rows in one forward per
-  draft step, with its own KV cache;
-* [`PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter] drives one single-sequence drafter per
-request: the n-gram and
-  prompt-lookup drafters of [`minispec.drafters.ngram`][minispec.drafters.ngram] (``propose(context, k) -> Draft``).
+* [`ModelDrafter`][minispec.drafters.base.ModelDrafter] runs a small draft model
+  (Leviathan et al.), all rows in one forward per draft step, with its own KV cache;
+* [`PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter] drives one single-sequence
+  drafter per request: the n-gram and prompt-lookup drafters of
+  [`minispec.drafters.ngram`][minispec.drafters.ngram] (``propose(context, k) -> Draft``).
 
-[`as_drafter`][minispec.drafters.base.as_drafter] turns what a user passes (a draft model, a drafter,
-``"ngram"``, a factory) into one of these, the same way for both loops.
+[`as_drafter`][minispec.drafters.base.as_drafter] turns what a user passes (a draft model, a
+drafter, ``"ngram"``, a factory) into one of these, the same way for both loops.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ __all__ = ["DRAFTERS", "Draft", "Drafter", "ModelDrafter", "NGramDrafter", "PerR
            "keeps_cache", "mark_fed"]
 
 #: Deterministic drafters made by name, one per request.
-DRAFTERS: dict[str, Callable[[], Any]] = {"ngram": NGramDrafter, "prompt_lookup": PromptLookupDrafter,
+DRAFTERS: dict[str, Callable[[], Any]] = {"ngram": NGramDrafter,
+                                          "prompt_lookup": PromptLookupDrafter,
                                           "suffix": SuffixDrafter}
 
 
@@ -116,8 +117,8 @@ def check_compatible(target: ModelConfig, draft: ModelConfig) -> None:
         raise ValueError(f"draft vocab_size {draft.vocab_size} != target vocab_size "
                          f"{target.vocab_size}: the models must share one tokenizer")
     if set(draft.eos_token_ids) != set(target.eos_token_ids):
-        raise ValueError(f"draft eos ids {draft.eos_token_ids} != target eos ids {target.eos_token_ids}: "
-                         "the models must share one tokenizer")
+        raise ValueError(f"draft eos ids {draft.eos_token_ids} != target eos ids "
+                         f"{target.eos_token_ids}: the models must share one tokenizer")
 
 
 def keeps_cache(drafter: Drafter | None) -> bool:
@@ -150,7 +151,8 @@ def as_drafter(spec: Any, copy_per_request: bool = False) -> Drafter | None:
     if isinstance(spec, type):                    # a drafter class: one instance per request
         return PerRequestDrafter(spec)
     if hasattr(spec, "propose"):
-        return PerRequestDrafter((lambda: copy.deepcopy(spec)) if copy_per_request else (lambda: spec))
+        return PerRequestDrafter((lambda: copy.deepcopy(spec)) if copy_per_request
+                                 else (lambda: spec))
     if callable(spec):
         return PerRequestDrafter(spec)
     raise ValueError(f"a drafter is a draft model, a drafter, a name in {sorted(DRAFTERS)} or a "
@@ -183,8 +185,9 @@ class PerRequestDrafter(Drafter):
                 before = getattr(drafter, "forwards", 0)        # a user's drafter may not count
                 draft = drafter.propose(seq.context, k, seq.sampling, seq.generator)
                 seq.stats.draft_forwards += getattr(drafter, "forwards", 0) - before
-                drafts.append(Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k]))
-            except Exception as error:              # this request's drafter is broken: it alone fails
+                drafts.append(Draft(draft.tokens[:k],
+                                    None if draft.probs is None else draft.probs[:k]))
+            except Exception as error:            # this request's drafter is broken: it alone fails
                 seq.fail(error)
                 drafts.append(Draft(torch.zeros(0, dtype=torch.long)))
         return drafts
@@ -196,15 +199,15 @@ class PerRequestDrafter(Drafter):
 class ModelDrafter(Drafter):
     """Drafts with a small language model that shares the target's tokenizer, all rows batched.
 
-    The draft model has its own KV cache ([`attach`][minispec.drafters.base.ModelDrafter.attach]; the
-    decoding loop makes it the same kind as the target's). Row ``b`` of a draft step feeds what its
-    cache lacks -- ``seq.context[draft_len:]``: one token normally, two after a round that accepted
-    all ``k`` drafts (``d_k`` was sampled but never fed: the draft lags by one), the whole context
-    on first use or after a preemption (a lazy prefill, done in its own forward so short rows are
-    not padded to the prompt's length). Then ``k - 1`` more steps feed the previous draft. Every row
-    turns its logits into ``q`` with its own ``SamplingParams`` and samples with its own generator.
-    After verify, [`observe`][minispec.drafters.base.ModelDrafter.observe] rolls the cache back to the
-    accepted length.
+    The draft model has its own KV cache ([`attach`][minispec.drafters.base.ModelDrafter.attach];
+    the decoding loop makes it the same kind as the target's). Row ``b`` of a draft step feeds what
+    its cache lacks -- ``seq.context[draft_len:]``: one token normally, two after a round that
+    accepted all ``k`` drafts (``d_k`` was sampled but never fed: the draft lags by one), the whole
+    context on first use or after a preemption (a lazy prefill, done in its own forward so short
+    rows are not padded to the prompt's length). Then ``k - 1`` more steps feed the previous draft.
+    Every row turns its logits into ``q`` with its own ``SamplingParams`` and samples with its own
+    generator. After verify, [`observe`][minispec.drafters.base.ModelDrafter.observe] rolls the
+    cache back to the accepted length.
 
     Args:
         model: the draft [`Llama`][minispec.models.llama.Llama].
@@ -245,17 +248,20 @@ class ModelDrafter(Drafter):
         for j in range(max(ks, default=0)):
             rows = [b for b in active if ks[b] > j]
             logits = self._forward([seqs[b] for b in rows], [feeds[b] for b in rows])     # (R, V)
-            for b, token, q in choose_drafts([seqs[b] for b in rows], logits, [tokens[b] for b in rows], rows):
+            for b, token, q in choose_drafts([seqs[b] for b in rows], logits,
+                                             [tokens[b] for b in rows], rows):
                 tokens[b].append(token)
                 if q is not None:
                     probs[b].append(q)
                 feeds[b] = [token]          # fed next step; the last draft of a row is never fed
         device = self.model.device
-        return [Draft(torch.tensor(t, dtype=torch.long, device=device), torch.stack(p) if p else None)
+        return [Draft(torch.tensor(t, dtype=torch.long, device=device),
+                      torch.stack(p) if p else None)
                 for t, p in zip(tokens, probs, strict=True)]
 
     def _forward(self, seqs: list[Sequence], feeds: list[list[int]]) -> Tensor:
-        """Feed each row's tokens (left-padded with position -1); logits after the last ``(R, V)``."""
+        """Feed each row's tokens (left-padded with position -1); logits after the last
+        ``(R, V)``."""
         ids, pos = draft_rows(seqs, feeds, max(len(f) for f in feeds), self.model.device)
         logits = self.model(ids, pos, self.cache, [s.draft_slot for s in seqs])      # (R, T, V)
         self.forwards += 1

@@ -1,21 +1,26 @@
-"""[`EagleDrafter`][minispec.drafters.eagle.EagleDrafter]: draft from the target's features with an EAGLE-style head, all rows batched.
+"""[`EagleDrafter`][minispec.drafters.eagle.EagleDrafter]: draft from the target's features with an
+EAGLE-style head, all rows batched.
 
-The head ([`minispec.models.eagle_head`][minispec.models.eagle_head]) reads pairs ``(f_{t-1}, x_t)``: the target's feature at
-``t - 1`` and the token at ``t``. Which features exist when:
+The head ([`minispec.models.eagle_head`][minispec.models.eagle_head]) reads pairs
+``(f_{t-1}, x_t)``: the target's feature at ``t - 1`` and the token at ``t``. Which features exist
+when:
 
 * after the target's **prefill** of ``context[:-1]`` (positions ``0..n-2``), the runner hands the
-  drafter ``f_0..f_{n-2}`` ([`EagleDrafter.observe_prefill`][minispec.drafters.eagle.EagleDrafter.observe_prefill]); the pairs
-  ``(f_j, x_{j+1})``, ``j = 0..n-2``, are all known;
+  drafter ``f_0..f_{n-2}``
+  ([`EagleDrafter.observe_prefill`][minispec.drafters.eagle.EagleDrafter.observe_prefill]); the
+  pairs ``(f_j, x_{j+1})``, ``j = 0..n-2``, are all known;
 * after a **verify** that accepted ``a`` drafts, the runner hands the features at the accepted
-  positions only, ``[last, d_1..d_a]`` ([`EagleDrafter.observe`][minispec.drafters.eagle.EagleDrafter.observe]): ``a + 1`` new pairs, whose
-  tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next round.
+  positions only, ``[last, d_1..d_a]``
+  ([`EagleDrafter.observe`][minispec.drafters.eagle.EagleDrafter.observe]): ``a + 1`` new pairs,
+  whose tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next round.
 
-A round ([`EagleDrafter.propose_batch`][minispec.drafters.eagle.EagleDrafter.propose_batch]) feeds each row's pending real pairs into the head's
-cache, then drafts ``k`` tokens: ``d_1`` from the head's output at the last real pair, and ``d_{i+1}``
-from the pair ``(f'_i, d_i)`` -- the head's own predicted feature, since the target has not scored
-``d_i`` yet (EAGLE-1). Those ``k - 1`` speculative pairs are dropped from the head's cache after
-verify; the next round re-feeds the positions with the target's real features. So the head never
-sees the feature of a rejected draft, and never keeps one of its own guesses.
+A round ([`EagleDrafter.propose_batch`][minispec.drafters.eagle.EagleDrafter.propose_batch]) feeds
+each row's pending real pairs into the head's cache, then drafts ``k`` tokens: ``d_1`` from the
+head's output at the last real pair, and ``d_{i+1}`` from the pair ``(f'_i, d_i)`` -- the head's own
+predicted feature, since the target has not scored ``d_i`` yet (EAGLE-1). Those ``k - 1``
+speculative pairs are dropped from the head's cache after verify; the next round re-feeds the
+positions with the target's real features. So the head never sees the feature of a rejected draft,
+and never keeps one of its own guesses.
 
 The head's KV cache is the decoding loop's draft cache, exactly as for a draft model: slot
 ``seq.draft_slot``, ``seq.draft_len`` pairs held, created by the loop from ``drafter.model`` (the
@@ -76,7 +81,8 @@ class EagleDrafter(Drafter):
 
     # ------------------------------------------------------------------ the round's hooks
 
-    def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor]) -> None:
+    def observe_prefill(self, seqs: list[Sequence], starts: list[int],
+                        hidden: list[Tensor]) -> None:
         """The target prefilled positions ``starts[b]..`` of row b; ``hidden[b]`` is (T_b, D).
 
         A prefill from position 0 (a new request, or one preempted and recomputed) starts over.
@@ -113,13 +119,15 @@ class EagleDrafter(Drafter):
         one single-token forward per further draft over the rows still drafting."""
         tokens: list[list[int]] = [[] for _ in seqs]
         probs: list[list[Tensor]] = [[] for _ in seqs]
-        ks = [k if seq.num_tokens >= 2 else 0 for seq, k in zip(seqs, ks, strict=True)]  # no pair yet
+        ks = [k if seq.num_tokens >= 2 else 0
+              for seq, k in zip(seqs, ks, strict=True)]            # no pair yet
         active = [b for b, k in enumerate(ks) if k > 0]
         if active:
             rows = [seqs[b] for b in active]
             logits, feature = self._catch_up(rows)                 # (R, V'), (R, D)
             for j in range(max(ks)):                               # draft j + 1 of each row
-                live = [i for i, b in enumerate(active) if ks[b] > j]  # rows (of active) still going
+                # rows (of active) still going
+                live = [i for i, b in enumerate(active) if ks[b] > j]
                 if j > 0:                                          # feed (f'_j, d_j)
                     ids = [[tokens[active[i]][-1]] for i in live]
                     logits, feature = self._step([rows[i] for i in live], ids, feature[live, None])
@@ -129,7 +137,8 @@ class EagleDrafter(Drafter):
                     if q is not None:
                         probs[b].append(q)
         device = self.model.device
-        return [Draft(torch.tensor(t, dtype=torch.long, device=device), torch.stack(p) if p else None)
+        return [Draft(torch.tensor(t, dtype=torch.long, device=device),
+                      torch.stack(p) if p else None)
                 for t, p in zip(tokens, probs, strict=True)]
 
     def _catch_up(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor]:
@@ -144,23 +153,28 @@ class EagleDrafter(Drafter):
                 f = self.last_fed[seq.request_id]
             n_pairs = seq.num_tokens - 1
             if f is None or seq.draft_len + len(f) != n_pairs:
-                raise RuntimeError(f"request {seq.request_id}: the head holds {seq.draft_len} pairs and "
-                                   f"{0 if f is None else len(f)} pending features, but the context "
-                                   f"has {n_pairs} (was the target prefilled with the drafter attached?)")
+                raise RuntimeError(f"request {seq.request_id}: the head holds {seq.draft_len} "
+                                   f"pairs and {0 if f is None else len(f)} pending features, "
+                                   f"but the context has {n_pairs} (was the target prefilled "
+                                   f"with the drafter attached?)")
             feeds.append((f, seq.context[seq.draft_len + 1:]))
         width = max(len(ids) for _, ids in feeds)
         D = feeds[0][0].shape[-1]
-        features = torch.zeros(len(seqs), width, D, dtype=self.model.dtype, device=self.model.device)
+        features = torch.zeros(len(seqs), width, D, dtype=self.model.dtype,
+                               device=self.model.device)
         for r, (f, t) in enumerate(feeds):
             features[r, width - len(t):] = f                                    # right-aligned
         out = self._step(seqs, [t for _, t in feeds], features)
-        for seq, (f, _) in zip(seqs, feeds, strict=True):   # fed: only now (a failed step keeps them)
+        # fed: only now (a failed step keeps them)
+        for seq, (f, _) in zip(seqs, feeds, strict=True):
             self.pending[seq.request_id], self.last_fed[seq.request_id] = f[:0], f[-1:]
         return out
 
-    def _step(self, seqs: list[Sequence], ids: list[list[int]], features: Tensor) -> tuple[Tensor, Tensor]:
+    def _step(self, seqs: list[Sequence], ids: list[list[int]],
+              features: Tensor) -> tuple[Tensor, Tensor]:
         """One head forward; row r feeds ``ids[r]`` with the last ``len(ids[r])`` columns of
-        ``features[r]`` (left-padded to a common width). Returns the last column's logits and feature."""
+        ``features[r]`` (left-padded to a common width). Returns the last column's logits and
+        feature."""
         tokens, pos = draft_rows(seqs, ids, features.shape[1], self.model.device)     # (R, T) each
         logits, feature = self.model(tokens, features, pos, self.cache,
                                      [s.draft_slot for s in seqs])       # (R, T, V'), (R, T, D)
@@ -168,16 +182,19 @@ class EagleDrafter(Drafter):
         mark_fed(seqs, ids)
         return logits[:, -1], feature[:, -1]
 
-    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]], rows: list[int]):
+    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
+                rows: list[int]):
         """Each row's draft and ``q``: plain greedy rows map the argmax over ``V'`` to its id (no
-        full-vocabulary tensor); other rows get ``q`` over the full vocabulary, zero outside ``V'``."""
+        full-vocabulary tensor); other rows get ``q`` over the full vocabulary, zero outside
+        ``V'``."""
         if all(seq.sampling.raw_argmax for seq in seqs):
             ids = self.model.vocab[logits.argmax(dim=-1)].tolist()                    # (R,)
             return [(b, token, None) for b, token in zip(rows, ids, strict=True)]
         return choose_drafts(seqs, self._full_vocab(logits), drafts, rows)
 
     def _full_vocab(self, logits: Tensor) -> Tensor:
-        """Draft logits over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'`` (q = 0 there)."""
+        """Draft logits over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'`` (q = 0
+        there)."""
         return full_vocab(self.model, logits)
 
 
@@ -192,15 +209,17 @@ def full_vocab(head: EagleHead, logits: Tensor) -> Tensor:
 
 def load_drafter(name_or_path: str | Path, target: Llama, max_seq_len: int | None = None,
                  fast: bool | None = None) -> EagleDrafter:
-    """An [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] for ``target`` from a shipped head's name or a directory.
+    """An [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] for ``target`` from a shipped
+    head's name or a directory.
 
     Args:
         name_or_path: ``"smollm2-135m-instruct-eagle"`` or a directory written by
             [`save_head`][minispec.models.eagle_head.save_head].
         target: the target the head drafts for (its embedding, norm and LM head are used).
         max_seq_len: longest context (default: the target's).
-        fast: pack the head for oneDNN ([`EagleHead.make_fast`][minispec.models.eagle_head.EagleHead.make_fast]); default: when the target
-            runs packed (``ms.load(..., fast=True)``).
+        fast: pack the head for oneDNN
+            ([`EagleHead.make_fast`][minispec.models.eagle_head.EagleHead.make_fast]); default:
+            when the target runs packed (``ms.load(..., fast=True)``).
 
     Raises:
         FileNotFoundError: neither a shipped head nor a directory holding one.

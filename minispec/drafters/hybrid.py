@@ -132,7 +132,8 @@ class HybridDrafter(Drafter):
                              f"{min_match}, {head_cost}, {decay}")
         self.spec, self.context, self.head = spec, source, head
         self.min_match, self.head_cost, self.decay = min_match, head_cost, decay
-        self.wants_hidden, self.model, self.max_seq_len = head.wants_hidden, head.model, head.max_seq_len
+        self.wants_hidden, self.model, self.max_seq_len = (head.wants_hidden, head.model,
+                                                           head.max_seq_len)
         self.tallies: dict[str, Tally] = {}
         self.chosen: dict[str, tuple[str, int]] = {}     # request -> (source, match) this round
         self.rounds = {"context": 0, "head": 0}

@@ -1,18 +1,16 @@
 """Drafters without a model: draft by looking the continuation up in the text itself.
 
-* [`NGramDrafter`][minispec.drafters.ngram.NGramDrafter] is akunu's predictor: counts of 2- to 4-grams over a
-window of recent
-  tokens, most frequent continuation, longest context first.
-* [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter] copies what followed the last earlier
-occurrence of the context's
-  suffix (prompt lookup decoding).
+* [`NGramDrafter`][minispec.drafters.ngram.NGramDrafter] is akunu's predictor: counts of 2- to
+  4-grams over a window of recent tokens, most frequent continuation, longest context first.
+* [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter] copies what followed the last
+  earlier occurrence of the context's suffix (prompt lookup decoding).
 
 Both are deterministic, so ``q`` is one-hot (``Draft.probs is None``) and sampling stays exact.
 Each answers ``propose(context, k) -> Draft`` for one sequence and syncs its tables with
 ``context`` on every call, so rollback needs no extra call: the context *is* the accepted sequence.
 The decoding loops drive them through
-[`minispec.drafters.base.PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter] (one instance per
-request).
+[`minispec.drafters.base.PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter] (one instance
+per request).
 """
 
 from __future__ import annotations
@@ -43,7 +41,8 @@ class NGramDrafter:
 
     def __init__(self, max_order: int = 4, window: int = 512) -> None:
         if max_order < 2 or window < max_order:
-            raise ValueError(f"need max_order >= 2 and window >= max_order, got {max_order}, {window}")
+            raise ValueError(f"need max_order >= 2 and window >= max_order, got {max_order}, "
+                             f"{window}")
         self.max_order = max_order
         self.window = window
         self.forwards = 0                    # no model: drafting is table lookups

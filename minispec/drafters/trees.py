@@ -2,21 +2,21 @@
 
 ``branching = (3, 2, 1, 1)`` means: 3 children of the root (the last context token), 2 children of
 each of those, then single children -- a tree of depth ``k = 4`` with 3 + 6 + 6 + 6 = 21 nodes. The
-target scores the whole tree in one forward ([`TreeAttention`][minispec.models.llama.TreeAttention]) and
-[`verify_proposal`][minispec.core.tree.verify_proposal] walks down it, in the same round as a chain
-([`minispec.decoding.runner`][minispec.decoding.runner]).
+target scores the whole tree in one forward ([`TreeAttention`][minispec.models.llama.TreeAttention])
+and [`verify_proposal`][minispec.core.tree.verify_proposal] walks down it, in the same round as a
+chain ([`minispec.decoding.runner`][minispec.decoding.runner]).
 
-How children are chosen, and which ``q`` each one carries (``q`` must be the distribution a token was
-actually drawn from, or verification is not exact):
+How children are chosen, and which ``q`` each one carries (``q`` must be the distribution a token
+was actually drawn from, or verification is not exact):
 
 * **greedy** (temperature 0): the top-``b`` tokens of the drafter at the node, distinct. The target
   accepts a child only if it is its own argmax, so any choice is exact (Stratos App. A).
 * **sampled**, draft model or EAGLE head: ``b`` tokens drawn **independently, with replacement**
-  from ``q(. | node)``
-  -- SpecInfer's expansion, verified with its multi-step speculative sampling, i.e.
-  [`iterative_speculative_sample`][minispec.core.tree.iterative_speculative_sample] (Stratos §2) at every node: the draws are tried
-  one after another, each against what the target has left. Equal draws share one child node but
-  are each tried (a repeated proposal is exact; dropping it would not be).
+  from ``q(. | node)`` -- SpecInfer's expansion, verified with its multi-step speculative
+  sampling, i.e. [`iterative_speculative_sample`][minispec.core.tree.iterative_speculative_sample]
+  (Stratos §2) at every node: the draws are tried one after another, each against what the target
+  has left. Equal draws share one child node but are each tried (a repeated proposal is exact;
+  dropping it would not be).
 * n-gram table: the ``b`` most frequent distinct continuations, deterministic, so ``q`` is one-hot
   (``None``); iterative sampling with one-hot proposals stays exact.
 
@@ -76,8 +76,8 @@ def check_branching(branching, k: int) -> tuple[int, ...]:
         raise ValueError(f"branching must be a non-empty tuple of integers >= 1, got {branching!r}")
     checked = (values + (1,) * k)[:k]
     if (nodes := tree_size(checked)) > MAX_TREE_NODES:
-        raise ValueError(f"branching={branching!r} with k={k} makes a tree of {nodes} nodes; at most "
-                         f"MAX_TREE_NODES={MAX_TREE_NODES} are allowed")
+        raise ValueError(f"branching={branching!r} with k={k} makes a tree of {nodes} nodes; "
+                         f"at most MAX_TREE_NODES={MAX_TREE_NODES} are allowed")
     return checked
 
 
@@ -190,11 +190,13 @@ class LevelTreeDrafter(SingleTreeDrafter):
 
 
 class TreeModelDrafter(LevelTreeDrafter):
-    """Proposes a tree with a draft model: one draft forward per depth, all nodes of a depth at once.
+    """Proposes a tree with a draft model: one draft forward per depth, all nodes of a depth at
+    once.
 
     The draft model scores the frontier with tree attention: its cache holds the context at
-    positions ``0..n-1``, and the nodes fed so far at ``n, n+1, ...`` (breadth-first); the last depth
-    is never fed. [`observe_tree`][minispec.drafters.trees.TreeModelDrafter.observe_tree] compacts that cache to the accepted path.
+    positions ``0..n-1``, and the nodes fed so far at ``n, n+1, ...`` (breadth-first); the last
+    depth is never fed. [`observe_tree`][minispec.drafters.trees.TreeModelDrafter.observe_tree]
+    compacts that cache to the accepted path.
 
     Args:
         model: the draft [`Llama`][minispec.models.llama.Llama] (or a
@@ -225,7 +227,8 @@ class TreeModelDrafter(LevelTreeDrafter):
 
     def _forward(self, ids: list[int], positions: list[int], tree: TreeAttention | None) -> Tensor:
         device = self.model.device
-        logits = self.model(torch.tensor([ids], device=device), torch.tensor([positions], device=device),
+        logits = self.model(torch.tensor([ids], device=device),
+                            torch.tensor([positions], device=device),
                             self.cache, [self.slot], tree=tree)                          # (1, T, V)
         return logits[0]
 
@@ -239,16 +242,18 @@ class TreeModelDrafter(LevelTreeDrafter):
 
 
 class EagleTreeDrafter(LevelTreeDrafter):
-    """Proposes a tree with an EAGLE head ([`minispec.drafters.eagle`][minispec.drafters.eagle]): one head forward per depth.
+    """Proposes a tree with an EAGLE head ([`minispec.drafters.eagle`][minispec.drafters.eagle]):
+    one head forward per depth.
 
     The head's cache holds the real pairs ``(f_j, x_{j+1})``, ``j = 0..n-2``, fed from the target's
     features. A tree node ``d`` at depth ``t`` is the pair ``(f'_parent, d)`` at pair position
     ``n - 2 + t``: the head's OWN predicted feature of its parent (the root's: the head's output
     at the last real pair), as EAGLE-1 drafts a chain; siblings share a position and see only
     their ancestors (tree attention in the head's layer). After the target's verify,
-    [`observe_tree`][minispec.drafters.trees.EagleTreeDrafter.observe_tree] drops every tree pair (they were fed guessed features) and keeps the target's
-    features of the root and the ACCEPTED path only, fed as real pairs next round. Draft logits
-    over the head's ``V'`` are spread over the full vocabulary (``-inf``, so ``q = 0``, outside).
+    [`observe_tree`][minispec.drafters.trees.EagleTreeDrafter.observe_tree] drops every tree pair
+    (they were fed guessed features) and keeps the target's features of the root and the ACCEPTED
+    path only, fed as real pairs next round. Draft logits over the head's ``V'`` are spread over the
+    full vocabulary (``-inf``, so ``q = 0``, outside).
 
     Args:
         head: an [`EagleHead`][minispec.models.eagle_head.EagleHead] bound to the target (or an
@@ -295,7 +300,7 @@ class EagleTreeDrafter(LevelTreeDrafter):
         ids = torch.tensor([[tokens[node] for node in frontier]], device=device)
         parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
         logits, feature = self.model(ids, parent, torch.tensor([positions], device=device),
-                                     self.cache, [self.slot], tree=tree)      # (1, F, V'), (1, F, D)
+                                     self.cache, [self.slot], tree=tree)  # (1, F, V'), (1, F, D)
         self.features.update(zip(frontier, feature[0], strict=True))
         return full_vocab(self.model, logits[0])                              # (F, V)
 
@@ -303,17 +308,20 @@ class EagleTreeDrafter(LevelTreeDrafter):
         """Drop the tree's pairs; ``hidden`` is the target's ``(len(path) + 1, D)`` features of
         the root and the accepted ``path``, the next round's real pairs."""
         if len(hidden) != len(path) + 1:
-            raise ValueError(f"expected {len(path) + 1} feature rows (root + accepted), got {len(hidden)}")
+            raise ValueError(f"expected {len(path) + 1} feature rows (root + accepted), "
+                             f"got {len(hidden)}")
         self.cache.truncate_to(self.slot, self.cache.length(self.slot) - len(self.storage))
         self.pending = torch.cat([self.pending, hidden]) if self.pending is not None else hidden
         self.storage, self.features = {}, {}
 
 
 class NGramTreeDrafter(SingleTreeDrafter):
-    """Proposes a tree from an n-gram table: the ``b`` most frequent distinct continuations per node.
+    """Proposes a tree from an n-gram table: the ``b`` most frequent distinct continuations per
+    node.
 
     Args:
-        ngram: the [`NGramDrafter`][minispec.drafters.ngram.NGramDrafter] whose tables are used (a new one if None).
+        ngram: the [`NGramDrafter`][minispec.drafters.ngram.NGramDrafter] whose tables are used
+            (a new one if None).
     """
 
     def __init__(self, ngram: NGramDrafter | None = None) -> None:
@@ -399,8 +407,9 @@ class SuffixTreeDrafter(SingleTreeDrafter):
 
 
 class TreeDrafter(Drafter):
-    """The batched face of tree drafting: one [`SingleTreeDrafter`][minispec.drafters.trees.SingleTreeDrafter]
-    per request (with its own cache, if any), driven row by row.
+    """The batched face of tree drafting: one
+    [`SingleTreeDrafter`][minispec.drafters.trees.SingleTreeDrafter] per request (with its own
+    cache, if any), driven row by row.
 
     Args:
         make: makes one request's tree drafter from its ``Sequence``.

@@ -11,7 +11,8 @@ a speculative round is rolled back (``truncate_to``) or the sequence ends (``fre
 ``n`` positions keeps the first ``ceil(n / block_size)`` blocks and frees every block whose first
 position is ``>= n``; a partly used last block is kept (its stale tail is overwritten later).
 
-This module is pure Python: it knows nothing of tensors. ``minispec.models.paged_cache`` builds on it.
+This module is pure Python: it knows nothing of tensors. ``minispec.models.paged_cache`` builds on
+it.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        """Blocks held by at least one sequence (``num_free_blocks + num_used_blocks == num_blocks``)."""
+        """Blocks held by at least one sequence
+        (``num_free_blocks + num_used_blocks == num_blocks``)."""
         return self.num_blocks - len(self._free)
 
     def blocks_needed(self, num_positions: int) -> int:

@@ -6,8 +6,8 @@ A prompt reaches the model as a list of token ids. Three ways of writing one are
   true integer (a float id is a bug upstream; truncating it silently would hide it);
 * text -- ``"Once upon a time"``: encoded by the tokenizer as it is, no special tokens added;
 * chat messages -- ``[{"role": "user", "content": "Why is the sky blue?"}]``: rendered with the
-  tokenizer's chat template, *with the generation prompt* (for SmolLM2's ChatML template this ends in
-  ``<|im_start|>assistant\\n``), so that the model's next token starts the assistant's answer.
+  tokenizer's chat template, *with the generation prompt* (for SmolLM2's ChatML template this ends
+  in ``<|im_start|>assistant\\n``), so that the model's next token starts the assistant's answer.
 
 An instruction-tuned model ends its answer with an end-of-turn token (``<|im_end|>`` for ChatML);
 ``end_of_turn_ids`` finds it so that decoding can stop there.
@@ -40,8 +40,9 @@ def encode_prompt(prompt: Any, tokenizer: Any = None) -> list[int]:
         The prompt's token ids as a list of Python ints.
 
     Raises:
-        ValueError: an id that is not a true integer (float, bool), an empty prompt, a string or chat
-            messages without a tokenizer, malformed messages, or a tokenizer without a chat template.
+        ValueError: an id that is not a true integer (float, bool), an empty prompt, a string or
+            chat messages without a tokenizer, malformed messages, or a tokenizer without a chat
+            template.
         TypeError: a prompt of none of the three kinds.
     """
     if isinstance(prompt, str):
@@ -65,7 +66,8 @@ def encode_prompt(prompt: Any, tokenizer: Any = None) -> list[int]:
 
 
 def is_chat(prompt: Any) -> bool:
-    """True when ``prompt`` looks like chat messages: a non-empty list/tuple whose items are mappings."""
+    """True when ``prompt`` looks like chat messages: a non-empty list/tuple whose items are
+    mappings."""
     return (
         isinstance(prompt, (list, tuple))
         and len(prompt) > 0
@@ -76,8 +78,9 @@ def is_chat(prompt: Any) -> bool:
 def check_ids(ids: Sequence[Any]) -> list[int]:
     """Return ``ids`` as Python ints; raise ValueError on any id that is not a true integer.
 
-    ``bool`` is refused although Python counts it as an int (``True`` as a token id is a bug), and so
-    is any float, even ``3.0``: a prompt of floats came from somewhere that lost track of its dtype.
+    ``bool`` is refused although Python counts it as an int (``True`` as a token id is a bug), and
+    so is any float, even ``3.0``: a prompt of floats came from somewhere that lost track of its
+    dtype.
     """
     out = []
     for i, token in enumerate(ids):
@@ -99,7 +102,8 @@ def check_messages(messages: Sequence[Any]) -> None:
                 f"chat message {i} has keys {sorted(message)}; expected 'role' and 'content'"
             )
         if message["role"] not in ROLES:
-            raise ValueError(f"chat message {i} has role {message['role']!r}; expected one of {ROLES}")
+            raise ValueError(f"chat message {i} has role {message['role']!r}; "
+                             f"expected one of {ROLES}")
         if not isinstance(message.get("content"), str):
             raise ValueError(f"chat message {i} needs a string 'content'")
 
@@ -123,7 +127,8 @@ def apply_chat_template(messages: Sequence[Mapping[str, str]], tokenizer: Any) -
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "this tokenizer has no chat template, so chat messages cannot be rendered; "
-            "pass plain text or token ids (base models such as shakespeare-target are not chat models)"
+            "pass plain text or token ids (base models such as shakespeare-target are not chat "
+            "models)"
         )
     text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
     # the template writes the special tokens (e.g. <|im_start|>) itself: do not add BOS again

@@ -26,7 +26,8 @@ SmolLM2-135M the full head is 28 M of 135 M parameters, a fifth of a target step
 (the FR-Spec lever). ``q`` is zero outside ``V'``, so verification stays exact.
 
 Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding, norm
-and LM head are the target's, bound with [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
+and LM head are the target's, bound with
+[`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class EagleHead(nn.Module):
     """The head's own weights, plus references to the target's frozen embedding, norm and LM head.
 
     Args:
-        config: the target's [`ModelConfig`][minispec.models.llama.ModelConfig]; the head uses one layer of
-            it (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV cache).
+        config: the target's [`ModelConfig`][minispec.models.llama.ModelConfig]; the head uses one
+            layer of it (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV
+            cache).
         vocab: the draft vocabulary ``V'`` as sorted token ids, or ``None`` for the full one.
     """
 
@@ -74,7 +76,8 @@ class EagleHead(nn.Module):
         if vocab is None:
             vocab = torch.arange(config.vocab_size)
         vocab = torch.as_tensor(vocab, dtype=torch.long)
-        if vocab.ndim != 1 or vocab.numel() == 0 or vocab.min() < 0 or vocab.max() >= config.vocab_size:
+        if (vocab.ndim != 1 or vocab.numel() == 0 or vocab.min() < 0
+                or vocab.max() >= config.vocab_size):
             raise ValueError(f"vocab must be 1-D token ids in [0, {config.vocab_size})")
         if not torch.equal(vocab, vocab.unique()):
             raise ValueError("vocab must be sorted and without repeats")
@@ -98,7 +101,8 @@ class EagleHead(nn.Module):
         for field in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
                       "head_dim"):
             if getattr(c, field) != getattr(t, field):
-                raise ValueError(f"this head was made for a target with {field}={getattr(c, field)}, "
+                raise ValueError(f"this head was made for a target with "
+                                 f"{field}={getattr(c, field)}, "
                                  f"the target given has {getattr(t, field)}")
         self._target = (target,)
         weight = target.output_weight
@@ -120,7 +124,8 @@ class EagleHead(nn.Module):
 
     @property
     def target(self) -> Llama:
-        """The bound target (``ValueError`` before [`bind`][minispec.models.eagle_head.EagleHead.bind])."""
+        """The bound target (``ValueError`` before
+        [`bind`][minispec.models.eagle_head.EagleHead.bind])."""
         if not self._target:
             raise ValueError("the head is not bound to a target: call head.bind(target)")
         return self._target[0]
@@ -186,13 +191,15 @@ class EagleHead(nn.Module):
         return F.linear(feature, self.head_weight)                              # (B, T, V')
 
     def make_fast(self) -> EagleHead:
-        """Pack ``fc``, the layer and the ``V'`` rows for oneDNN ([`minispec.models.packed`][minispec.models.packed]),
-        in place, for inference: the same drafts up to float rounding. Warns and stays eager where
-        the fast path is unavailable; [`bind`][minispec.models.eagle_head.EagleHead.bind] again after it to
-        re-pack the LM head rows."""
+        """Pack ``fc``, the layer and the ``V'`` rows for oneDNN
+        ([`minispec.models.packed`][minispec.models.packed]), in place, for inference: the same
+        drafts up to float rounding. Warns and stays eager where the fast path is unavailable;
+        [`bind`][minispec.models.eagle_head.EagleHead.bind] again after it to re-pack the LM head
+        rows."""
         reason = packed.unavailable_reason(self.target)
         if reason is not None:
-            warnings.warn(f"minispec.models.packed: {reason}; the head runs eager", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"minispec.models.packed: {reason}; the head runs eager", RuntimeWarning,
+                          stacklevel=2)
             return self
         packed.pack_block(self.layer)
         if not isinstance(self.fc, packed.PackedLinear):
@@ -230,8 +237,8 @@ def save_head(head: EagleHead, directory: str | Path, *, dtype: torch.dtype = to
 
 
 def load_head(directory: str | Path, target: Llama) -> EagleHead:
-    """A head saved by [`save_head`][minispec.models.eagle_head.save_head], bound to ``target`` on its
-    device and dtype.
+    """A head saved by [`save_head`][minispec.models.eagle_head.save_head], bound to ``target`` on
+    its device and dtype.
 
     Raises:
         FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.
@@ -252,4 +259,5 @@ def load_head(directory: str | Path, target: Llama) -> EagleHead:
     head.bind(target)                                   # raises on a target of another shape
     head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v
                           for k, v in tensors.items()})
-    return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False).bind(target)
+    return (head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+            .bind(target))

@@ -19,9 +19,9 @@ sees them as non-keys (key position -1): masked, and zeroed before the product, 
 hold (even NaN) contributes nothing (see ``minispec.models.llama.non_keys``).
 
 After a draft *tree* was scored (its nodes stored at positions ``n-1 .. n-1+N-1``, see
-``minispec.models.llama.TreeAttention``), ``compact(slot, n, keep)`` keeps the accepted path only: the
-positions in ``keep`` move to ``n, n+1, ...`` (one gather and one scatter per layer) and everything
-after them is forgotten, so the cache equals one that only ever saw the accepted tokens.
+``minispec.models.llama.TreeAttention``), ``compact(slot, n, keep)`` keeps the accepted path only:
+the positions in ``keep`` move to ``n, n+1, ...`` (one gather and one scatter per layer) and
+everything after them is forgotten, so the cache equals one that only ever saw the accepted tokens.
 """
 
 from __future__ import annotations
@@ -239,7 +239,8 @@ class KVCache(ABC):
         self.table.length(slot)  # ValueError for an unallocated slot
         if new_len > self.max_seq_len:
             raise ValueError(
-                f"slot {slot}: {new_len} positions exceed the cache's max_seq_len={self.max_seq_len}"
+                f"slot {slot}: {new_len} positions exceed the cache's "
+                f"max_seq_len={self.max_seq_len}"
             )
 
     @abstractmethod
@@ -335,7 +336,8 @@ class ContiguousKVCache(KVCache):
 
     @classmethod
     def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None, extra: int = 0):
-        """A cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device and dtype.
+        """A cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device and
+        dtype.
 
         ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings.
         """
@@ -389,7 +391,8 @@ class ContiguousKVCache(KVCache):
     def update(
         self, layer: int, plan: ContiguousPlan, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See ``KVCache.update``: scatter the new k, v into the slots, read back (B, S, n_kv, hd)."""
+        """See ``KVCache.update``: scatter the new k, v into the slots, read back
+        (B, S, n_kv, hd)."""
         S = plan.key_positions.shape[1]
         out = []
         for store, new in ((self.k[layer], k), (self.v[layer], v)):

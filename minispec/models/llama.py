@@ -10,10 +10,11 @@ and position -1 marks padding. That is what speculative decoding needs: a verify
 and the KV cache is rolled back by simply forgetting positions.
 
 A draft *tree* is scored in one forward too (SpecInfer's tree attention): pass a
-[`TreeAttention`][minispec.models.llama.TreeAttention]. Siblings share a RoPE position (committed length +
-depth), so the cache cannot store tree nodes by position: each new token also gets a *storage* index
-(its cache position), and attention sees every committed cache position plus exactly the tree nodes
-the mask allows. After verification the cache keeps the accepted path only (``KVCache.compact``).
+[`TreeAttention`][minispec.models.llama.TreeAttention]. Siblings share a RoPE position (committed
+length + depth), so the cache cannot store tree nodes by position: each new token also gets a
+*storage* index (its cache position), and attention sees every committed cache position plus exactly
+the tree nodes the mask allows. After verification the cache keeps the accepted path only
+(``KVCache.compact``).
 
 Requests are isolated by construction. A batch row's key columns that are not its own sequence's
 keys (past its length, a padding token, a padded block of the paged cache) hold whatever was written
@@ -174,7 +175,8 @@ def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate queries or keys ``x`` (B, T, heads, hd) by cos/sin (B, T, 1, hd) of their positions."""
+    """Rotate queries or keys ``x`` (B, T, heads, hd) by cos/sin (B, T, 1, hd) of their
+    positions."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
@@ -211,7 +213,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.n_h * self.hd, d, bias=bias)
-        # q|k|v as one packed matrix, set by ``minispec.models.packed.make_fast`` (None: three eager GEMMs)
+        # q|k|v as one packed matrix, set by ``minispec.models.packed.make_fast``
+        # (None: three eager GEMMs)
         self.qkv_proj: nn.Module | None = None
 
     def forward(
@@ -269,7 +272,8 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, f, bias=bias)
         self.up_proj = nn.Linear(d, f, bias=bias)
         self.down_proj = nn.Linear(f, d, bias=bias)
-        # gate|up as one packed matrix, set by ``minispec.models.packed.make_fast`` (None: two eager GEMMs)
+        # gate|up as one packed matrix, set by ``minispec.models.packed.make_fast``
+        # (None: two eager GEMMs)
         self.gate_up_proj: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -334,9 +338,9 @@ class TreeAttention:
 def tree_attention_mask(tree: TreeAttention, key_positions: torch.Tensor) -> torch.Tensor:
     """Boolean mask (B, 1, T, S) of a tree forward: committed keys, plus the tree nodes allowed.
 
-    Args: tree — see [`TreeAttention`][minispec.models.llama.TreeAttention]; key_positions (B, S) cache
-    position of each key column, -1 where there is none. Padding queries see every key (their output
-    is ignored).
+    Args: tree — see [`TreeAttention`][minispec.models.llama.TreeAttention]; key_positions (B, S)
+    cache position of each key column, -1 where there is none. Padding queries see every key (their
+    output is ignored).
     """
     B, T, W = tree.mask.shape
     start = tree.start.view(B, 1)  # (B, 1)
@@ -355,8 +359,8 @@ def attention_mask(query_positions: torch.Tensor, key_positions: torch.Tensor) -
 
     Args: query_positions (B, T), key_positions (B, S); -1 marks padding (or an empty cache entry).
     A padding query would see no key at all, and an all-masked row makes attention NaN; it is
-    allowed to see every key instead (the columns that are not keys are zeroed, see ``non_keys``), so
-    its (ignored) output stays finite.
+    allowed to see every key instead (the columns that are not keys are zeroed, see ``non_keys``),
+    so its (ignored) output stays finite.
     """
     q = query_positions[:, :, None]  # (B, T, 1)
     k = key_positions[:, None, :]  # (B, 1, S)
@@ -365,7 +369,8 @@ def attention_mask(query_positions: torch.Tensor, key_positions: torch.Tensor) -
 
 
 def non_keys(key_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The key columns attention zeroes: (rows, columns) index tensors (N,), or None if there are none.
+    """The key columns attention zeroes: (rows, columns) index tensors (N,), or None if there are
+    none.
 
     A column with key position -1 is not a key of the row's sequence (past its length, a padding
     token, a padded block): it holds whatever was written there last, maybe another request's NaN.
@@ -381,7 +386,8 @@ def non_keys(key_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] |
 
 
 class Llama(nn.Module):
-    """A Llama decoder-only language model that takes explicit positions and an optional KV cache."""
+    """A Llama decoder-only language model that takes explicit positions and an optional KV
+    cache."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -395,7 +401,8 @@ class Llama(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
-        # a packed copy of the output projection, set by ``minispec.models.packed.make_fast`` (None: eager)
+        # a packed copy of the output projection, set by ``minispec.models.packed.make_fast``
+        # (None: eager)
         self.packed_head: nn.Module | None = None
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)  # (P, hd)
@@ -426,8 +433,8 @@ class Llama(nn.Module):
             tree: score a draft tree (tree attention). ``positions`` are then the RoPE positions
                 (committed length + depth: siblings share one), the keys/values are stored at
                 ``tree.storage`` and attention follows ``tree.mask`` (see
-                [`TreeAttention`][minispec.models.llama.TreeAttention]). ``None``: the chain path, storage
-                = positions, causal by position.
+                [`TreeAttention`][minispec.models.llama.TreeAttention]). ``None``: the chain path,
+                storage = positions, causal by position.
 
         Returns:
             logits (B, T, V) in the model dtype, or ``(logits, hidden)`` with ``return_hidden``.
@@ -451,7 +458,8 @@ class Llama(nn.Module):
         else:
             if tree.storage.shape != positions.shape or tree.mask.shape[:2] != positions.shape:
                 raise ValueError(f"tree storage {tuple(tree.storage.shape)} and mask "
-                                 f"{tuple(tree.mask.shape)} must match positions {tuple(positions.shape)}")
+                                 f"{tuple(tree.mask.shape)} must match positions "
+                                 f"{tuple(positions.shape)}")
             mask = tree_attention_mask(tree, key_positions)  # (B, 1, T, S)
         drop = non_keys(key_positions)  # the columns every layer zeroes, or None
         for layer in self.layers:
@@ -466,7 +474,8 @@ class Llama(nn.Module):
         """The LM head: final-normed hidden states (B, T, D) -> logits (B, T, V).
 
         Tied embeddings reuse the embedding matrix as the output projection. When
-        ``minispec.models.packed.make_fast`` packed the model, its packed copy of that matrix runs instead.
+        ``minispec.models.packed.make_fast`` packed the model, its packed copy of that matrix runs
+        instead.
         """
         if self.packed_head is not None:
             return self.packed_head(x)

@@ -31,7 +31,8 @@ from minispec.models.packed import make_fast
 from minispec.zoo import REGISTERED
 from minispec.zoo import path as zoo_path
 
-SUPPORTED = "Llama-architecture checkpoints (model_type 'llama', architectures ['LlamaForCausalLM'])"
+SUPPORTED = ("Llama-architecture checkpoints (model_type 'llama', "
+             "architectures ['LlamaForCausalLM'])")
 
 #: config.json keys without which a Llama cannot be built (the others have defaults).
 REQUIRED_CONFIG_KEYS = (
@@ -71,9 +72,9 @@ def load(
             there), the checkpoint's own ``dtype``/``torch_dtype`` on other devices.
         local_files_only: never download a hub id (``HF_HUB_OFFLINE=1`` does the same).
         fast: pack the weights once for oneDNN's GEMM kernels
-            ([`minispec.models.packed.make_fast`][minispec.models.packed.make_fast]): the same model and, up to float
-            rounding, the same logits, with verifying ``k + 1`` tokens nearly as cheap as one on
-            CPU; warns once and stays eager where unavailable.
+            ([`minispec.models.packed.make_fast`][minispec.models.packed.make_fast]): the same model
+            and, up to float rounding, the same logits, with verifying ``k + 1`` tokens nearly as
+            cheap as one on CPU; warns once and stays eager where unavailable.
 
     Returns:
         (model in eval mode, ``transformers`` tokenizer or None when the checkpoint has none).
@@ -232,7 +233,8 @@ def weight_files(directory: Path) -> list[Path]:
         raise ValueError(
             f"{directory} only has pickle weights (pytorch_model.bin); minispec reads safetensors "
             f"only, since unpickling can run arbitrary code. Convert once with transformers: "
-            f"AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out, safe_serialization=True)"
+            f"AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out, "
+            f"safe_serialization=True)"
         )
     raise FileNotFoundError(f"{directory} has neither model.safetensors nor its index file")
 
@@ -261,7 +263,8 @@ def read_headers(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str, Pat
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
                     if name in headers:
-                        raise ValueError(f"tensor {name!r} is in both {headers[name][2]} and {path}")
+                        raise ValueError(f"tensor {name!r} is in both {headers[name][2]} "
+                                         f"and {path}")
                     part = f.get_slice(name)
                     headers[name] = (tuple(part.get_shape()), part.get_dtype(), path)
         except (SafetensorError, OSError, RuntimeError) as error:
@@ -283,7 +286,8 @@ def checked_meta_model(config: ModelConfig, headers: dict[str, tuple]) -> Llama:
 
 def check_tensors(headers: dict[str, tuple[tuple[int, ...], str, Path]],
                   expected: dict[str, tuple[int, ...]], config: ModelConfig) -> None:
-    """Every tensor ``Llama(config)`` needs, with its shape and a floating-point dtype, nothing else.
+    """Every tensor ``Llama(config)`` needs, with its shape and a floating-point dtype, nothing
+    else.
 
     Args:
         headers: as returned by ``read_headers`` (Hugging Face names).
@@ -301,7 +305,8 @@ def check_tensors(headers: dict[str, tuple[tuple[int, ...], str, Path]],
         if ours not in expected or ours in found:
             why = "is given twice" if ours in found else "is not a weight of this config's Llama"
             raise ValueError(f"{path}: tensor {name!r} {why}")
-        if not dtype.startswith(("F", "BF")):  # F64, F32, F16, BF16, F8_*: floats; I*, U*, BOOL: not
+        # F64, F32, F16, BF16, F8_*: floats; I*, U*, BOOL: not
+        if not dtype.startswith(("F", "BF")):
             raise ValueError(f"{path}: tensor {name!r} has dtype {dtype}; weights must be floats")
         if shape != expected[ours]:
             raise ValueError(f"{path}: tensor {name!r} has shape {list(shape)}, but config.json "
@@ -324,8 +329,10 @@ def minispec_name(name: str, config: ModelConfig) -> str | None:
     return name.removeprefix("model.")
 
 
-def hf_to_minispec(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Rename Hugging Face weight names to ``Llama``'s (see ``minispec_name``), dropping the others."""
+def hf_to_minispec(weights: dict[str, torch.Tensor],
+                   config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename Hugging Face weight names to ``Llama``'s (see ``minispec_name``), dropping the
+    others."""
     renamed = {name: minispec_name(name, config) for name in weights}
     return {ours: weights[name] for name, ours in renamed.items() if ours is not None}
 
@@ -341,7 +348,8 @@ def load_tokenizer(directory: Path) -> Any:
 
 
 def _pick_device(device: torch.device | str | None) -> torch.device:
-    """``device`` (default CPU) as a ``torch.device`` that this torch build can use; else ValueError."""
+    """``device`` (default CPU) as a ``torch.device`` that this torch build can use; else
+    ValueError."""
     try:
         picked = torch.device(device if device is not None else "cpu")
         torch.empty(0, device=picked)  # an unknown or unavailable backend fails here, not mid-load
@@ -365,7 +373,8 @@ def _pick_dtype(
 
 
 def hub_offline() -> bool:
-    """True when the environment forbids hub downloads (``HF_HUB_OFFLINE=1``, as huggingface_hub)."""
+    """True when the environment forbids hub downloads (``HF_HUB_OFFLINE=1``, as
+    huggingface_hub)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 

@@ -7,11 +7,11 @@ dozen rows) the BLAS call re-lays out (packs) the weight matrix on every call, s
 pays for the packing work again and again, and costs 1.5-2x a one-token step.
 
 The fix is to pay the packing once. ``make_fast(model)`` replaces each ``nn.Linear`` of a
-``minispec.models.llama.Llama`` (q|k|v merged, o, gate|up merged, down in every layer) and the LM head by a
-``PackedLinear`` that keeps the weight in oneDNN's blocked layout, reordered once, and calls the
-same primitive torch's own compiler (inductor, ``freezing=True``, dynamic shapes) emits for a
-linear layer on CPU: ``torch.ops.mkldnn._linear_pointwise``. Nothing is compiled, so there is no
-start-up beyond the reorder (0.4-0.9 s for SmolLM2-135M on 2 cores, 0.5-1.8 s on one loaded
+``minispec.models.llama.Llama`` (q|k|v merged, o, gate|up merged, down in every layer) and the LM
+head by a ``PackedLinear`` that keeps the weight in oneDNN's blocked layout, reordered once, and
+calls the same primitive torch's own compiler (inductor, ``freezing=True``, dynamic shapes) emits
+for a linear layer on CPU: ``torch.ops.mkldnn._linear_pointwise``. Nothing is compiled, so there is
+no start-up beyond the reorder (0.4-0.9 s for SmolLM2-135M on 2 cores, 0.5-1.8 s on one loaded
 core), and every shape (any batch, any number of tokens) is served by the same packed weights.
 
 Exactness: the packed GEMM adds the same products in a different order than eager's BLAS call, so
@@ -49,9 +49,9 @@ the roofline grows and every ratio flatters). r(4) is 1.12-1.32 (goal 1.2): met 
 runs, missed in the earlier one; verification is much cheaper than eager's, not free. What limits:
 
 * oneDNN's kernel for one row streams no faster than the BLAS's GEMV (loaded run): on one 85 MB
-  matrix (2304 x 9216, ``minispec.tools.costs.matmul_ms``) one row takes 5.6 ms packed against 4.6 ms
-  eager; packing wins on 5 rows (6.7 against 9.4 ms, 1.2x its one row against eager's 2.1x), not
-  on one. So in the loaded runs the packed one-token step loses to eager's;
+  matrix (2304 x 9216, ``minispec.tools.costs.matmul_ms``) one row takes 5.6 ms packed against
+  4.6 ms eager; packing wins on 5 rows (6.7 against 9.4 ms, 1.2x its one row against eager's 2.1x),
+  not on one. So in the loaded runs the packed one-token step loses to eager's;
   the earlier run's gain on the step (26.1 against 41 ms) did not reproduce there.
 * the ~1,300 small operations of a step (norms, RoPE, cache writes, attention, residuals; ~10 us
   per oneDNN call against ~1-3 us for an eager ``mm``) add several ms; fusing them is a
@@ -132,7 +132,8 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)  # (..., N)
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
-        """A copy packs its own copy of the weight (oneDNN's packed tensor has no storage to copy)."""
+        """A copy packs its own copy of the weight (oneDNN's packed tensor has no storage to
+        copy)."""
         return PackedLinear(copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo))
 
     def to_linear(self) -> nn.Linear:
@@ -183,12 +184,14 @@ def is_fast(model: Llama) -> bool:
 def make_fast(model: Llama) -> Llama:
     """Pack every projection and the LM head of ``model`` once, in place; returns ``model``.
 
-    Every layer is packed by [`pack_block`][minispec.models.packed.pack_block]; the LM head gets a packed copy. Logits equal eager's up to float rounding, for any batch size and number of tokens.
-    Calling it twice is harmless. Where the fast path is unavailable (see ``unavailable_reason``)
-    it warns once and returns the model unchanged (eager).
+    Every layer is packed by [`pack_block`][minispec.models.packed.pack_block]; the LM head gets a
+    packed copy. Logits equal eager's up to float rounding, for any batch size and number of tokens.
+    Calling it twice is harmless. Where the fast path is unavailable (see ``unavailable_reason``) it
+    warns once and returns the model unchanged (eager).
 
     Args:
-        model: a ``minispec.models.llama.Llama`` on CPU, float32 (or bfloat16 where the CPU supports it).
+        model: a ``minispec.models.llama.Llama`` on CPU, float32 (or bfloat16 where the CPU
+            supports it).
 
     Returns:
         The same model object, now fast (or still eager, with a warning).
@@ -197,8 +200,8 @@ def make_fast(model: Llama) -> Llama:
         return model
     reason = unavailable_reason(model)
     if reason is not None:
-        warnings.warn(f"minispec.models.packed: {reason}; running the eager forward", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(f"minispec.models.packed: {reason}; running the eager forward",
+                      RuntimeWarning, stacklevel=2)
         return model
     for layer in model.layers:
         pack_block(layer)

@@ -98,7 +98,8 @@ class PagedKVCache(KVCache):
         num_blocks: int | None = None,
         extra: int = 0,
     ) -> PagedKVCache:
-        """A paged cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device and dtype.
+        """A paged cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device
+        and dtype.
 
         ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings;
         ``num_blocks`` defaults to enough blocks for ``num_slots`` full sequences.
@@ -172,8 +173,10 @@ class PagedKVCache(KVCache):
 
     def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
         """See ``KVCache.copy_positions``: positions go through the slot mapping to pool indices."""
-        src_t = torch.tensor(self.blocks.slot_mapping(slot, src), dtype=torch.long, device=self.device)
-        dst_t = torch.tensor(self.blocks.slot_mapping(slot, dst), dtype=torch.long, device=self.device)
+        src_t = torch.tensor(self.blocks.slot_mapping(slot, src), dtype=torch.long,
+                             device=self.device)
+        dst_t = torch.tensor(self.blocks.slot_mapping(slot, dst), dtype=torch.long,
+                             device=self.device)
         for pool in self.k + self.v:
             flat = pool.view(-1, *pool.shape[2:])  # (num_blocks*block_size, n_kv, hd)
             flat.index_copy_(0, dst_t, flat[src_t])  # flat[src_t] is a copy: no aliasing

@@ -3,15 +3,13 @@
 Two questions, two entry points:
 
 * [`run_speed`][minispec.tools.bench.run_speed] -- how fast is each way of decoding the same greedy
-continuation? minispec's
-  ``generate``, ``speculative_generate`` with the draft model (every ``k``), with n-gram tables and
-  with prompt lookup, against transformers' ``generate`` (greedy, assisted generation with the
-  draft as assistant, prompt lookup). Every method's tokens are checked against minispec greedy:
-  greedy speculation must not change a single token.
-* [`measure_costs`][minispec.tools.bench.measure_costs] -- the quantities of Leviathan's Theorem 3.8 on
-*this* machine: the
-  acceptance rate ``alpha``, the cost ratio ``c`` and the verify ratio
-  ``r(gamma) = t(target forward of gamma + 1 tokens) / t(one-token forward)``.
+  continuation? minispec's ``generate``, ``speculative_generate`` with the draft model (every
+  ``k``), with n-gram tables and with prompt lookup, against transformers' ``generate`` (greedy,
+  assisted generation with the draft as assistant, prompt lookup). Every method's tokens are
+  checked against minispec greedy: greedy speculation must not change a single token.
+* [`measure_costs`][minispec.tools.bench.measure_costs] -- the quantities of Leviathan's
+  Theorem 3.8 on *this* machine: the acceptance rate ``alpha``, the cost ratio ``c`` and the verify
+  ratio ``r(gamma) = t(target forward of gamma + 1 tokens) / t(one-token forward)``.
   [`predict`][minispec.tools.bench.predict] turns them into the speedup the cost model expects,
   ``E[tokens](alpha, gamma) / (gamma c + r(gamma))``, next to the paper's ``r = 1`` form.
 
@@ -200,14 +198,16 @@ def _hf_methods(target_dir, draft_dir, ks: Sequence[int], k_ngram: int,
             return call(ids, assistant_model=hf_draft)
         return run
 
-    methods = [Method("transformers generate", "transformers", "shakespeare", lambda ids: call(ids))]
+    methods = [Method("transformers generate", "transformers", "shakespeare",
+                      lambda ids: call(ids))]
     if hf_draft is not None:
         methods += [Method(f"transformers assisted k={k}", "transformers", "shakespeare",
                            assisted(k), k) for k in ks]
     for prompt_set in ("shakespeare", "repetitive"):
         methods.append(Method(f"transformers prompt lookup k={k_ngram}", "transformers", prompt_set,
                               lambda ids: call(ids, prompt_lookup_num_tokens=k_ngram), k_ngram))
-    methods.append(Method("transformers generate", "transformers", "repetitive", lambda ids: call(ids)))
+    methods.append(Method("transformers generate", "transformers", "repetitive",
+                          lambda ids: call(ids)))
     return methods
 
 
@@ -275,8 +275,8 @@ def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int
             [`run_speed`][minispec.tools.bench.run_speed]).
 
     Returns:
-        One [`MethodResult`][minispec.tools.bench.MethodResult] per method; ratios are against the methods
-        named ``"... generate"`` of each family on the same prompt set.
+        One [`MethodResult`][minispec.tools.bench.MethodResult] per method; ratios are against the
+        methods named ``"... generate"`` of each family on the same prompt set.
     """
     say = log or (lambda _line: None)
     totals: dict[int, list[float]] = {i: [] for i in range(len(methods))}
@@ -299,8 +299,8 @@ def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int
 
 def _result(method: Method, totals: list[float], outputs: list[list[int]], stats: list,
             reference: list[list[int]], say: Callable[[str], None]) -> MethodResult:
-    """One method's timings and outputs as a [`MethodResult`][minispec.tools.bench.MethodResult] (ratios
-    filled in later)."""
+    """One method's timings and outputs as a [`MethodResult`][minispec.tools.bench.MethodResult]
+    (ratios filled in later)."""
     mismatches = [j for j, (a, b) in enumerate(zip(outputs, reference, strict=True)) if a != b]
     if mismatches:
         say(f"!!! TOKEN MISMATCH: {method.name} differs from minispec greedy on prompts "
@@ -421,7 +421,8 @@ def measure_step_times(target: Llama, draft: Llama, prompt: Sequence[int], max_g
     """
     timers = {}
     for name, model in (("target", target), ("draft", draft)):
-        cache = ContiguousKVCache.for_model(model, num_slots=1, max_seq_len=len(prompt) + max_gamma + 2)
+        cache = ContiguousKVCache.for_model(model, num_slots=1,
+                                            max_seq_len=len(prompt) + max_gamma + 2)
         slot = cache.allocate()
         _feed(model, cache, slot, list(prompt), start=0)
         sizes = range(1, max_gamma + 2) if name == "target" else (1,)
@@ -463,7 +464,8 @@ def measure_alpha(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]],
 
 def measure_costs(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]], *,
                   max_gamma: int = 8, repeats: int = 100, max_new_tokens: int = 128,
-                  context: int | None = None, clock: Callable[[], float] = time.perf_counter) -> Costs:
+                  context: int | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> Costs:
     """Measure ``alpha``, ``c`` and ``r(gamma)`` for the pair on this machine.
 
     Args:
@@ -512,7 +514,8 @@ def compare_with_measured(costs: Costs, results: Sequence[MethodResult]) -> list
     """
     rows = []
     for r in results:
-        if r.prompt_set != "shakespeare" or not r.name.startswith("minispec draft k=") or r.k == "auto":
+        if (r.prompt_set != "shakespeare" or not r.name.startswith("minispec draft k=")
+                or r.k == "auto"):
             continue
         k = int(r.k)
         if k not in costs.r:
@@ -537,7 +540,8 @@ def compare_with_measured(costs: Costs, results: Sequence[MethodResult]) -> list
 def format_costs(costs: Costs, comparison: Sequence[dict] = ()) -> str:
     """The cost model's inputs, then measured vs predicted speedup per k."""
     lines = [
-        f"one-token forward: target {costs.t_target * 1e3:.3f} ms, draft {costs.t_draft * 1e3:.3f} ms"
+        f"one-token forward: target {costs.t_target * 1e3:.3f} ms, "
+        f"draft {costs.t_draft * 1e3:.3f} ms"
         f"  ->  c = {costs.c:.3f}   (cache of {costs.context} tokens, {costs.threads} threads)",
         "verify ratio r(gamma) = t(gamma+1 tokens) / t(1 token):",
         "  " + ", ".join(f"r({g})={v:.2f}" for g, v in costs.r.items()),
@@ -548,8 +552,9 @@ def format_costs(costs: Costs, comparison: Sequence[dict] = ()) -> str:
     ]
     if comparison:
         lines.append("")
-        lines.append(f"{'k':>2} {'measured':>9} {'r-model':>8} {'paper r=1':>9} {'meas/r-model':>12} "
-                     f"{'E[tok]':>7} {'tok/round':>9} {'pred from tok/round':>19}")
+        lines.append(f"{'k':>2} {'measured':>9} {'r-model':>8} {'paper r=1':>9} "
+                     f"{'meas/r-model':>12} {'E[tok]':>7} {'tok/round':>9} "
+                     f"{'pred from tok/round':>19}")
         for row in comparison:
             lines.append(
                 f"{row['k']:>2} {row['measured']:8.2f}x {row['predicted_r_model']:7.2f}x "
@@ -566,7 +571,8 @@ def machine() -> dict:
     """What the numbers were measured on."""
     import os
 
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+    return {"platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cuda": torch.cuda.is_available()}
 

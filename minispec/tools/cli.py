@@ -26,7 +26,8 @@ def _bar(value: float, width: int = 30) -> str:
 
 
 def demo_distributions(samples: int, seed: int, k: int) -> int:
-    """Speculative sampling on two explicit distributions: the law is p, the acceptance is sum min(p, q)."""
+    """Speculative sampling on two explicit distributions: the law is p, the acceptance is sum
+    min(p, q)."""
     g = torch.Generator().manual_seed(seed)
     # A target p and a draft q that disagree: q overrates "the" and "doth", underrates "king".
     p = torch.tensor([0.30, 0.10, 0.20, 0.10, 0.05, 0.10, 0.10, 0.05])
@@ -35,16 +36,20 @@ def demo_distributions(samples: int, seed: int, k: int) -> int:
     freq = torch.bincount(tokens, minlength=len(p)).float() / samples
     beta = float(ms.theory.acceptance_rate(p, q))
 
-    print("Speculative sampling: draw x ~ q, keep it iff u < p(x)/q(x), else resample from norm(max(0, p - q)).")
+    print("Speculative sampling: draw x ~ q, keep it iff u < p(x)/q(x), else resample from "
+          "norm(max(0, p - q)).")
     print(f"{samples:,} draws, seed {seed}\n")
     print(f"{'token':>6}  {'q (draft)':>9}  {'p (target)':>10}  {'measured':>8}  measured law")
     for word, qx, px, fx in zip(WORDS, q.tolist(), p.tolist(), freq.tolist(), strict=True):
         print(f"{word:>6}  {qx:9.3f}  {px:10.3f}  {fx:8.3f}  {_bar(fx / 0.5)}")
     tv = 0.5 * (freq - p).abs().sum().item()
-    # Expected total variation of an exact sampler from multinomial noise alone: sum E|N(0, p(1-p)/n)| / 2.
+    # Expected total variation of an exact sampler from multinomial noise alone:
+    # sum E|N(0, p(1-p)/n)| / 2.
     noise = 0.5 * (2 * p * (1 - p) / (torch.pi * samples)).sqrt().sum().item()
-    print(f"\ntotal variation(measured, p) = {tv:.4f}  (pure sampling noise alone gives about {noise:.4f})")
-    print(f"acceptance: measured {accepted.float().mean().item():.4f}, theory sum min(p, q) = {beta:.4f}")
+    print(f"\ntotal variation(measured, p) = {tv:.4f}  "
+          f"(pure sampling noise alone gives about {noise:.4f})")
+    print(f"acceptance: measured {accepted.float().mean().item():.4f}, "
+          f"theory sum min(p, q) = {beta:.4f}")
 
     # One round of Algorithm 1 with k drafts from q, every position using the same p and q.
     drafts = ms.sample(q.expand(k, -1), g)
@@ -59,7 +64,8 @@ def demo_distributions(samples: int, seed: int, k: int) -> int:
     print(f"\nOne verify round, k = {k}: drafts {[WORDS[t] for t in drafts.tolist()]}")
     print(f"  emitted {' '.join(shown)}" + (f"; rejected draft: {rejected[0]}" if rejected else ""))
     expected = ms.theory.expected_tokens(beta, k)
-    print(f"  Eq. (1): a round yields {expected:.2f} tokens on average at alpha = {beta:.2f}, k = {k}")
+    print(f"  Eq. (1): a round yields {expected:.2f} tokens on average at alpha = {beta:.2f}, "
+          f"k = {k}")
     return 0
 
 
@@ -78,12 +84,15 @@ def _drafter(args: argparse.Namespace, target):
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    """Generate from a prompt with the chosen drafter; print the text (or the trace) and the stats."""
+    """Generate from a prompt with the chosen drafter; print the text (or the trace) and the
+    stats."""
     if args.k < 1:
-        print(f"minispec generate: -k must be >= 1 (drafts per round), got {args.k}", file=sys.stderr)
+        print(f"minispec generate: -k must be >= 1 (drafts per round), got {args.k}",
+              file=sys.stderr)
         return 2
     if args.stream and args.trace:
-        print("minispec generate: --stream prints plain text; --trace colours a finished run (choose one)",
+        print("minispec generate: --stream prints plain text; --trace colours a finished run "
+              "(choose one)",
               file=sys.stderr)
         return 2
     if (args.prompt is None) == (args.chat is None):
@@ -149,7 +158,8 @@ def demo_shipped_pair(max_new_tokens: int, k: int) -> int:
         same = "identical to target alone" if out.tokens == base else "DIFFERENT (a bug)"
         print(f"{name:>18}: {out.stats.target_forwards:3d} target forwards, "
               f"{out.stats.tokens_per_target_forward:.2f} tokens/forward, "
-              f"acceptance {out.stats.acceptance_rate:.2f}, {out.stats.total_time * 1e3:6.1f} ms, {same}")
+              f"acceptance {out.stats.acceptance_rate:.2f}, "
+              f"{out.stats.total_time * 1e3:6.1f} ms, {same}")
     return 0 if all(out.tokens == base for out in runs.values()) else 1
 
 
@@ -184,7 +194,8 @@ def _report_runs(runs: dict) -> int:
         print(f"{name:>20}: {out.stats.target_forwards:3d} target forwards, "
               f"{out.stats.tokens_per_target_forward:.2f} tokens/forward, "
               f"acceptance {out.stats.acceptance_rate:.2f}, "
-              f"{out.stats.total_time:6.2f} s ({base.stats.total_time / out.stats.total_time:.2f}x), "
+              f"{out.stats.total_time:6.2f} s "
+              f"({base.stats.total_time / out.stats.total_time:.2f}x), "
               f"{same}")
     return 0 if all(out.tokens == base.tokens for out in runs.values()) else 1
 
@@ -202,7 +213,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def _bench_prompts(tokenizer, vocab_size: int, count: int) -> dict[str, list[list[int]]]:
-    """The bench's prompt sets as ids; without a tokenizer, fixed pseudo-random ids of the same sizes."""
+    """The bench's prompt sets as ids; without a tokenizer, fixed pseudo-random ids of the same
+    sizes."""
     from minispec.tools import bench
 
     if tokenizer is not None:
@@ -220,7 +232,8 @@ def _threads(text: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (0: torch's choice), got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (0: torch's choice), "
+                                         f"got {text!r}")
     return value
 
 
@@ -298,8 +311,8 @@ def bench_command(args: argparse.Namespace) -> int:
     from minispec.models.loader import resolve
 
     if args.quick:      # smaller settings, except where a flag was given explicitly
-        quick = {"prompts": (8, 2), "max_new_tokens": (128, 32), "repeats": (5, 1), "ks": ("1-8", "1,2,4"),
-                 "hf_ks": ("2,4", "4"), "cost_repeats": (100, 10)}
+        quick = {"prompts": (8, 2), "max_new_tokens": (128, 32), "repeats": (5, 1),
+                 "ks": ("1-8", "1,2,4"), "hf_ks": ("2,4", "4"), "cost_repeats": (100, 10)}
         for name, (default, small) in quick.items():
             if getattr(args, name) == default:
                 setattr(args, name, small)
@@ -346,8 +359,8 @@ def bench_command(args: argparse.Namespace) -> int:
     print("\nwrote " + ", ".join(str(p) for p in paths))
     mismatched = [r.name for r in results if not r.token_equal]
     if mismatched:
-        print(f"\n!!! {len(mismatched)} method(s) did not reproduce minispec greedy token for token: "
-              + ", ".join(mismatched), file=sys.stderr)
+        print(f"\n!!! {len(mismatched)} method(s) did not reproduce minispec greedy token for "
+              "token: " + ", ".join(mismatched), file=sys.stderr)
         return 1
     return 0
 
@@ -362,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Show speculative sampling on explicit distributions: the "
                                       "output law equals the target's, the acceptance rate equals "
                                       "sum min(p, q).")
-    demo.add_argument("--samples", type=int, default=200_000, help="number of draws (default 200000)")
+    demo.add_argument("--samples", type=int, default=200_000,
+                      help="number of draws (default 200000)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument("-k", type=int, default=4, help="drafts per round (default 4)")
     demo.add_argument("--max-new-tokens", type=int, default=64,
@@ -383,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="registered name, local Hugging Face directory or hub id (default "
                           f"shakespeare-target, or {REAL_MODEL} with --chat)")
     drafters = gen.add_mutually_exclusive_group()
-    drafters.add_argument("--draft", help="draft model (shipped name, directory or hub id), e.g. shakespeare-draft")
+    drafters.add_argument("--draft", help="draft model (shipped name, directory or hub id), "
+                                          "e.g. shakespeare-draft")
     drafters.add_argument("--ngram", action="store_true", help="draft with akunu's n-gram tables")
     drafters.add_argument("--prompt-lookup", action="store_true", help="draft by prompt lookup")
     drafters.add_argument("--eagle", nargs="?", const="smollm2-135m-instruct-eagle", metavar="HEAD",
@@ -391,16 +406,18 @@ def build_parser() -> argparse.ArgumentParser:
                                "head's name or a directory; default smollm2-135m-instruct-eagle)")
     gen.add_argument("-k", type=int, default=4, help="drafts per round, >= 1 (default 4)")
     gen.add_argument("--stream", action="store_true",
-                     help="print the text as tokens are accepted (runs the engine with one request)")
+                     help="print the text as tokens are accepted "
+                          "(runs the engine with one request)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1 = off)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
-    gen.add_argument("--trace", action="store_true", help="colour accepted / rejected / corrected tokens")
+    gen.add_argument("--trace", action="store_true",
+                     help="colour accepted / rejected / corrected tokens")
     gen.add_argument("--fast", action="store_true",
-                     help="pack the weights for oneDNN (minispec.models.packed): same logits up to rounding, "
-                          "cheaper verification on CPU")
+                     help="pack the weights for oneDNN (minispec.models.packed): same logits up to "
+                          "rounding, cheaper verification on CPU")
 
     b = sub.add_parser("bench", help="benchmark against transformers and measure the cost model",
                        description="Single-sequence greedy benchmark of the shipped pair: minispec "
@@ -420,38 +437,49 @@ def build_parser() -> argparse.ArgumentParser:
                         "(speed); 'costs' must come right after 'bench' and takes its own options "
                         "(minispec bench costs --help)")
     b.add_argument("--model", metavar="NAME",
-                   help=f"benchmark a real chat model on the real workloads instead (e.g. {REAL_MODEL}): "
-                        "minispec greedy, n-gram and prompt lookup against transformers' greedy and "
-                        "prompt lookup, one chat prompt per task (chat, summarize, document QA, "
-                        "code completion, code editing); defaults then 96 new tokens, 1 repeat, "
-                        "no warm-up repeat")
+                   help="benchmark a real chat model on the real workloads instead "
+                        f"(e.g. {REAL_MODEL}): minispec greedy, n-gram and prompt lookup against "
+                        "transformers' greedy and prompt lookup, one chat prompt per task (chat, "
+                        "summarize, document QA, code completion, code editing); defaults then 96 "
+                        "new tokens, 1 repeat, no warm-up repeat")
     b.add_argument("--tasks", default=None,
                    help="with --model: comma-separated tasks (default all)")
     b.add_argument("--head", default=None, metavar="NAME_OR_DIR",
-                   help="with --model: an EAGLE head to time as 'minispec eagle' (default: the shipped "
-                        "head for that model, when there is one)")
+                   help="with --model: an EAGLE head to time as 'minispec eagle' (default: the "
+                        "shipped head for that model, when there is one)")
     b.add_argument("--k-eagle", type=int, default=2,
-                   help="with --model: draft length of the EAGLE head (default 2: with its measured "
-                        "alpha ~0.3 and c ~0.05, theory.optimal_gamma gives 1-2 on this CPU)")
+                   help="with --model: draft length of the EAGLE head (default 2: with its "
+                        "measured alpha ~0.3 and c ~0.05, theory.optimal_gamma gives 1-2 on this "
+                        "CPU)")
     b.add_argument("--fast", action="store_true",
-                   help="with --model: minispec's fast CPU path (weights packed once, ms.load(fast=True))")
-    b.add_argument("--target", default="shakespeare-target", help="target model (default shakespeare-target)")
-    b.add_argument("--draft", default="shakespeare-draft", help="draft model (default shakespeare-draft)")
+                   help="with --model: minispec's fast CPU path "
+                        "(weights packed once, ms.load(fast=True))")
+    b.add_argument("--target", default="shakespeare-target",
+                   help="target model (default shakespeare-target)")
+    b.add_argument("--draft", default="shakespeare-draft",
+                   help="draft model (default shakespeare-draft)")
     b.add_argument("--prompts", type=int, default=8, help="prompts per set (default 8, at most 8)")
-    b.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    b.add_argument("--ks", default="1-8", help="draft lengths for the draft model, e.g. 1-8 or 2,4 (default 1-8)")
-    b.add_argument("--k-ngram", type=int, default=4, help="draft length of n-gram / prompt lookup (default 4)")
-    b.add_argument("--hf-ks", default="2,4", help="draft lengths for transformers' assisted generation (default 2,4)")
-    b.add_argument("--repeats", type=int, default=5, help="timed repeats; medians are reported (default 5)")
+    b.add_argument("--max-new-tokens", type=int, default=128,
+                   help="new tokens per prompt (default 128)")
+    b.add_argument("--ks", default="1-8",
+                   help="draft lengths for the draft model, e.g. 1-8 or 2,4 (default 1-8)")
+    b.add_argument("--k-ngram", type=int, default=4,
+                   help="draft length of n-gram / prompt lookup (default 4)")
+    b.add_argument("--hf-ks", default="2,4",
+                   help="draft lengths for transformers' assisted generation (default 2,4)")
+    b.add_argument("--repeats", type=int, default=5,
+                   help="timed repeats; medians are reported (default 5)")
     b.add_argument("--warmup", type=int, default=1, help="discarded warm-up repeats (default 1)")
-    b.add_argument("--cost-repeats", type=int, default=100, help="timed forwards per shape for c and r (default 100)")
+    b.add_argument("--cost-repeats", type=int, default=100,
+                   help="timed forwards per shape for c and r (default 100)")
     b.add_argument("--threads", type=_threads, default=0,
                    help="torch.set_num_threads, >= 1 (default 0: torch's choice)")
     b.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     b.add_argument("--no-adaptive", action="store_true", help="skip the adaptive-k run")
     b.add_argument("--quick", action="store_true",
-                   help="smoke test: 2 prompts x 32 tokens, k in 1,2,4, one repeat (explicit flags win)")
+                   help="smoke test: 2 prompts x 32 tokens, k in 1,2,4, one repeat "
+                        "(explicit flags win)")
     return parser
 
 
@@ -488,7 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
         status = demo_distributions(args.samples, args.seed, args.k)
         if not _shipped_pair_present():
-            print("\n(The shipped model pair is not built in this checkout: skipping the model demo.)")
+            print("\n(The shipped model pair is not built in this checkout: "
+                  "skipping the model demo.)")
             return status
         return status or demo_shipped_pair(args.max_new_tokens, args.k)
     commands = {"generate": generate_command, "bench": bench_command}

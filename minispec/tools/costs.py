@@ -280,8 +280,8 @@ def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> s
         f"{'' if report.dtype == 'torch.float32' else ': a different model than float32'}): "
         f"{report.weight_bytes / 1e6:.1f} MB of weights read per step; "
         f"{report.threads} thread(s); context {report.context} tokens; {report.clock} clock",
-        f"read bandwidth {report.bandwidth_gbs:.1f} GB/s (median, probed between steps) -> roofline step "
-        f"{report.roofline_ms:.1f} ms",
+        f"read bandwidth {report.bandwidth_gbs:.1f} GB/s (median, probed between steps) -> "
+        f"roofline step {report.roofline_ms:.1f} ms",
         f"fast start-up: packing {report.pack_s:.2f} s (nothing compiled, nothing to cache)",
     ]
     for batch in sorted({m.batch for m in report.modes}):
@@ -289,9 +289,10 @@ def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> s
                        for mode in ("eager", "fast"))
         roof = report.roofline_ms  # a step of any batch reads the weights once
         e1, f1 = eager.step_ms[1], fast.step_ms[1]
-        lines.append(f"\nbatch {batch}: one-token step  eager {e1:.1f} ms ({e1 / roof:.2f}x roofline, "
-                     f"fraction achieved {roof / e1:.2f})   fast {f1:.1f} ms ({f1 / roof:.2f}x "
-                     f"roofline, fraction achieved {roof / f1:.2f})   fast/eager {f1 / e1:.2f}")
+        lines.append(f"\nbatch {batch}: one-token step  eager {e1:.1f} ms "
+                     f"({e1 / roof:.2f}x roofline, fraction achieved {roof / e1:.2f})   "
+                     f"fast {f1:.1f} ms ({f1 / roof:.2f}x roofline, "
+                     f"fraction achieved {roof / f1:.2f})   fast/eager {f1 / e1:.2f}")
         lines.append(f"  {'k':>2} {'tokens':>6} {'eager ms':>9} {'r eager':>8} {'fast ms':>8} "
                      f"{'r fast':>7}")
         for k in sorted(eager.r):
@@ -414,11 +415,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") 
     parser = argparse.ArgumentParser(
         prog=prog,
         description="A decode step against the memory roofline, eager and fast (oneDNN-packed "
-                    "weights, minispec.models.packed) side by side: read bandwidth, roofline step time "
-                    "(weight bytes / bandwidth) and the fraction achieved, one-token step time, "
-                    "r(k) = t(k+1 tokens) / t(1 token), the draft's c, the fast path's start-up, "
-                    "and the speedup Theorem 3.8 predicts with each mode's r. Default: the "
-                    f"shipped pair ({' + '.join(SHIPPED_PAIR)}). Both modes are always measured.")
+                    "weights, minispec.models.packed) side by side: read bandwidth, roofline "
+                    "step time (weight bytes / bandwidth) and the fraction achieved, one-token "
+                    "step time, r(k) = t(k+1 tokens) / t(1 token), the draft's c, the fast "
+                    "path's start-up, and the speedup Theorem 3.8 predicts with each mode's r. "
+                    f"Default: the shipped pair ({' + '.join(SHIPPED_PAIR)}). Both modes are "
+                    "always measured.")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--model", default=None, metavar="NAME",
                        help="a chat model to measure as the target, with no draft model unless "

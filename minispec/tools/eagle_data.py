@@ -64,7 +64,8 @@ def build_prompts(seed: int = 0) -> list[list[dict[str, str]]]:
     """The prompt set: chat questions, coding jobs and stdlib docstrings to summarize (shuffled)."""
     prompts = [[{"role": "user", "content": form.format(topic)}]
                for topic in CHAT_TOPICS for form in CHAT_FORMS]
-    prompts += [[{"role": "user", "content": form.format(job)}] for job in CODE_JOBS for form in CODE_FORMS]
+    prompts += [[{"role": "user", "content": form.format(job)}]
+                for job in CODE_JOBS for form in CODE_FORMS]
     for doc in _stdlib_docstrings(40):
         prompts.append([{"role": "user", "content": f"Summarize this in two sentences:\n\n{doc}"}])
     random.Random(seed).shuffle(prompts)
@@ -152,12 +153,15 @@ def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 
     out = []
     for src, ids in tqdm(pieces, desc="target features", unit="chunk", disable=not progress):
         x = torch.tensor([ids], device=target.device)
-        logits, hidden = target(x, torch.arange(len(ids), device=target.device)[None], return_hidden=True)
-        out.append(Chunk(src, x[0].cpu(), hidden[0].to(torch.float16).cpu(), logits[0].argmax(-1).cpu()))
+        logits, hidden = target(x, torch.arange(len(ids), device=target.device)[None],
+                                return_hidden=True)
+        out.append(Chunk(src, x[0].cpu(), hidden[0].to(torch.float16).cpu(),
+                         logits[0].argmax(-1).cpu()))
     return out
 
 
-def choose_vocab(chunks: list[Chunk], coverage: float, vocab_size: int) -> tuple[torch.Tensor, list]:
+def choose_vocab(chunks: list[Chunk], coverage: float,
+                 vocab_size: int) -> tuple[torch.Tensor, list]:
     """The smallest set of most frequent greedy tokens covering ``coverage`` of all positions.
 
     Returns the sorted ids and the coverage curve ``[(size, fraction covered), ...]`` at powers of
@@ -169,5 +173,6 @@ def choose_vocab(chunks: list[Chunk], coverage: float, vocab_size: int) -> tuple
     order = counts.argsort(descending=True)
     cum = counts[order].cumsum(0).double() / counts.sum()
     size = int((cum < coverage).sum()) + 1
-    curve = [(2 ** i, float(cum[min(2 ** i, vocab_size) - 1])) for i in range(6, 17) if 2 ** i <= vocab_size]
+    curve = [(2 ** i, float(cum[min(2 ** i, vocab_size) - 1]))
+             for i in range(6, 17) if 2 ** i <= vocab_size]
     return order[:size].sort().values, curve

@@ -163,10 +163,11 @@ def render_markdown(card: dict) -> str:
     lines = [
         "# The shipped Shakespeare pair",
         "",
-        "`shakespeare-target` (`p`) and `shakespeare-draft` (`q`) are tiny Llama models trained from "
-        "scratch on CPU by `python -m minispec.tools.train`. They share one byte-level BPE tokenizer "
-        f"(vocab {c.get('vocab_size')}, `<|bos|>` = 0, `<|eos|>` = 1). The draft is *distilled*: "
-        "trained to match the target's whole next-token distribution instead of the true next token.",
+        "`shakespeare-target` (`p`) and `shakespeare-draft` (`q`) are tiny Llama models trained "
+        "from scratch on CPU by `python -m minispec.tools.train`. They share one byte-level BPE "
+        f"tokenizer (vocab {c.get('vocab_size')}, `<|bos|>` = 0, `<|eos|>` = 1). The draft is "
+        "*distilled*: trained to match the target's whole next-token distribution instead of the "
+        "true next token.",
         "",
         f"- **Corpus:** {c['source']}; {c['works']} works, sha256 of the texts `{c['sha256']}`.",
         f"- **Split:** the last 5 % of every work is held out: {c['train_tokens']:,} training "
@@ -210,10 +211,10 @@ def render_markdown(card: dict) -> str:
             own = (f"and, at these step counts, its own loss is lower too ({d['loss_q']:.3f} vs "
                    f"{lab['loss_q']:.3f}): a whole distribution per position carries more signal "
                    "than one true token")
-        lines += [f"Distilled vs label-trained draft of the same shape: the distilled draft's alpha "
-                  f"is {better} ({d['alpha']:.3f} vs {lab['alpha']:.3f}) {own}. What sets alpha is "
-                  f"how closely q imitates p (KL(p‖q) {d['kl_pq']:.3f} vs {lab['kl_pq']:.3f}), "
-                  "not how well q predicts the text.", ""]
+        lines += [f"Distilled vs label-trained draft of the same shape: the distilled draft's "
+                  f"alpha is {better} ({d['alpha']:.3f} vs {lab['alpha']:.3f}) {own}. What sets "
+                  f"alpha is how closely q imitates p (KL(p‖q) {d['kl_pq']:.3f} vs "
+                  f"{lab['kl_pq']:.3f}), not how well q predicts the text.", ""]
     lines += ["## How it was made", "", "```",
               "python -m minispec.tools.train --out runs/zoo --stage data"]
     for name in models:
@@ -262,7 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     ap = argparse.ArgumentParser(prog="python -m minispec.tools.evaluate",
-                                 description="Quality bars and model card for the Shakespeare pair.")
+                                 description="Quality bars and model card for the Shakespeare "
+                                             "pair.")
     ap.add_argument("--run", type=Path, required=True, help="run folder of minispec.tools.train")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)

@@ -9,14 +9,16 @@ Stages, in order, all reading and writing under ``--out``:
 1. ``data``        -- corpus (download or ``--corpus DIR``), 95/5 split, BPE tokenizer, token ids.
 2. ``target``      -- the target Llama, trained on the labels (next-token cross-entropy).
 3. ``draft``       -- the shipped draft, *distilled*: trained to match the target's full next-token
-                      distribution (KL(p || q) at temperature 1) rather than the one true next token.
+                      distribution (KL(p || q) at temperature 1) rather than the one true next
+                      token.
 4. ``label-draft`` -- a draft of the same shape trained on labels, kept only for comparison.
 5. ``evaluate``    -- quality bars and the model card (see ``minispec.tools.evaluate``).
 
 Each model trains in ONE learning-rate schedule (warmup, then cosine decay) that spans its whole
 budget: either ``--steps`` optimizer steps or ``--time-budget`` minutes of wall clock, whichever
-ends first. A checkpoint is written every two minutes; ``--resume`` picks up from it. Seeds are fixed;
-with ``--steps`` a run is repeatable, with a time budget the number of steps depends on the machine.
+ends first. A checkpoint is written every two minutes; ``--resume`` picks up from it. Seeds are
+fixed; with ``--steps`` a run is repeatable, with a time budget the number of steps depends on the
+machine.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def get_batch(stream, batch_size: int, context: int, generator):
     return rows[:, :-1], rows[:, 1:]
 
 
-def val_loss(model, val, context: int, max_windows: int | None = None, batch_size: int = 8) -> float:
+def val_loss(model, val, context: int, max_windows: int | None = None,
+             batch_size: int = 8) -> float:
     """Mean next-token cross-entropy (nats/token) over consecutive held-out windows."""
     import torch
     import torch.nn.functional as F

@@ -1,27 +1,32 @@
-"""Train an EAGLE-style draft head for a target model (the recipe of ``smollm2-135m-instruct-eagle``).
+"""Train an EAGLE-style draft head for a target model (the recipe of
+``smollm2-135m-instruct-eagle``).
 
 Usage::
 
-    python -m minispec.tools.train_eagle --target smollm2-135m-instruct --out runs/eagle --time-budget 60
+    python -m minispec.tools.train_eagle --target smollm2-135m-instruct --out runs/eagle \\
+        --time-budget 60
 
 Stages, all under ``--out`` (each one is skipped when its file is already there, so a stopped run
 continues with ``--resume``):
 
 1. ``data.pt``   -- the target's answers to the prompt set, plus Shakespeare and stdlib code, turned
    into features (`minispec.tools.eagle_data`); 5 % of the chunks are held out;
-2. the draft vocabulary ``V'``: the most frequent greedy tokens covering ``--coverage`` of positions;
+2. the draft vocabulary ``V'``: the most frequent greedy tokens covering ``--coverage`` of
+   positions;
 3. training, in one cosine learning-rate schedule spanning ``--steps`` or ``--time-budget`` minutes;
    a checkpoint ``ckpt.pt`` every two minutes (and the head so far in ``head-latest/``);
-4. ``head/``     -- the head ([`minispec.models.eagle_head.save_head`][minispec.models.eagle_head.save_head],
-float16) and ``training.json``:
-   the curve (loss, held-out top-1 accuracy of the first draft) and the data's sizes;
+4. ``head/``     -- the head
+   ([`minispec.models.eagle_head.save_head`][minispec.models.eagle_head.save_head], float16) and
+   ``training.json``: the curve (loss, held-out top-1 accuracy of the first draft) and the data's
+   sizes;
 5. the evaluation -- greedy speculative decoding with the head on minispec's evaluation tasks
    (alpha, tokens per target forward by task, checked token for token), written with everything
    else into ``head/MODEL_CARD.md``.
 
-The loss, per position ``t`` of a chunk (teacher forcing: the head reads the target's real features):
-``SmoothL1(f'_t, f_t) + w * CE(q_t, argmax p_t)``; with ``--unroll 2`` a second pass reads the head's
-own predicted features ``f'`` as drafting does from the second draft on, and adds the same loss.
+The loss, per position ``t`` of a chunk (teacher forcing: the head reads the target's real
+features): ``SmoothL1(f'_t, f_t) + w * CE(q_t, argmax p_t)``; with ``--unroll 2`` a second pass
+reads the head's own predicted features ``f'`` as drafting does from the second draft on, and adds
+the same loss.
 """
 
 from __future__ import annotations
@@ -50,13 +55,15 @@ CHECKPOINT_EVERY_S = 120
 
 
 def build_data(target, tokenizer, args) -> dict:
-    """Stage 1: features of the answers and the corpus; ``{"train": [...], "heldout": [...], ...}``."""
+    """Stage 1: features of the answers and the corpus;
+    ``{"train": [...], "heldout": [...], ...}``."""
     prompts = eagle_data.build_prompts(args.seed)[: args.prompts]
     t0 = time.time()
-    seqs = [("answers", ids) for ids in eagle_data.answers(target, tokenizer, prompts, args.answer_tokens)]
+    seqs = [("answers", ids)
+            for ids in eagle_data.answers(target, tokenizer, prompts, args.answer_tokens)]
     gen_s = time.time() - t0
-    texts = eagle_data.corpus_texts(args.prose_chars, args.code_chars, smollm2.home() / "shakespeare",
-                                    args.corpus)
+    texts = eagle_data.corpus_texts(args.prose_chars, args.code_chars,
+                                    smollm2.home() / "shakespeare", args.corpus)
     for source, items in texts.items():
         seqs += [(source, tokenizer.encode(t)) for t in items]
     chunks = eagle_data.extract(target, seqs, chunk=args.chunk)
@@ -83,14 +90,14 @@ def cached_data(target, tokenizer, args) -> dict:
             return data | {s: [eagle_data.Chunk(**c) for c in data[s]] for s in splits}
         except pickle.UnpicklingError:
             print(f"{data_file} holds pickled objects (an older format): building it again")
-    data = build_data(packed.make_fast(target), tokenizer, args)     # packed: the answers come faster
+    data = build_data(packed.make_fast(target), tokenizer, args)  # packed: the answers come faster
     packed.make_eager(target)
     torch.save(data | {s: [dict(vars(c)) for c in data[s]] for s in splits}, data_file)
     return data
 
 
-def head_loss(head: EagleHead, chunk: eagle_data.Chunk, index: torch.Tensor, unroll: int, w_cls: float,
-              noise: float) -> tuple[torch.Tensor, float]:
+def head_loss(head: EagleHead, chunk: eagle_data.Chunk, index: torch.Tensor, unroll: int,
+              w_cls: float, noise: float) -> tuple[torch.Tensor, float]:
     """The loss on one chunk (see the module docstring) and the first pass's top-1 accuracy."""
     f = chunk.features.float()                                            # (L, D)
     x, labels = chunk.tokens, index[chunk.greedy]                         # (L,), (L,) in V' or -1
@@ -105,7 +112,8 @@ def head_loss(head: EagleHead, chunk: eagle_data.Chunk, index: torch.Tensor, unr
             logits[0], labels[1 + step:], ignore_index=-1)
         if step == 0:
             ok = labels[1:] >= 0
-            acc = float((logits[0].argmax(-1) == labels[1:])[ok].float().mean()) if ok.any() else 0.0
+            acc = (float((logits[0].argmax(-1) == labels[1:])[ok].float().mean()) if ok.any()
+                   else 0.0)
         feats = pred[0, :-1]                   # the head's own f'_t feeds pair t + 1 next pass
     return total / unroll, acc
 
@@ -117,7 +125,8 @@ def heldout_accuracy(head: EagleHead, chunks: list, index: torch.Tensor) -> dict
     hits, total = {"all": 0, "answers": 0}, {"all": 0, "answers": 0}
     for c in chunks:
         labels = index[c.greedy][1:]
-        logits, _ = head(c.tokens[1:][None], c.features[:-1].float()[None], torch.arange(len(c.tokens) - 1)[None])
+        logits, _ = head(c.tokens[1:][None], c.features[:-1].float()[None],
+                         torch.arange(len(c.tokens) - 1)[None])
         ok = labels >= 0
         for group in ("all", "answers") if c.source == "answers" else ("all",):
             hits[group] += int((logits[0].argmax(-1) == labels)[ok].sum())
@@ -152,11 +161,13 @@ def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> d
     bar = tqdm(total=args.steps, initial=step, desc="train head", unit="step")
     while step < args.steps and time.time() - started < budget:
         progress = max(step / args.steps, (time.time() - started) / budget)
-        lr = args.lr * min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        lr = (args.lr * min(1.0, (step + 1) / args.warmup) * 0.5
+              * (1 + math.cos(math.pi * min(1.0, progress))))
         for group in opt.param_groups:
             group["lr"] = lr
         batch = [pick(rng) for _ in range(args.batch)]
-        losses = [head_loss(head, c, vocab_index, args.unroll, args.w_cls, args.noise) for c in batch]
+        losses = [head_loss(head, c, vocab_index, args.unroll, args.w_cls, args.noise)
+                  for c in batch]
         loss = sum(v for v, _ in losses) / len(losses)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -166,14 +177,17 @@ def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> d
         bar.update(1)
         if step % args.eval_every == 0 or step == args.steps:
             acc = heldout_accuracy(head, data["heldout"], vocab_index)
-            curve.append({"step": step, "minutes": (time.time() - started) / 60, "loss": loss.item(),
+            curve.append({"step": step, "minutes": (time.time() - started) / 60,
+                          "loss": loss.item(),
                           "train_top1": sum(a for _, a in losses) / len(losses),
                           "heldout_top1": acc["all"], "heldout_answers_top1": acc["answers"]})
             bar.set_postfix(loss=f"{loss.item():.3f}", heldout=f"{acc['all']:.3f}")
         if time.time() - last_ckpt > CHECKPOINT_EVERY_S:
-            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "curve": curve, "step": step,
-                        "elapsed": time.time() - started, "sessions": sessions}, out / "ckpt.pt")
-            save_head(head, out / "head-latest", extra={"training": {"curve": curve, "steps": step}})
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "curve": curve,
+                        "step": step, "elapsed": time.time() - started, "sessions": sessions},
+                       out / "ckpt.pt")
+            save_head(head, out / "head-latest",
+                      extra={"training": {"curve": curve, "steps": step}})
             last_ckpt = time.time()
     bar.close()
     minutes = (time.time() - started) / 60
@@ -199,7 +213,8 @@ def evaluate(target, tokenizer, drafter, k: int = 4, max_new_tokens: int = 96) -
         plain = generate(target, messages, max_new_tokens, tokenizer=tokenizer).tokens
         row = {}
         for name, drafter_now in (("eagle", drafter), ("prompt_lookup", PromptLookupDrafter())):
-            out = speculative_generate(target, drafter_now, messages, max_new_tokens, k=k, tokenizer=tokenizer)
+            out = speculative_generate(target, drafter_now, messages, max_new_tokens, k=k,
+                                       tokenizer=tokenizer)
             if out.tokens != plain:
                 raise AssertionError(f"{name} on {task}: tokens differ from greedy decoding")
             row[name] = {"alpha": out.stats.acceptance_rate,
@@ -216,48 +231,54 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
     sizes = facts["sizes"]
     lines = [
         f"# {facts['name']}", "",
-        f"An EAGLE-style draft head for `{facts['target']}`: `fc([embed(x_t); f_(t-1)])`, one Llama "
-        "decoder layer of the target's shape, then the target's own frozen final norm and LM head "
-        f"restricted to a draft vocabulary of {v['size']} tokens. Made by "
+        f"An EAGLE-style draft head for `{facts['target']}`: `fc([embed(x_t); f_(t-1)])`, "
+        "one Llama decoder layer of the target's shape, then the target's own frozen final norm "
+        f"and LM head restricted to a draft vocabulary of {v['size']} tokens. Made by "
         "`python -m minispec.tools.train_eagle` (minispec); loaded with "
         f"`ms.load_drafter('{facts['name']}', target)`.", "",
         "## Data", "",
         f"The target's own features on {sum(d['tokens_by_source'].values()):,} tokens: "
         + ", ".join(f"{n:,} from {src}" for src, n in d["tokens_by_source"].items())
-        + f" ({d['prompts']} prompts of minispec's own: chat questions, small coding jobs and summaries "
-        "of standard-library docstrings, answered greedily by the target; the Shakespeare corpus of "
-        "the shipped tiny pair, public domain; the Python standard library's source). None of it "
-        "comes from a public benchmark's prompts, nor from minispec's evaluation tasks. "
+        + f" ({d['prompts']} prompts of minispec's own: chat questions, small coding jobs and "
+        "summaries of standard-library docstrings, answered greedily by the target; the "
+        "Shakespeare corpus of the shipped tiny pair, public domain; the Python standard "
+        "library's source). None of it comes from a public benchmark's prompts, nor from "
+        "minispec's evaluation tasks. "
         f"{d['train_chunks']} training chunks, {d['heldout_chunks']} held out; built in "
         f"{d['build_minutes']:.0f} minutes.", "",
         "## Training", "",
-        f"{t['steps']} AdamW steps in {t['minutes']:.0f} minutes on {facts['hardware']['cpus']} CPU "
-        f"cores ({facts['hardware']['threads']} torch threads, torch {facts['hardware']['torch']}), "
-        f"loss = SmoothL1 on the features + {facts['args']['w_cls']} x cross-entropy to the target's "
-        f"greedy token, unrolled {facts['args']['unroll']} passes, initialised from the target's last "
-        f"layer ({facts['args']['init']}). Held-out top-1 agreement of the first draft with the "
+        f"{t['steps']} AdamW steps in {t['minutes']:.0f} minutes on "
+        f"{facts['hardware']['cpus']} CPU cores ({facts['hardware']['threads']} torch threads, "
+        f"torch {facts['hardware']['torch']}), loss = SmoothL1 on the features + "
+        f"{facts['args']['w_cls']} x cross-entropy to the target's greedy token, unrolled "
+        f"{facts['args']['unroll']} passes, initialised from the target's last layer "
+        f"({facts['args']['init']}). Held-out top-1 agreement of the first draft with the "
         f"target's greedy token: {curve[0]['heldout_top1']:.3f} at step {curve[0]['step']}, "
         f"{curve[-1]['heldout_top1']:.3f} at the end"
-        + (f"; on the held-out answers alone {curve[-1]['heldout_answers_top1']:.3f} (the rest is prose "
-           "and code, and each answer's chat template repeats the same system turn)"
+        + (f"; on the held-out answers alone {curve[-1]['heldout_answers_top1']:.3f} "
+           "(the rest is prose and code, and each answer's chat template repeats the same "
+           "system turn)"
            if "heldout_answers_top1" in curve[-1] else "")
         + (f". Trained in {len(t['sessions'])} sessions: " + "; ".join(t["sessions"])
            if t.get("sessions") else "") + ".", "",
         "## Draft vocabulary", "",
-        f"The {v['size']} most frequent greedy tokens of the training data cover {v['coverage_target']:.0%} "
-        "of them (coverage at other sizes: "
+        f"The {v['size']} most frequent greedy tokens of the training data cover "
+        f"{v['coverage_target']:.0%} of them (coverage at other sizes: "
         + ", ".join(f"{n}: {c:.1%}" for n, c in v["coverage_by_size"]) + "). The LM head is "
         f"{sizes['lm_head'] / 1e6:.1f} M of the target's {sizes['target'] / 1e6:.1f} M parameters, "
         f"more than the head's own {sizes['head'] / 1e6:.1f} M: reading all of it every draft step "
         f"would dominate the draft's cost, while the {v['size']} rows hold "
         f"{sizes['draft_lm_head'] / 1e6:.2f} M. A draft outside the set is never proposed "
         "(q = 0 there), so verification stays exact.", "",
-        f"## Held-out results (greedy, k = {evaluation['k']}, {evaluation['max_new_tokens']} new tokens)", "",
-        "| task | EAGLE alpha | EAGLE tokens / target forward | prompt lookup tokens / target forward |",
+        f"## Held-out results (greedy, k = {evaluation['k']}, "
+        f"{evaluation['max_new_tokens']} new tokens)", "",
+        "| task | EAGLE alpha | EAGLE tokens / target forward "
+        "| prompt lookup tokens / target forward |",
         "| --- | ---: | ---: | ---: |",
     ]
     for task, row in evaluation["by_task"].items():
-        lines.append(f"| {task} | {row['eagle']['alpha']:.2f} | {row['eagle']['tokens_per_forward']:.2f} | "
+        lines.append(f"| {task} | {row['eagle']['alpha']:.2f} | "
+                     f"{row['eagle']['tokens_per_forward']:.2f} | "
                      f"{row['prompt_lookup']['tokens_per_forward']:.2f} |")
     lines += ["", "Every run produced exactly the target's greedy tokens.", ""]
     (directory / "MODEL_CARD.md").write_text("\n".join(lines))
@@ -265,11 +286,14 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minispec.tools.train_eagle", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m minispec.tools.train_eagle",
+                                description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--target", default="smollm2-135m-instruct", help="registered name or directory")
-    p.add_argument("--name", default=None, help="the head's name in its card (default TARGET-eagle)")
-    p.add_argument("--out", required=True, type=Path, help="working directory (data, checkpoint, head)")
+    p.add_argument("--name", default=None,
+                   help="the head's name in its card (default TARGET-eagle)")
+    p.add_argument("--out", required=True, type=Path,
+                   help="working directory (data, checkpoint, head)")
     p.add_argument("--time-budget", type=float, default=60.0, help="minutes of training")
     p.add_argument("--steps", type=int, default=20_000, help="optimizer steps at most")
     p.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt")
@@ -292,9 +316,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="draw a chunk from the target's answers with this probability (default: "
                         "every chunk equally likely)")
     p.add_argument("--init", choices=("last-layer", "random"), default="last-layer",
-                   help="start the head's layer from the target's last layer, or from random weights")
+                   help="start the head's layer from the target's last layer, or from random "
+                        "weights")
     p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--eval-tokens", type=int, default=96, help="new tokens per task in the final evaluation")
+    p.add_argument("--eval-tokens", type=int, default=96,
+                   help="new tokens per task in the final evaluation")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     return p.parse_args(argv)
 
@@ -308,9 +334,10 @@ def main(argv=None) -> Path:
     target, tokenizer = load(args.target)
     data = cached_data(target, tokenizer, args)
     target.requires_grad_(False)                              # eager: the head trains through it
-    vocab, coverage_curve = eagle_data.choose_vocab(data["train"], args.coverage, target.config.vocab_size)
-    print(f"draft vocabulary: {vocab.numel()} tokens cover {args.coverage:.0%} of the target's greedy "
-          f"tokens in {len(data['train'])} training chunks")
+    vocab, coverage_curve = eagle_data.choose_vocab(data["train"], args.coverage,
+                                                    target.config.vocab_size)
+    print(f"draft vocabulary: {vocab.numel()} tokens cover {args.coverage:.0%} of the target's "
+          f"greedy tokens in {len(data['train'])} training chunks")
     head = EagleHead(target.config, vocab=vocab).bind(target)
     if args.init == "last-layer":
         head.init_from_target()
@@ -321,22 +348,26 @@ def main(argv=None) -> Path:
     facts = {"name": args.name or f"{Path(args.target).name}-eagle", "target": args.target,
              "args": {k: str(v) for k, v in vars(args).items()},
              "sizes": {"target": sum(p.numel() for p in target.parameters()),
-                       "lm_head": target.config.vocab_size * D, "draft_lm_head": int(vocab.numel()) * D,
+                       "lm_head": target.config.vocab_size * D,
+                       "draft_lm_head": int(vocab.numel()) * D,
                        "head": sum(p.numel() for p in head.parameters())},
              "data": {"prompts": data["prompts"], "tokens_by_source": data["tokens_by_source"],
                       "train_chunks": len(data["train"]), "heldout_chunks": len(data["heldout"]),
                       "build_minutes": data["time_s"] / 60},
              "draft_vocab": {"coverage_target": args.coverage, "size": int(vocab.numel()),
                              "coverage_by_size": coverage_curve},
-             "training": result, "hardware": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-                                              "torch": torch.__version__}}
+             "training": result,
+             "hardware": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+                          "torch": torch.__version__}}
     head.eval()
     evaluation = evaluate(target, tokenizer, EagleDrafter(head), max_new_tokens=args.eval_tokens)
     save_head(head, args.out / "head", extra={"training": facts, "evaluation": evaluation})
     write_card(args.out / "head", facts, evaluation)
-    (args.out / "training.json").write_text(json.dumps(facts | {"evaluation": evaluation}, indent=2) + "\n")
-    print(f"head written to {args.out / 'head'}: {result['steps']} steps in {result['minutes']:.1f} min, "
-          f"held-out top-1 {result['curve'][-1]['heldout_top1'] if result['curve'] else float('nan'):.3f}")
+    (args.out / "training.json").write_text(json.dumps(facts | {"evaluation": evaluation},
+                                                       indent=2) + "\n")
+    print(f"head written to {args.out / 'head'}: {result['steps']} steps in "
+          f"{result['minutes']:.1f} min, held-out top-1 "
+          f"{result['curve'][-1]['heldout_top1'] if result['curve'] else float('nan'):.3f}")
     return args.out / "head"
 
 

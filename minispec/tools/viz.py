@@ -98,7 +98,8 @@ def plot_overlap(
 
     p_t, q_t = _as_distribution(p, "p"), _as_distribution(q, "q")
     if p_t.shape != q_t.shape:
-        raise ValueError(f"p and q must have the same shape, got {tuple(p_t.shape)} and {tuple(q_t.shape)}")
+        raise ValueError(f"p and q must have the same shape, got {tuple(p_t.shape)} and "
+                         f"{tuple(q_t.shape)}")
     vocab = p_t.numel()
     if labels is not None and len(labels) != vocab:
         raise ValueError(f"labels must have one entry per token ({vocab}), got {len(labels)}")
@@ -132,7 +133,8 @@ def plot_overlap(
     ax.set_xlabel("token")
     ax.set_ylabel("probability")
     ax.set_ylim(0, 1.15 * max(float(torch.maximum(p_s, q_s).max()), 1e-12))
-    ax.set_title(rf"$\beta = \sum \min(p, q) = {beta:.3f}$,  $D_{{LK}} = 1 - \beta = {1 - beta:.3f}$")
+    ax.set_title(rf"$\beta = \sum \min(p, q) = {beta:.3f}$,  "
+                 rf"$D_{{LK}} = 1 - \beta = {1 - beta:.3f}$")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
@@ -189,7 +191,8 @@ class Trace:
                              f"{html.escape(text)}</span>")
             parts.append('<span style="color:#999">|</span>')
         legend = " &nbsp; ".join(
-            f'<span class="ms-legend-{kind}" style="{_html_style(kind)}">{html.escape(label)}</span>'
+            f'<span class="ms-legend-{kind}" style="{_html_style(kind)}">'
+            f'{html.escape(label)}</span>'
             for kind, label in TRACE_LABELS.items()
         ) + ' &nbsp; <span style="color:#999">|</span> end of a round'
         return ('<div class="ms-trace-figure">'
@@ -202,7 +205,8 @@ class Trace:
         """The trace in ANSI colours, then a one-line legend."""
         reset = "\x1b[0m"
         text = "\x1b[2m|\x1b[0m".join(
-            "".join(f"{TRACE_STYLES[kind][1]}{text}{reset}" for text, kind in spans) for spans in self.rounds
+            "".join(f"{TRACE_STYLES[kind][1]}{text}{reset}" for text, kind in spans)
+            for spans in self.rounds
         )
         legend = "  ".join(f"{TRACE_STYLES[kind][1]}{label}{reset}"
                            for kind, label in TRACE_LABELS.items())
@@ -210,7 +214,8 @@ class Trace:
 
 
 def trace(result: Any, tokenizer: Any = None) -> Trace:
-    """Figure 1 of Leviathan et al. for a [`GenerationResult`][minispec.decoding.loop.GenerationResult].
+    """Figure 1 of Leviathan et al. for a
+    [`GenerationResult`][minispec.decoding.loop.GenerationResult].
 
     Args:
         result: the output of ``speculative_generate`` (its ``rounds``).
@@ -311,7 +316,8 @@ def record_rounds(
         return probs_from_logits(logits, sampling).double()
 
     def bars(p: torch.Tensor, q: torch.Tensor | None, token: int | None) -> list[dict[str, Any]]:
-        """The ``top`` tokens of max(p, q) (or of p alone), the drafted ``token`` always among them."""
+        """The ``top`` tokens of max(p, q) (or of p alone), the drafted ``token`` always among
+        them."""
         ranked = _top(p if q is None else torch.maximum(p, q), top)
         if token is not None and token not in ranked:
             ranked[-1] = token

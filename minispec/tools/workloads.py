@@ -145,11 +145,12 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         log: progress lines (``None``: silent).
 
     Returns:
-        One [`minispec.tools.bench.MethodResult`][minispec.tools.bench.MethodResult] per (task, method);
-        ``prompt_set`` is the task.
+        One [`minispec.tools.bench.MethodResult`][minispec.tools.bench.MethodResult] per
+        (task, method); ``prompt_set`` is the task.
     """
     say = log or (lambda _line: None)
-    prompt_sets = {task: [ids] for task, ids in encode_tasks(tokenizer, tuple(tasks or TASKS)).items()}
+    prompt_sets = {task: [ids]
+                   for task, ids in encode_tasks(tokenizer, tuple(tasks or TASKS)).items()}
     say(f"reference: minispec greedy on {len(prompt_sets)} tasks ...")
     reference = {task: [generate(target, ids, max_new_tokens).tokens for ids in prompts]
                  for task, prompts in prompt_sets.items()}
@@ -161,13 +162,15 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         call = hf_greedy(hf, max_new_tokens)
         hf_greedy(hf, 4)(next(iter(prompt_sets.values()))[0])  # warm-up
     # a task's methods run back to back, so a change in the machine's load hits them alike
-    methods = [m for task in prompt_sets for m in _minispec_methods(target, task, max_new_tokens, k, drafters)
+    methods = [m for task in prompt_sets
+               for m in _minispec_methods(target, task, max_new_tokens, k, drafters)
                + (_hf_methods(call, task, k) if call is not None else [])]
     return time_methods(methods, prompt_sets, reference, repeats=repeats, warmup=warmup, log=log)
 
 
 def _minispec_methods(target: Llama, task: str, max_new_tokens: int, k: int,
-                      drafters: dict[str, tuple[Callable[[], Any], int]] | None = None) -> list[Method]:
+                      drafters: dict[str, tuple[Callable[[], Any], int]] | None = None
+                      ) -> list[Method]:
     def plain(ids):
         out = generate(target, ids, max_new_tokens)
         return out.tokens, out.stats
@@ -180,8 +183,10 @@ def _minispec_methods(target: Llama, task: str, max_new_tokens: int, k: int,
 
     return [Method("minispec generate", "minispec", task, plain),
             Method(f"minispec n-gram k={k}", "minispec", task, drafted(NGramDrafter), k),
-            Method(f"minispec prompt lookup k={k}", "minispec", task, drafted(PromptLookupDrafter), k)] + [
-            Method(f"minispec {name} k={k_other}", "minispec", task, drafted(make, k_other), k_other)
+            Method(f"minispec prompt lookup k={k}", "minispec", task,
+                   drafted(PromptLookupDrafter), k)] + [
+            Method(f"minispec {name} k={k_other}", "minispec", task, drafted(make, k_other),
+                   k_other)
             for name, (make, k_other) in (drafters or {}).items()]
 
 

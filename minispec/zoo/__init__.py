@@ -87,8 +87,8 @@ def head_path(name: str) -> Path:
         raise ValueError(f"unknown draft head {name!r}; shipped: {', '.join(HEADS)}")
     directory = _ZOO_DIR / name
     if not (directory / "head.safetensors").is_file():
-        raise FileNotFoundError(f"shipped head {name!r} has no weights in {directory}; train one with "
-                                "`python -m minispec.tools.train_eagle --out DIR`")
+        raise FileNotFoundError(f"shipped head {name!r} has no weights in {directory}; "
+                                "train one with `python -m minispec.tools.train_eagle --out DIR`")
     return directory
 
 

