@@ -46,10 +46,10 @@ import time
 from pathlib import Path
 
 import torch
+from minispec.decoding.tree_loop import decode_tree
 
 import minispec as ms
 from minispec.decoding.loop import GenerationResult
-from minispec.decoding.tree_loop import decode_tree
 from minispec.drafters.trees import check_branching
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import TreeAttention
