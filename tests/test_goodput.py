@@ -84,8 +84,12 @@ def test_costs_are_kept_per_bucket_and_interpolated():
     assert costs.verify_seconds(4, 3) is None                   # one width: no line yet
     costs.record_verify(4, 5, 4.0)
     assert costs.verify_seconds(3, 3) == pytest.approx(3.0)     # on the line through T = 1 and 5
-    costs.record_verify(4, 1, 4.0)                              # moving average: 2 -> 3
+    costs.record_verify(4, 1, 3.5)                  # the second measurement replaces the first
+    assert costs.verify_seconds(4, 1) == pytest.approx(3.5)
+    costs.record_verify(4, 1, 2.5)                              # then a moving average: 3.5 -> 3
     assert costs.verify_seconds(4, 1) == pytest.approx(3.0)
+    costs.record_verify(4, 1, 9.0)                              # 3 -> 6, but T = 5 costs 4:
+    assert costs.verify_seconds(4, 1) == pytest.approx(4.0)     # never above a wider forward
     costs.record_draft(2, steps=4, seconds=2.0)
     assert (costs.draft_seconds(2) == pytest.approx(0.5)
             and costs.draft_seconds(16) == pytest.approx(0.5))

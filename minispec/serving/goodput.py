@@ -70,35 +70,58 @@ class StepCosts:
     [`bucket`][minispec.serving.goodput.bucket] of the batch size); a shape not measured yet is
     read off a straight line through the measured ones (a forward's cost grows about linearly
     with the tokens it scores), or borrowed from the nearest bucket (``verify_seconds``).
+    The first measurement of a shape is a warm-up (a new shape allocates; a draft model's first
+    step also prefills its cache over every prompt): the second replaces it, the moving average
+    starts there. A forward is never priced above a wider one of its bucket: a plain step measured
+    once, cold, and never again (the engine drafts from then on) would otherwise make every plan
+    with drafts look better than it is (measured: 11.0 ms for a plain step at batch size 2 beside
+    9.5-10.8 ms for 3-5 tokens per row).
 
     Attributes:
         verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.
         draft: ``{R: seconds}`` of one draft step over ``R`` drafting rows.
         smoothing: weight of a new measurement in the moving averages.
+        samples: how many measurements each key of ``verify`` and ``draft`` has had.
     """
 
     verify: dict[tuple[int, int], float] = field(default_factory=dict)
     draft: dict[int, float] = field(default_factory=dict)
     smoothing: float = 0.2
+    samples: dict[object, int] = field(default_factory=dict)
 
     def record_verify(self, rows: int, tokens: int, seconds: float) -> None:
         """Add one verify forward of ``rows`` x ``tokens``."""
         key = (bucket(rows), tokens)
-        self.verify[key] = _ema(self.verify.get(key), seconds, self.smoothing)
+        self.verify[key] = self._average(("verify", key), self.verify.get(key), seconds)
 
     def record_draft(self, rows: int, steps: int, seconds: float) -> None:
         """Add ``steps`` draft steps over ``rows`` rows that took ``seconds`` in all."""
         if steps > 0 and rows > 0:
             rows = bucket(rows)
-            self.draft[rows] = _ema(self.draft.get(rows), seconds / steps, self.smoothing)
+            self.draft[rows] = self._average(("draft", rows), self.draft.get(rows),
+                                             seconds / steps)
+
+    def _average(self, key: object, old: float | None, new: float) -> float:
+        """The moving average after ``new``; the second measurement replaces the first."""
+        self.samples[key] = self.samples.get(key, 0) + 1
+        return new if self.samples[key] <= 2 else _ema(old, new, self.smoothing)
 
     def verify_seconds(self, rows: int, tokens: int) -> float | None:
         """A ``rows`` x ``tokens`` verify forward: measured, else on the line through the measured
         widths of this batch-size bucket (two at least), else one measured width times the ratio
         of the two widths at the nearest bucket that has a line (the smaller on a tie: the ratio
         grows with the batch, so a borrowed one errs towards trying to draft, and the step that
-        tries measures the truth), else ``None``."""
+        tries measures the truth), else ``None``; never more than a wider forward of the bucket
+        was measured to cost."""
         rows = bucket(rows)
+        wider = [s for (b, t), s in self.verify.items() if b == rows and t > tokens]
+        estimate = self._estimate(rows, tokens)
+        if estimate is None or not wider:
+            return estimate
+        return min(estimate, min(wider))            # never above a wider forward
+
+    def _estimate(self, rows: int, tokens: int) -> float | None:
+        """``verify_seconds`` before its cap by the wider forwards."""
         if (rows, tokens) in self.verify:
             return self.verify[rows, tokens]
         known = self._widths(rows)
