@@ -5,7 +5,7 @@ For each batch size it runs the same greedy prompts through
 * ``minispec.Engine`` without speculation, and with each drafter (the draft model, n-gram
   drafting, an EAGLE head with ``--eagle``) twice: with a fixed ``k`` (``adaptive=False``) and as a
   user gets it by default (goodput control: ``k`` per request and step from the measured costs,
-  see ``minispec.serving.goodput``);
+  see ``minispec.decoding.goodput``);
 * transformers' continuous batching (``model.generate_batch``) and static batched ``generate``
   (left-padded; every request runs to ``max_new_tokens``, EOS ignored, so the work is equal);
 

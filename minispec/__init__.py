@@ -16,8 +16,9 @@ own folder or the folders below it (``tests/test_layers.py`` checks it):
 4. [`minispec.drafters`][minispec.drafters] -- who proposes drafts: the ``Drafter`` base class,
    a draft model, n-gram tables and prompt lookup, an EAGLE head, and their tree forms.
 5. [`minispec.decoding`][minispec.decoding] -- the one speculative round and the single-sequence
-   loop (``generate``, ``speculative_generate``), request validation, draft-length policy.
-6. [`minispec.serving`][minispec.serving] -- continuous batching: scheduler, goodput, ``Engine``.
+   loop (``generate``, ``speculative_generate``), request validation, the draft-length policy
+   (goodput ``k``, both drivers).
+6. [`minispec.serving`][minispec.serving] -- continuous batching: scheduler, ``Engine``.
 7. [`minispec.check`][minispec.check] -- graders for a student's own implementation of the
    pieces above (``ms.check.verifier(fn)`` ...), and a lab of real bugs they catch.
 8. [`minispec.tools`][minispec.tools] -- faces that may use everything: benchmarks, cost
@@ -40,7 +41,6 @@ from minispec.core.speculative import (
 )
 from minispec.core.stats import SpecStats
 from minispec.core.tree import DraftTree, iterative_speculative_sample, verify_tree
-from minispec.decoding.adaptive import AdaptiveK
 from minispec.decoding.loop import GenerationResult, generate, speculative_generate
 from minispec.drafters.base import Draft, Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from minispec.drafters.eagle import EagleDrafter, load_drafter
@@ -86,7 +86,6 @@ __all__ = [
     "SuffixDrafter",
     "load_drafter",
     # decoding
-    "AdaptiveK",
     "GenerationResult",
     "generate",
     "speculative_generate",

@@ -1,4 +1,7 @@
-"""Adaptive gamma: greedy parity stays exact, k follows the acceptance of a controlled drafter."""
+"""Goodput ``k`` in the single-sequence loop (``speculative_generate(..., adaptive=True)``): the
+engine's policy on a batch of one. Greedy output stays the target's; ``k`` falls to 0 for a drafter
+that is always wrong and rises to the cap for one that is always right and free; a seeded sampled
+request keeps its fixed ``k``, so its tokens do not depend on the clock."""
 
 import copy
 
@@ -7,130 +10,71 @@ import torch
 from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
-from minispec.decoding.adaptive import AdaptiveK, KPolicy
-from minispec.drafters.base import Draft, ModelDrafter
+from minispec.drafters.base import Draft
 
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_llama(max_pos=160)
+    return tiny_llama(max_pos=200)
 
 
-class ControlledDrafter:
-    """Proposes the target's own greedy tokens (always accepted) or shifted ones (always
-    rejected)."""
+class OracleDrafter:
+    """Proposes the next tokens of a known continuation (``right``: the target's greedy one, always
+    accepted; else shifted ids, always rejected); a list lookup, so drafting costs ~nothing."""
 
-    def __init__(self, target, right: bool):
-        self.inner = ModelDrafter(target)
+    def __init__(self, prompt, continuation, right: bool):
+        self.text = list(prompt) + list(continuation)
         self.right = right
-        self.forwards = 0
 
     def propose(self, context, k, sampling, generator):
-        draft = self.inner.propose(context, k, sampling, generator)
-        tokens = draft.tokens if self.right else (draft.tokens + 1) % VOCAB
-        return Draft(tokens, None)
+        ahead = self.text[len(context):len(context) + k]
+        ids = ahead if self.right else [(t + 1) % VOCAB for t in ahead]
+        return Draft(torch.tensor(ids, dtype=torch.long), None)
 
 
-def test_policy_protocol():
-    assert isinstance(AdaptiveK(c=0.1), KPolicy)
-
-
-def test_alpha_hat_is_the_beta_posterior_mean():
-    policy = AdaptiveK(c=0.1, prior=(2.0, 3.0))
-    assert policy.alpha_hat == pytest.approx(2 / 5)
-    policy.update(drafted=4, accepted=2)      # 2 successes, 1 failure, the 4th draft untested
-    assert policy.alpha_hat == pytest.approx((2 + 2) / (2 + 3 + 3))
-    policy.update(drafted=3, accepted=3)      # all accepted: no failure
-    assert policy.alpha_hat == pytest.approx((2 + 5) / (2 + 3 + 6))
-    policy.reset()
-    assert policy.alpha_hat == pytest.approx(2 / 5) and policy.history == []
-
-
-def test_k_is_optimal_gamma_of_the_estimate():
-    r = {g: 1 + 0.15 * g for g in range(1, 9)}
-    policy = AdaptiveK(c=0.2, r=r, k_max=8)
-    for _ in range(30):
-        policy.update(drafted=4, accepted=3)
-        expected = ms.theory.optimal_gamma(round(policy.alpha_hat, 3), 0.2, lambda g: r[g],
-                                           max_gamma=8)
-        assert policy.next_k() == expected
-
-
-def test_k_moves_up_with_high_and_down_with_low_acceptance():
-    up, down = AdaptiveK(c=0.05, k_max=8), AdaptiveK(c=0.05, k_max=8)
-    first = up.next_k()
-    assert down.next_k() == first             # same prior, same first choice
-    for _ in range(20):
-        up.update(drafted=up.next_k(), accepted=up.history[-1])
-        down.update(drafted=down.next_k(), accepted=0)
-    assert up.next_k() == 8 > first > down.next_k() == 1
-
-
-def test_decay_forgets_old_rounds():
-    policy = AdaptiveK(c=0.05, k_max=8, decay=0.5)
-    for _ in range(20):
-        policy.update(drafted=8, accepted=8)
-    assert policy.next_k() == 8
-    for _ in range(6):
-        policy.update(drafted=8, accepted=0)
-    assert policy.alpha_hat < 0.3 and policy.next_k() <= 2
-
-
-def test_bad_arguments():
-    with pytest.raises(ValueError):
-        AdaptiveK(c=-1)
-    with pytest.raises(ValueError):
-        AdaptiveK(c=0.1, k_min=3, k_max=2)
-    with pytest.raises(ValueError):
-        AdaptiveK(c=0.1, decay=0)
-    with pytest.raises(ValueError):
-        AdaptiveK(c=0.1).update(drafted=2, accepted=3)
-
-
-def test_greedy_parity_with_adaptive_k(target):
+def test_greedy_output_is_the_targets_and_k_stays_in_range(target):
     draft = copy.deepcopy(target)
     with torch.no_grad():
         for param in draft.parameters():
             param.add_(torch.randn_like(param) * 0.05)
     prompt = [1, 5, 9, 2, 7]
     plain = ms.generate(target, prompt, 60)
-    policy = AdaptiveK(c=0.3, r=1.2, k_max=6)
-    out = ms.speculative_generate(target, draft, prompt, 60, k=policy)
+    out = ms.speculative_generate(target, draft, prompt, 60, k=6, adaptive=True)
     assert out.tokens == plain.tokens
-    assert out.stats.k == 6 and len(policy.history) == out.stats.rounds
-    assert max(out.stats.drafted_per_round) <= 6
+    assert len(out.stats.k_per_round) == out.stats.rounds
+    assert all(0 <= k <= 6 for k in out.stats.k_per_round)
 
 
 @pytest.mark.parametrize("right", [True, False])
-def test_k_adapts_in_a_real_loop(target, right):
-    prompt = [3, 1, 4, 1, 5]
-    policy = AdaptiveK(c=0.05, r=1.0, k_max=8)
-    out = ms.speculative_generate(target, ControlledDrafter(target, right), prompt, 80, k=policy)
-    assert out.tokens == ms.generate(target, prompt, 80).tokens
-    if right:
+def test_k_follows_the_acceptance_and_the_cost(target, right):
+    prompt, n = [3, 1, 4, 1, 5], 120
+    plain = ms.generate(target, prompt, n)
+    drafter = OracleDrafter(prompt, plain.tokens, right)
+    out = ms.speculative_generate(target, drafter, prompt, n, k=6, adaptive=True)
+    assert out.tokens == plain.tokens
+    late = out.stats.k_per_round[len(out.stats.k_per_round) // 2:]
+    if right:        # every draft accepted, drafting free: the plan drafts the most it may
         assert out.stats.acceptance_rate == 1.0
-        assert policy.history[-1] == 8 and policy.history[-1] > policy.history[0]
-    else:
+        assert sum(k == 6 for k in late) >= 0.8 * len(late), out.stats.k_per_round
+    else:            # every draft rejected: plain steps, but for the scheduled re-checks
         assert out.stats.acceptance_rate == 0.0
-        assert policy.history[-1] == 1 and policy.history[-1] < policy.history[0]
+        assert sum(k == 0 for k in late) >= 0.8 * len(late), out.stats.k_per_round
 
 
-def test_policy_is_reset_per_request(target):
-    policy = AdaptiveK(c=0.05, k_max=8)
-    ms.speculative_generate(target, ControlledDrafter(target, False), [1, 2, 3], 30, k=policy)
-    assert policy.history[-1] == 1
-    ms.speculative_generate(target, ControlledDrafter(target, True), [1, 2, 3], 30, k=policy)
-    assert policy.history[0] == AdaptiveK(c=0.05, k_max=8).next_k()
-
-
-def test_sampled_run_with_adaptive_k_is_valid(target):
-    draft = tiny_llama(seed=1, max_pos=160)
+def test_a_seeded_sampled_request_keeps_its_k(target):
+    draft = tiny_llama(seed=1, max_pos=200)
     sampling = ms.SamplingParams(temperature=1.0, seed=0)
-    out = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=AdaptiveK(c=0.3, k_max=4),
-                                  sampling=sampling)
-    assert len(out.tokens) == 40 and all(0 <= t < VOCAB for t in out.tokens)
+    fixed = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling)
+    chosen = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling,
+                                     adaptive=True)
+    assert chosen.tokens == fixed.tokens
+    assert chosen.stats.k_per_round == fixed.stats.k_per_round
 
 
-def test_policy_needs_a_drafter(target):
-    with pytest.raises(ValueError, match="drafter"):
-        ms.speculative_generate(target, None, [1, 2], 5, k=AdaptiveK(c=0.1))
+def test_the_loop_and_the_engine_use_one_policy():
+    """Both drivers call the runner's round with a ``GoodputK``; no second policy exists."""
+    import minispec.decoding as decoding
+    from minispec.decoding import goodput, loop
+    from minispec.serving import engine
+    assert loop.GoodputK is goodput.GoodputK is engine.GoodputK
+    assert not hasattr(ms, "AdaptiveK") and not hasattr(decoding, "adaptive")

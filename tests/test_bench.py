@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from minispec.decoding.adaptive import AdaptiveK
 from minispec.tools import bench
 from minispec.tools.cli import main
 
@@ -18,7 +17,7 @@ def results(tiny_gqa):
     model = tiny_gqa.model
     return bench.run_speed(model, model, PROMPTS, max_new_tokens=8, ks=(1, 2), hf_ks=(2,),
                            k_ngram=3, repeats=1, warmup=0, target_dir=tiny_gqa.path,
-                           draft_dir=tiny_gqa.path, adaptive=AdaptiveK(c=0.5, k_max=2), log=None)
+                           draft_dir=tiny_gqa.path, adaptive=True, log=None)
 
 
 def test_every_method_reproduces_minispec_greedy(results):

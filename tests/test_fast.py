@@ -182,13 +182,13 @@ def test_costs_benchmark_reports_both_modes(tiny_gqa, capsys):
 
     report = measure(str(tiny_gqa.path), batches=(1, 2), context=16, max_k=3, repeats=1,
                      progress=False)
-    assert [(m.mode, m.batch) for m in report.modes] == [
-        ("eager", 1), ("fast", 1), ("eager", 2), ("fast", 2)]
-    for mode in report.modes:
-        assert sorted(mode.step_ms) == [1, 2, 3, 4] and mode.r[0] == 1.0
-        assert mode.r[3] == mode.step_ms[4] / mode.step_ms[1]
+    assert sorted(report.modes) == ["eager", "fast"] and report.batches == [1, 2]
+    for steps in report.modes.values():         # one StepCosts per mode, every (batch, width)
+        assert sorted(steps.verify) == [(b, t) for b in (1, 2) for t in (1, 2, 3, 4)]
+        assert steps.r(0, 2) == 1.0
+        assert steps.r(3) == steps.verify[1, 4] / steps.verify[1, 1]
     assert report.roofline_ms == pytest.approx(report.weight_bytes / report.bandwidth_gbs / 1e6)
-    assert report.predicted_speedup("fast", 0.0, 1) == pytest.approx(1 / report.modes[1].r[1])
+    assert report.predicted_speedup("fast", 0.0, 1) == pytest.approx(1 / report.modes["fast"].r(1))
     assert main(["--target", str(tiny_gqa.path), "--batch", "1", "--context", "8", "--max-k", "1",
                  "--repeats", "1"]) == 0
     assert "r fast" in capsys.readouterr().out
@@ -219,7 +219,7 @@ def test_bench_costs_command_shows_eager_and_fast_side_by_side(tiny_gqa, tmp_pat
         assert "eager" in out and "fast" in out and "roofline" in out and "fraction achieved" in out
         assert "r eager" in out and "r fast" in out and "c = 0" in out
     report = json.loads((tmp_path / "costs.json").read_text())["costs"]
-    assert {m["mode"] for m in report["modes"]} == {"eager", "fast"}
+    assert set(report["modes"]) == {"eager", "fast"} and report["modes"]["fast"]["verify"]
     # --fast is accepted and said to change nothing; an unknown flag is an error, not ignored
     assert main(["bench", "costs", "--fast", "--target", str(tiny_gqa.path), *quick]) == 0
     assert "changes nothing" in capsys.readouterr().err

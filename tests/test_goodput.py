@@ -9,7 +9,7 @@ from tinymodels import tiny_llama
 
 import minispec as ms
 from minispec.core.theory import expected_tokens
-from minispec.serving.goodput import GoodputK, StepCosts, alpha_estimates, bucket, choose_ks
+from minispec.decoding.goodput import GoodputK, StepCosts, alpha_estimates, bucket, choose_ks
 
 
 def costs_with(verify, draft: float, rows: int, k_max: int = 4) -> StepCosts:

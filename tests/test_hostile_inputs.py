@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import re
 
 import pytest
@@ -20,7 +19,6 @@ from tinymodels import VOCAB, noisy_copy, tiny_llama
 import minispec as ms
 from minispec.core.sampling import MIN_TEMPERATURE, SamplingParams, probs_from_logits
 from minispec.core.sequence import Sequence
-from minispec.decoding.adaptive import AdaptiveK
 from minispec.drafters.trees import MAX_TREE_NODES, check_branching
 from minispec.models.loader import MAX_POSITIONS, load
 from minispec.tools import cli, train_eagle
@@ -227,14 +225,16 @@ def test_a_tree_too_large_is_refused_naming_branching(model):
                                 branching=(3000,))
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"k_max": 2.5}, "k_max"), ({"k_min": 0}, "k_min"), ({"c": math.nan}, "c"),
-    ({"c": math.inf}, "c"), ({"r": math.nan}, "r"), ({"r": {1: 1.0, 2: -1.0}}, "r"),
-    ({"prior": (1.0, math.nan)}, "prior"), ({"decay": math.nan}, "decay"),
+@pytest.mark.parametrize("kwargs, match", [
+    ({"adaptive": 1}, "adaptive must be True or False"),
+    ({"adaptive": "yes"}, "adaptive must be True or False"),
+    ({"adaptive": True, "drafter": None}, "needs a drafter"),
+    ({"adaptive": True, "branching": (2, 1)}, "no branching"),
 ])
-def test_adaptive_k_refuses_bad_numbers(kwargs, name):
-    with pytest.raises(ValueError, match=f"AdaptiveK: {name} must be"):
-        AdaptiveK(**({"c": 0.1} | kwargs))
+def test_adaptive_k_refuses_what_it_cannot_plan(model, kwargs, match):
+    args = {"drafter": noisy_copy(model, 0.05)} | kwargs
+    with pytest.raises(ValueError, match=match):
+        ms.speculative_generate(model, args.pop("drafter"), [1, 2, 3], 4, k=2, **args)
 
 
 def test_a_single_stop_token_id_is_accepted(model):

@@ -621,6 +621,22 @@ def test_next_after_the_last_lesson_is_not_the_api(site: Path):
         "Results page")
 
 
+def test_every_lesson_ends_with_exercises_and_further_reading(site: Path):
+    """Every lesson page has an "Exercises" section (hints folded under <details>, or links to the
+    graded exercise notebooks) and then "Further reading" with links out."""
+    def heading(html_text: str, title: str) -> int:
+        found = re.search(rf"<h2[^>]*>(?:(?!</h2>).)*?{title}", html_text, re.S)
+        return found.start() if found else -1
+
+    for page in _lesson_pages(site):
+        html_text = (site / page).read_text(encoding="utf-8")
+        exercises, reading = heading(html_text, "Exercises"), heading(html_text, "Further reading")
+        assert 0 < exercises < reading, f"{page}: no Exercises section before Further reading"
+        section = html_text[exercises:reading]
+        assert "<details" in section or "exercises/" in section, f"{page}: exercises without hints"
+        assert 'href="https://' in html_text[reading:], f"{page}: Further reading links nothing"
+
+
 _MATH_WORDS = re.compile(r"\b(?:min|max|sum|prod|log|exp|norm|argmax)\b")
 
 

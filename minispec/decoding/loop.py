@@ -1,9 +1,9 @@
 """Single-sequence decoding: plain ``generate`` and ``speculative_generate`` (Leviathan
 Algorithm 1).
 
-The loop drives the same round as the [`Engine`][minispec.serving.engine.Engine] -- the phases of
-[`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] on a batch of one -- so the two
-cannot drift apart:
+The loop drives the same round as the [`Engine`][minispec.serving.engine.Engine] --
+[`SpeculativeRunner.round`][minispec.decoding.runner.SpeculativeRunner.round] on a batch of one,
+with the same draft-length policy when ``adaptive=True`` -- so the two cannot drift apart:
 
 1. **draft**: the drafter guesses ``k`` tokens after the context (with the ``q`` of each);
 2. **verify**: one target forward scores ``[last, d_1..d_k]`` and the accept rule keeps a prefix of
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -27,15 +27,13 @@ from minispec.core.sampling import SamplingParams
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
+from minispec.decoding.goodput import GoodputK
 from minispec.decoding.runner import SpeculativeRunner
 from minispec.drafters.base import Drafter, as_drafter, keeps_cache
 from minispec.drafters.trees import as_tree_drafter, check_branching
 from minispec.models.chat import encode_prompt, end_of_turn_ids, is_chat
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
-
-if TYPE_CHECKING:
-    from minispec.decoding.adaptive import KPolicy
 
 __all__ = ["GenerationResult", "Round", "check_k", "context_limit", "eos_ids", "generate",
            "make_sequence", "speculative_generate"]
@@ -87,7 +85,7 @@ def speculative_generate(
     drafter: Any,
     prompt_ids: Any,
     max_new_tokens: int = 64,
-    k: int | KPolicy = 4,
+    k: int = 4,
     sampling: SamplingParams | None = None,
     *,
     tokenizer=None,
@@ -96,6 +94,7 @@ def speculative_generate(
     eos_token_id: int | Seq[int] | None = None,
     max_seq_len: int | None = None,
     branching: Seq[int] | None = None,
+    adaptive: bool = False,
 ) -> GenerationResult:
     """Speculative decoding of one sequence (Leviathan et al. 2023, Algorithm 1).
 
@@ -109,9 +108,6 @@ def speculative_generate(
             also stops at the template's end-of-turn token).
         max_new_tokens: at most this many new tokens (an integer >= 0).
         k: drafts per round (gamma), an integer >= 1 with a drafter; shrunk near ``max_seq_len``.
-            Or a draft-length policy such as
-            [`minispec.decoding.adaptive.AdaptiveK`][minispec.decoding.adaptive.AdaptiveK], asked
-            before every round (``next_k()``) and told the outcome after it; reset once per call.
         sampling: the adjustments applied to both models' logits and the seed of the one
             ``torch.Generator`` of this call (default: greedy).
         tokenizer: a Hugging Face tokenizer to encode the prompt, decode the result and match
@@ -125,6 +121,11 @@ def speculative_generate(
             attention, by the same round as a chain (a draft model, an EAGLE head or an n-gram
             table; see [`minispec.drafters.trees`][minispec.drafters.trees]). ``None``: the chain
             of Algorithm 1.
+        adaptive: choose each round's ``k`` in ``0..k`` with the engine's policy
+            ([`GoodputK`][minispec.decoding.goodput.GoodputK]: the step costs this call measures
+            and the running acceptance), recorded in ``stats.k_per_round``; a seeded sampled
+            request keeps ``k``. ``False`` (the default here, unlike the ``Engine``): every round
+            drafts ``k``, the fixed gamma the theorems and the lessons are about.
 
     Returns:
         A [`GenerationResult`][minispec.decoding.loop.GenerationResult]; greedy output is
@@ -134,17 +135,16 @@ def speculative_generate(
         ValueError: for a bad request or configuration (the same checks as ``Engine.add_request``),
             or NaN logits.
     """
-    runner, seq, policy = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling,
-                                 tokenizer, stop, stop_token_ids, eos_token_id, max_seq_len,
-                                 branching)
-    while not seq.is_finished:
-        ks = [seq.round_k(policy.next_k() if policy is not None else k)]
-        proposals = runner.draft([seq], ks)                    # 1. a chain (or tree) of guesses
-        verdicts, hidden = runner.verify([seq], proposals)     # 2. one target forward judges them
-        runner.rollback([seq], proposals, verdicts, hidden)    # 3. both caches forget the rejected
-        runner.emit([seq], proposals, verdicts)                # 4. tokens out, until a stop rule
-        if policy is not None and verdicts[0] is not None:
-            policy.update(proposals[0].depth, verdicts[0].num_accepted)
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"adaptive must be True or False, got {adaptive!r}")
+    if adaptive and (drafter is None or branching is not None):
+        raise ValueError("adaptive=True chooses the length of a chain of drafts: it needs a "
+                         "drafter and no branching")
+    runner, seq = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling, tokenizer, stop,
+                         stop_token_ids, eos_token_id, max_seq_len, branching)
+    policy = GoodputK(k) if adaptive else None
+    while not seq.is_finished:       # draft, verify, roll back, emit: the Engine's round, B = 1
+        runner.round([seq], [seq.round_k(k)], policy)
     if runner.drafter is not None:
         runner.drafter.release(seq)
     if seq.finish_reason == "error":
@@ -153,14 +153,9 @@ def speculative_generate(
 
 
 def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
-           eos_token_id, max_seq_len, branching) -> tuple[SpeculativeRunner, Sequence, Any]:
+           eos_token_id, max_seq_len, branching) -> tuple[SpeculativeRunner, Sequence]:
     """Validate the call, make the caches, the sequence and the runner, prefill the target."""
     drafter, branching, extra = as_drafter_for(drafter, k, branching)
-    policy = k if hasattr(k, "next_k") else None             # e.g. AdaptiveK
-    if policy is not None:
-        if drafter is None:
-            raise ValueError("a draft-length policy needs a drafter")
-        policy.reset()
     seq = _request(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop,
                    stop_token_ids, eos_token_id, max_seq_len)
     cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
@@ -174,17 +169,16 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
         seq.finish(reason)
     else:
         runner.prefill([seq])        # all but the last prompt token; each round feeds the last one
-    return runner, seq, policy
+    return runner, seq
 
 
 def _request(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
              eos_token_id, max_seq_len) -> Sequence:
     """The validated request (the checks ``Engine.add_request`` makes too)."""
-    if not hasattr(k, "next_k"):
-        check_k(k, drafter is not None)
+    check_k(k, drafter is not None)
     return make_sequence("0", target, prompt, sampling, max_new_tokens=max_new_tokens,
                          max_seq_len=context_limit(target, drafter, max_seq_len),
-                         k=0 if drafter is None else getattr(k, "k_max", k), tokenizer=tokenizer,
+                         k=0 if drafter is None else k, tokenizer=tokenizer,
                          stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
 
 
@@ -220,11 +214,10 @@ def as_drafter_for(spec: Any, k: Any, branching: Any, copy_per_request: bool = F
         return as_drafter(spec, copy_per_request), None, 0
     if spec is None:
         raise ValueError("branching needs a drafter")
-    k_max = getattr(k, "k_max", k)
-    check_k(k_max, True)
-    branching = check_branching(branching, k_max)
+    check_k(k, True)
+    branching = check_branching(branching, k)
     nodes = tree_size(branching)
-    return as_tree_drafter(spec, nodes), branching, nodes - (k_max + 1)
+    return as_tree_drafter(spec, nodes), branching, nodes - (k + 1)
 
 
 def check_k(k: Any, has_drafter: bool) -> None:

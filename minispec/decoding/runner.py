@@ -2,14 +2,17 @@
 
 [`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] owns the target model, its KV
 cache and the drafter, and turns a batch of [`Sequence`][minispec.core.sequence.Sequence] objects
-into tokens. Both decoding loops call its phases in the same order --
+into tokens. Both drivers call [`round`][minispec.decoding.runner.SpeculativeRunner.round] --
 [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] with a batch of one,
-the [`Engine`][minispec.serving.engine.Engine] with every running request::
+the [`Engine`][minispec.serving.engine.Engine] with every running request -- which asks the
+draft-length policy for each row's ``k`` and runs the phases in order::
 
+    ks = policy.choose(...)                             # 0. k per row (or the fixed k)
     proposals = runner.draft(seqs, ks)                  # 1. a chain or a tree of guesses per row
     verdicts, hidden = runner.verify(seqs, proposals)   # 2. ONE target forward, walk each proposal
     runner.rollback(seqs, proposals, verdicts, hidden)  # 3. keep the accepted path in both caches
     emitted = runner.emit(seqs, proposals, verdicts)    # 4. append tokens until a stop rule fires
+    policy.learn(...)                                   # 5. the step's costs and acceptance
 
 A chain of ``k`` drafts is the tree with one child per node, so every proposal is a
 [`TreeProposal`][minispec.core.tree.TreeProposal] and every rule of a round exists once:
@@ -43,6 +46,7 @@ from torch import Tensor
 from minispec.core.sampling import probs_for_rows
 from minispec.core.sequence import Sequence
 from minispec.core.tree import TreeProposal, TreeVerdict, verify_proposal, walk_greedy
+from minispec.decoding.goodput import GoodputK
 from minispec.drafters.base import Drafter
 from minispec.models.llama import Llama, TreeAttention
 
@@ -100,6 +104,33 @@ class SpeculativeRunner:
         for seq, _, t in rows:
             seq.num_cached += len(t)
             seq.stats.prefill_tokens += len(t)
+
+    def round(self, seqs: list[Sequence], caps: list[int], policy: GoodputK | None = None
+              ) -> list[list[int]]:
+        """One speculative round over the batch; the tokens each row emitted.
+
+        Args:
+            seqs: the rows, each prefilled up to its last token.
+            caps: the most drafts (a tree's depth) each row may take this round.
+            policy: chooses each row's ``k`` in ``0..caps[b]`` and learns from the round's costs
+                and outcome; ``None``: every row drafts ``caps[b]``. A seeded sampled row always
+                drafts its cap: which random numbers a round draws depends on ``k``, and a ``k``
+                chosen from the clock and the batch would make its tokens depend on them.
+        """
+        ks = caps if policy is None else policy.choose(
+            [(s.request_id, s.stats.accepted, s.stats.tested) for s in seqs], caps,
+            fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in seqs])
+        t0 = time.perf_counter()
+        proposals = self.draft(seqs, ks)                          # 1. guesses, every row
+        t1 = time.perf_counter()
+        verdicts, hidden = self.verify(seqs, proposals)           # 2. one target forward
+        self.rollback(seqs, proposals, verdicts, hidden)          # 3. keep the accepted paths
+        emitted = self.emit(seqs, proposals, verdicts)            # 4. tokens out
+        if policy is not None:        # a round's cost beyond drafting: verify, rollback, emit
+            policy.learn([s.request_id for s in seqs], ks, [p.depth for p in proposals],
+                         [None if v is None else v.num_accepted for v in verdicts],
+                         t1 - t0, time.perf_counter() - t1)
+        return emitted
 
     # ------------------------------------------------------------------ 1. draft
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
@@ -32,6 +31,7 @@ from minispec.core.sampling import SamplingParams
 from minispec.core.sequence import Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
+from minispec.decoding.goodput import GoodputK, KChoice, StepCosts
 from minispec.decoding.loop import (
     GenerationResult,
     as_drafter_for,
@@ -44,7 +44,6 @@ from minispec.drafters.base import Drafter, keeps_cache
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
 from minispec.models.paged_cache import PagedKVCache
-from minispec.serving.goodput import GoodputK, KChoice, StepCosts
 from minispec.serving.scheduler import KVCacheSpace, Scheduler
 
 __all__ = ["Engine", "StepOutput"]
@@ -98,7 +97,7 @@ class Engine:
         tokenizer: for chat-message prompts and stop strings (optional).
         adaptive: choose each step's draft length per request (0..k) to maximise the batch's
             expected tokens per second, from each request's acceptance and the step costs the
-            engine measures ([`GoodputK`][minispec.serving.goodput.GoodputK]); the choices are in
+            engine measures ([`GoodputK`][minispec.decoding.goodput.GoodputK]); the choices are in
             ``k_choices`` and each request's ``stats.k_per_round``. ``None`` (the default): on
             whenever a drafter drafts chains, so speculation is never chosen where it does not
             pay. ``False``: every request drafts ``k`` (shrunk only near its limits). A sampled
@@ -316,21 +315,7 @@ class Engine:
 
     def _round(self, batch: list[Sequence]) -> list[list[int]]:
         """The runner's round for every running request; the tokens each emitted."""
-        caps = [seq.round_k(self.k) for seq in batch]
-        ks = caps if self.policy is None else self.policy.choose(
-            [(s.request_id, s.stats.accepted, s.stats.tested) for s in batch], caps,
-            fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in batch])
-        t0 = time.perf_counter()
-        proposals = self.runner.draft(batch, ks)                   # 1. guesses, all rows
-        t1 = time.perf_counter()
-        verdicts, hidden = self.runner.verify(batch, proposals)    # 2. one target forward
-        self.runner.rollback(batch, proposals, verdicts, hidden)   # 3. keep the accepted paths
-        emitted = self.runner.emit(batch, proposals, verdicts)     # 4. tokens out
-        if self.policy is not None:      # a round's cost beyond drafting: verify, rollback, emit
-            self.policy.learn([s.request_id for s in batch], ks, [p.depth for p in proposals],
-                              [None if v is None else v.num_accepted for v in verdicts],
-                              t1 - t0, time.perf_counter() - t1)
-        return emitted
+        return self.runner.round(batch, [seq.round_k(self.k) for seq in batch], self.policy)
 
     def _outputs(self, seq: Sequence, tokens: list[int]) -> list[StepOutput]:
         """One ``StepOutput`` per emitted token; a finished request's last one says how it ended."""

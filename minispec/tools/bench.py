@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from minispec.core import theory
-from minispec.decoding.adaptive import AdaptiveK
+from minispec.decoding.goodput import StepCosts
 from minispec.decoding.loop import generate, speculative_generate
 from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
 from minispec.models.kv_cache import ContiguousKVCache
@@ -90,7 +90,7 @@ class Method:
     family: str                      # "minispec" or "transformers"
     prompt_set: str                  # "shakespeare" or "repetitive"
     run: Callable[[list[int]], tuple[list[int], object]]
-    k: int | str | None = None       # drafts per round, "auto" for the adaptive policy
+    k: int | str | None = None       # drafts per round, "auto" for goodput k (adaptive=True)
 
 
 @dataclass
@@ -121,9 +121,10 @@ def _runners(target: Llama, max_new_tokens: int):
         out = generate(target, ids, max_new_tokens)
         return out.tokens, out.stats
 
-    def with_drafter(make, k):
+    def with_drafter(make, k, adaptive=False):
         def run(ids):
-            out = speculative_generate(target, make(), ids, max_new_tokens, k=k)
+            out = speculative_generate(target, make(), ids, max_new_tokens, k=k,
+                                       adaptive=adaptive)
             return out.tokens, out.stats
         return run
 
@@ -131,15 +132,16 @@ def _runners(target: Llama, max_new_tokens: int):
 
 
 def _minispec_methods(target: Llama, draft: Llama | None, ks: Sequence[int], max_new_tokens: int,
-                      adaptive: AdaptiveK | None) -> list[Method]:
+                      adaptive: bool) -> list[Method]:
     plain, with_drafter = _runners(target, max_new_tokens)
     methods = [Method("minispec generate", "minispec", "shakespeare", plain)]
     if draft is not None:
         methods += [Method(f"minispec draft k={k}", "minispec", "shakespeare",
                            with_drafter(lambda: ModelDrafter(draft), k), k) for k in ks]
-        if adaptive is not None:
+        if adaptive:
             methods.append(Method("minispec draft k=auto", "minispec", "shakespeare",
-                                  with_drafter(lambda: ModelDrafter(draft), adaptive), "auto"))
+                                  with_drafter(lambda: ModelDrafter(draft), max(ks), True),
+                                  "auto"))
     return methods
 
 
@@ -214,7 +216,7 @@ def _hf_methods(target_dir, draft_dir, ks: Sequence[int], k_ngram: int,
 def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[list[int]]], *,
               max_new_tokens: int = 128, ks: Sequence[int] = tuple(range(1, 9)),
               k_ngram: int = 4, hf_ks: Sequence[int] = (2, 4), repeats: int = 5, warmup: int = 1,
-              target_dir=None, draft_dir=None, adaptive: AdaptiveK | None = None,
+              target_dir=None, draft_dir=None, adaptive: bool = False,
               ngram: bool = True, log: Callable[[str], None] | None = print,
               clock: Callable[[], float] = time.perf_counter) -> list[MethodResult]:
     """Time every method on its prompt set (round-robin, medians) and check its tokens.
@@ -233,7 +235,8 @@ def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[li
             transformers methods.
         draft_dir: Hugging Face directory of the draft's checkpoint; ``None`` skips the
             transformers methods.
-        adaptive: a draft-length policy to benchmark as ``k=auto`` (``None``: skip).
+        adaptive: also run the draft model with goodput ``k`` (``adaptive=True``, ``k`` up to
+            ``max(ks)``) as ``k=auto``.
         ngram: include the n-gram and prompt-lookup drafters (and the draft model on the
             repetitive set).
         log: progress lines (``None``: silent).
@@ -358,14 +361,13 @@ def _fmt(x: float, width: int, digits: int) -> str:
 
 @dataclass
 class Costs:
-    """The cost model's inputs, measured on this machine.
+    """The cost model's inputs, measured on this machine: the step times (the package's one cost
+    type, [`StepCosts`][minispec.decoding.goodput.StepCosts]) and the pair's acceptance.
 
     Attributes:
-        t_target: seconds of a one-token target forward with a warm cache (median).
-        t_draft: seconds of a one-token draft forward (median).
-        t_verify: ``{n: seconds}`` of a target forward of ``n`` tokens (``n = gamma + 1``).
-        c: ``t_draft / t_target``.
-        r: ``{gamma: t_verify[gamma + 1] / t_target}``.
+        steps: median seconds of target forwards of ``1..max_gamma + 1`` tokens and of a
+            one-token draft forward, at batch size 1 with a warm cache.
+        max_gamma: the largest ``gamma`` timed.
         alpha_t1: mean ``sum min(p, q)`` at temperature 1 along the prompts' own text.
         agreement_text: how often the two models' argmax agree along the prompts' own text.
         alpha_greedy: how often they agree along the target's greedy continuation: the
@@ -375,16 +377,38 @@ class Costs:
         threads: torch threads.
     """
 
-    t_target: float
-    t_draft: float
-    t_verify: dict[int, float]
-    c: float
-    r: dict[int, float]
+    steps: StepCosts
+    max_gamma: int
     alpha_t1: float
     agreement_text: float
     alpha_greedy: float
     context: int
     threads: int
+
+    @property
+    def t_target(self) -> float:
+        """Seconds of a one-token target forward."""
+        return self.steps.verify_seconds(1, 1)
+
+    @property
+    def t_draft(self) -> float:
+        """Seconds of a one-token draft forward."""
+        return self.steps.draft_seconds(1)
+
+    @property
+    def c(self) -> float:
+        """``t_draft / t_target``."""
+        return self.steps.c()
+
+    @property
+    def r(self) -> dict[int, float]:
+        """``{gamma: r(gamma)}``: a ``gamma + 1``-token target forward over a one-token one."""
+        return {g: self.steps.r(g) for g in range(1, self.max_gamma + 1)}
+
+    def as_json(self) -> dict:
+        """Everything, with the derived ``c`` and ``r``, as JSON-friendly values."""
+        fields = {k: v for k, v in vars(self).items() if k != "steps"}
+        return fields | {"steps": self.steps.as_json(), "c": self.c, "r": self.r}
 
 
 def _feed(model: Llama, cache: ContiguousKVCache, slot: int, ids: list[int], start: int) -> None:
@@ -413,9 +437,9 @@ def _median_forward_time(model: Llama, cache: ContiguousKVCache, slot: int, cont
 @torch.inference_mode()
 def measure_step_times(target: Llama, draft: Llama, prompt: Sequence[int], max_gamma: int = 8,
                        repeats: int = 100, clock: Callable[[], float] = time.perf_counter
-                       ) -> tuple[float, float, dict[int, float]]:
-    """Median seconds of a one-token target forward, a one-token draft forward, and target forwards
-    of ``2..max_gamma + 1`` tokens, all with a warm cache holding ``prompt``.
+                       ) -> StepCosts:
+    """Median seconds of target forwards of ``1..max_gamma + 1`` tokens and of a one-token draft
+    forward, all at batch size 1 with a warm cache holding ``prompt``.
 
     Every repeat times every shape once (interleaved), so load changes hit all shapes alike.
     """
@@ -436,8 +460,8 @@ def measure_step_times(target: Llama, draft: Llama, prompt: Sequence[int], max_g
         for key, timer in timers.items():
             samples[key].append(timer())
     med = {key: statistics.median(v) for key, v in samples.items()}
-    verify = {n: med[("target", n)] for n in range(1, max_gamma + 2)}
-    return med[("target", 1)], med[("draft", 1)], verify
+    return StepCosts.measured({(1, n): med["target", n] for n in range(1, max_gamma + 2)},
+                              {1: med["draft", 1]})
 
 
 @torch.inference_mode()
@@ -485,12 +509,10 @@ def measure_costs(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]],
         context = round(statistics.mean(len(p) for p in prompts) + max_new_tokens / 2)
     filler = [t for p in prompts for t in p]
     prefix = (filler * (context // max(1, len(filler)) + 1))[:context]
-    t1, td, tv = measure_step_times(target, draft, prefix, max_gamma, repeats, clock)
+    steps = measure_step_times(target, draft, prefix, max_gamma, repeats, clock)
     alpha_t1, agreement, alpha_greedy = measure_alpha(target, draft, prompts, max_new_tokens)
-    return Costs(t_target=t1, t_draft=td, t_verify=tv, c=td / t1,
-                 r={g: tv[g + 1] / t1 for g in range(1, max_gamma + 1)},
-                 alpha_t1=alpha_t1, agreement_text=agreement, alpha_greedy=alpha_greedy,
-                 context=context, threads=torch.get_num_threads())
+    return Costs(steps=steps, max_gamma=max_gamma, alpha_t1=alpha_t1, agreement_text=agreement,
+                 alpha_greedy=alpha_greedy, context=context, threads=torch.get_num_threads())
 
 
 def predict(costs: Costs, gamma: int, alpha: float | None = None) -> dict[str, float]:
@@ -583,7 +605,7 @@ def write_outputs(out_dir: Path, results: Sequence[MethodResult], costs: Costs |
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"machine": machine(), "settings": settings,
                "results": [asdict(r) for r in results],
-               "costs": asdict(costs) if costs is not None else None,
+               "costs": costs.as_json() if costs is not None else None,
                "cost_model_vs_measured": list(comparison)}
     json_path = out_dir / "bench.json"
     json_path.write_text(json.dumps(payload, indent=2, default=str))

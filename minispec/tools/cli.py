@@ -307,7 +307,6 @@ def bench_command(args: argparse.Namespace) -> int:
         return 2
     if args.model:
         return bench_workloads(args)
-    from minispec.decoding.adaptive import AdaptiveK
     from minispec.models.loader import resolve
 
     if args.quick:      # smaller settings, except where a flag was given explicitly
@@ -336,16 +335,12 @@ def bench_command(args: argparse.Namespace) -> int:
         costs = bench.measure_costs(target, draft, prompt_sets["shakespeare"], max_gamma=max(ks),
                                     repeats=args.cost_repeats, max_new_tokens=args.max_new_tokens)
     if args.mode in ("speed", "all"):
-        adaptive = None
-        if not args.no_adaptive:
-            c = costs.c if costs is not None else 0.25
-            r = costs.r if costs is not None else 1.0
-            adaptive = AdaptiveK(c=c, r=r, k_max=max(ks), decay=0.9)
         results = bench.run_speed(
             target, draft, prompt_sets, max_new_tokens=args.max_new_tokens, ks=ks,
             k_ngram=args.k_ngram, hf_ks=hf_ks, repeats=args.repeats, warmup=args.warmup,
             target_dir=None if args.no_hf else resolve(args.target),
-            draft_dir=None if args.no_hf else resolve(args.draft), adaptive=adaptive)
+            draft_dir=None if args.no_hf else resolve(args.draft),
+            adaptive=not args.no_adaptive)
         print()
         print(bench.format_table(results))
     if costs is not None:
@@ -476,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.set_num_threads, >= 1 (default 0: torch's choice)")
     b.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
-    b.add_argument("--no-adaptive", action="store_true", help="skip the adaptive-k run")
+    b.add_argument("--no-adaptive", action="store_true",
+                   help="skip the goodput-k run (adaptive=True)")
     b.add_argument("--quick", action="store_true",
                    help="smoke test: 2 prompts x 32 tokens, k in 1,2,4, one repeat "
                         "(explicit flags win)")

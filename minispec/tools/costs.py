@@ -35,13 +35,14 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from minispec.core import theory
+from minispec.decoding.goodput import StepCosts
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama, ModelConfig
 from minispec.models.packed import PackedLinear, is_fast, make_fast
@@ -145,23 +146,6 @@ def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[
     return {mode: {m: statistics.median(v) for m, v in per.items()} for mode, per in times.items()}
 
 
-@dataclass
-class ModeCosts:
-    """Step times of one model in one mode at one batch size.
-
-    Attributes: mode ("eager" or "fast"); batch; step_ms — {tokens per row: median ms};
-    r — {k: step_ms[k+1] / step_ms[1]}.
-    """
-
-    mode: str
-    batch: int
-    step_ms: dict[int, float]
-    r: dict[int, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.r = {t - 1: ms / self.step_ms[1] for t, ms in self.step_ms.items()}
-
-
 class _Stepper:
     """One model with a cache of ``batch`` slots, each prefilled with ``context`` random tokens."""
 
@@ -192,10 +176,12 @@ class _Stepper:
 
 def time_steps(models: dict[str, Llama], batch: int, context: int, max_k: int, repeats: int,
                progress: bool = True, probe: BandwidthProbe | None = None,
-               clock=time.perf_counter) -> tuple[dict[str, dict[int, float]], list[float]]:
-    """Median ms of a forward of 1..max_k+1 tokens per row for every model, round-robin.
+               clock=time.perf_counter) -> tuple[dict[str, StepCosts], list[float]]:
+    """Median seconds of a forward of 1..max_k+1 tokens per row for every model, round-robin.
 
-    Returns: ({name: {tokens: ms}}, bandwidths in GB/s probed once per model per repeat).
+    Returns: ``({name: StepCosts}, bandwidths in GB/s probed once per model per repeat)``; each
+    [`StepCosts`][minispec.decoding.goodput.StepCosts] holds ``verify[(batch, tokens)]``, so
+    ``steps.r(k, batch)`` is the verify cost ``r(k)``.
     """
     steppers = {name: _Stepper(m, batch, context, max_k + 1, clock) for name, m in models.items()}
     times: dict[str, dict[int, list[float]]] = {n: {} for n in models}
@@ -208,14 +194,17 @@ def time_steps(models: dict[str, Llama], batch: int, context: int, max_k: int, r
             for tokens in range(1, max_k + 2):
                 seconds = stepper.step(tokens)
                 if rep > 0:  # the first repeat is a warm-up
-                    times[name].setdefault(tokens, []).append(seconds * 1e3)
-    medians = {n: {t: statistics.median(v) for t, v in per.items()} for n, per in times.items()}
-    return medians, bandwidths
+                    times[name].setdefault(tokens, []).append(seconds)
+    steps = {n: StepCosts.measured({(batch, t): statistics.median(v) for t, v in per.items()})
+             for n, per in times.items()}
+    return steps, bandwidths
 
 
 @dataclass
 class CostReport:
-    """Everything ``measure`` found; ``format_report`` prints it."""
+    """Everything ``measure`` found; ``format_report`` prints it. ``modes["eager"]`` and
+    ``modes["fast"]`` hold each mode's step times at every batch size measured (and, with a draft
+    model, its one-token draft step at batch 1)."""
 
     target: str
     threads: int
@@ -224,17 +213,27 @@ class CostReport:
     bandwidth_gbs: float
     roofline_ms: float
     pack_s: float
-    modes: list[ModeCosts]
+    modes: dict[str, StepCosts]
+    batches: list[int]
+    max_k: int
     draft: str | None = None
-    c: dict[str, float] = field(default_factory=dict)  # mode -> draft step / target step
     dtype: str = "torch.float32"
     clock: str = "wall"
 
+    @property
+    def c(self) -> dict[str, float]:
+        """``{mode: draft step / target step}`` (empty without a draft model)."""
+        return {m: s.c() for m, s in self.modes.items() if s.draft}
+
     def predicted_speedup(self, mode: str, alpha: float, k: int, c: float | None = None) -> float:
         """Theorem 3.8 with this mode's measured r(k) at batch 1 (and c, default the draft's)."""
-        r = next(m for m in self.modes if m.mode == mode and m.batch == 1).r[k]
         c = self.c.get(mode, 0.0) if c is None else c
-        return theory.walltime_speedup(alpha, k, c, r)
+        return theory.walltime_speedup(alpha, k, c, self.modes[mode].r(k))
+
+    def as_json(self) -> dict:
+        """Everything, with the derived ``c``, as JSON-friendly values."""
+        fields = {k: v for k, v in vars(self).items() if k != "modes"}
+        return fields | {"modes": {m: s.as_json() for m, s in self.modes.items()}, "c": self.c}
 
 
 def measure(target: str, draft: str | None = None, batches: Sequence[int] = (1, 8),
@@ -255,22 +254,25 @@ def measure(target: str, draft: str | None = None, batches: Sequence[int] = (1, 
     tick = CLOCKS[clock]
     probe, bandwidths = BandwidthProbe(clock=tick), []
     nbytes = weight_bytes(eager)
-    modes = []
+    modes = {"eager": StepCosts(), "fast": StepCosts()}
     for batch in batches:
-        ms, bw = time_steps({"eager": eager, "fast": fast}, batch, context, max_k, repeats,
-                            progress, probe, tick)
-        modes += [ModeCosts(mode, batch, ms[mode]) for mode in ("eager", "fast")]
+        steps, bw = time_steps({"eager": eager, "fast": fast}, batch, context, max_k, repeats,
+                               progress, probe, tick)
+        for mode in modes:
+            modes[mode].verify.update(steps[mode].verify)
         bandwidths += bw
     bandwidth = statistics.median(bandwidths) if bandwidths else read_bandwidth()
-    c = {}
-    if draft is not None:
+    if draft is not None:      # c: the draft's step over the target's, timed side by side
         d_eager = get_model(draft, dtype)
         models = {"eager": eager, "fast": fast, "d-eager": d_eager,
                   "d-fast": make_fast(copy.deepcopy(d_eager))}
-        ms, _ = time_steps(models, 1, context, 0, repeats, progress, clock=tick)
-        c = {mode: ms["d-" + mode][1] / ms[mode][1] for mode in ("eager", "fast")}
+        steps, _ = time_steps(models, 1, context, 0, repeats, progress, clock=tick)
+        for mode in modes:     # kept as seconds at the scale of the batch-1 step above
+            ratio = steps["d-" + mode].verify[1, 1] / steps[mode].verify[1, 1]
+            modes[mode].draft[1] = ratio * modes[mode].verify[1, 1]
     return CostReport(target, torch.get_num_threads(), context, nbytes, bandwidth,
-                      nbytes / bandwidth / 1e6, pack_s, modes, draft, c, str(dtype), clock)
+                      nbytes / bandwidth / 1e6, pack_s, modes, sorted(batches), max_k, draft,
+                      str(dtype), clock)
 
 
 def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> str:
@@ -284,20 +286,21 @@ def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> s
         f"roofline step {report.roofline_ms:.1f} ms",
         f"fast start-up: packing {report.pack_s:.2f} s (nothing compiled, nothing to cache)",
     ]
-    for batch in sorted({m.batch for m in report.modes}):
-        eager, fast = (next(m for m in report.modes if m.batch == batch and m.mode == mode)
-                       for mode in ("eager", "fast"))
+    eager, fast = report.modes["eager"], report.modes["fast"]
+    for batch in report.batches:
         roof = report.roofline_ms  # a step of any batch reads the weights once
-        e1, f1 = eager.step_ms[1], fast.step_ms[1]
+        e_ms, f_ms = ({t: s.verify_seconds(batch, t) * 1e3 for t in range(1, report.max_k + 2)}
+                      for s in (eager, fast))
+        e1, f1 = e_ms[1], f_ms[1]
         lines.append(f"\nbatch {batch}: one-token step  eager {e1:.1f} ms "
                      f"({e1 / roof:.2f}x roofline, fraction achieved {roof / e1:.2f})   "
                      f"fast {f1:.1f} ms ({f1 / roof:.2f}x roofline, "
                      f"fraction achieved {roof / f1:.2f})   fast/eager {f1 / e1:.2f}")
         lines.append(f"  {'k':>2} {'tokens':>6} {'eager ms':>9} {'r eager':>8} {'fast ms':>8} "
                      f"{'r fast':>7}")
-        for k in sorted(eager.r):
-            lines.append(f"  {k:>2} {k + 1:>6} {eager.step_ms[k + 1]:>9.1f} {eager.r[k]:>8.2f} "
-                         f"{fast.step_ms[k + 1]:>8.1f} {fast.r[k]:>7.2f}")
+        for k in range(report.max_k + 1):
+            lines.append(f"  {k:>2} {k + 1:>6} {e_ms[k + 1]:>9.1f} {e_ms[k + 1] / e1:>8.2f} "
+                         f"{f_ms[k + 1]:>8.1f} {f_ms[k + 1] / f1:>7.2f}")
     lines += _prediction_lines(report, alphas)
     return "\n".join(lines)
 
@@ -312,9 +315,8 @@ def _prediction_lines(report: CostReport, alphas: Sequence[float]) -> list[str]:
         head = "\nno draft model given: c = 0 (a context drafter)"
     lines = [head, "predicted speedup, Theorem 3.8 with the measured r(k) (batch 1):",
              f"  {'alpha':>5} {'k':>2} {'eager':>6} {'fast':>6}"]
-    ks = sorted(next(m for m in report.modes if m.batch == 1).r)
     for alpha in alphas:
-        for k in (k for k in ks if k in (1, 2, 4, 6, 8)):
+        for k in (k for k in range(1, report.max_k + 1) if k in (1, 2, 4, 6, 8)):
             e, f = (report.predicted_speedup(mode, alpha, k) for mode in ("eager", "fast"))
             lines.append(f"  {alpha:>5.2f} {k:>2} {e:>6.2f} {f:>6.2f}")
     return lines
@@ -486,7 +488,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") 
         paths.append(str(Path(args.out) / "costs.json"))
     for path in paths:
         with open(path, "w") as f:
-            json.dump({"costs": asdict(report), "speedups": [asdict(r) for r in rows]}, f, indent=1)
+            json.dump({"costs": report.as_json(), "speedups": [asdict(r) for r in rows]}, f,
+                      indent=1)
         print(f"wrote {path}")
     return 0
 

@@ -8,22 +8,22 @@ compute-bound, ``k + 1`` tokens per row cost nearly ``k + 1`` times as much, and
 Which side of the crossover a step is on depends on the batch size, the model, the machine and each
 request's acceptance, so nothing here is hard-coded; everything is measured:
 
-* [`StepCosts`][minispec.serving.goodput.StepCosts] learns the seconds of a verify forward by
+* [`StepCosts`][minispec.decoding.goodput.StepCosts] learns the seconds of a verify forward by
   shape ``(B rows, T tokens per row)`` and of one draft step by the number of drafting rows, from
   the engine's own steps (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
-  [`bucket`][minispec.serving.goodput.bucket]). A bucket's first step is plain (it measures the
+  [`bucket`][minispec.decoding.goodput.bucket]). A bucket's first step is plain (it measures the
   plain step); the engine's first drafting step is a full-``k`` one (real steps that emit tokens:
   nothing is spent on calibration). After that a bucket with only its plain step measured borrows
   the ratio of a wide to a plain step from the nearest bucket that has both, so the engine drafts
   at a new batch size only when the plan says it pays, instead of paying a full-``k`` step at every
   bucket to find out;
-* [`alpha_estimates`][minispec.serving.goodput.alpha_estimates] gives each request's acceptance
+* [`alpha_estimates`][minispec.decoding.goodput.alpha_estimates] gives each request's acceptance
   estimate: its own accepted / tested drafts, shrunk towards the pooled acceptance of all requests
   (a Beta prior), so a new request starts from what the engine has seen, plus one standard
   deviation of optimism (an upper confidence bound): a request that stopped drafting on an
   unlucky start gets to try again as the bonus outweighs the evidence, and one with a long record
   is judged on it;
-* [`choose_ks`][minispec.serving.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
+* [`choose_ks`][minispec.decoding.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
   every ``R``, the plan "the ``R`` requests with the highest acceptance draft ``K`` tokens, the
   others none" with the most expected tokens per second::
 
@@ -40,7 +40,7 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   ``benchmarks/engine.py``. Charging the extra cost (not the whole step) keeps cheap bets: at
   batch size 1 a drafter that proposes nothing costs a plain step, so trying it costs little.
 
-The choices and their inputs are kept as [`KChoice`][minispec.serving.goodput.KChoice] records
+The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
 (``Engine.k_choices``).
 """
 
@@ -64,10 +64,15 @@ def bucket(rows: int) -> int:
 
 @dataclass
 class StepCosts:
-    """Measured seconds of the engine's two kinds of forward, by shape (module docstring).
+    """Measured seconds of a decoding step's two kinds of forward, by shape: the one cost type of
+    the package. The engine and ``speculative_generate(adaptive=True)`` learn one from their own
+    steps; the benchmarks (`minispec.tools.bench`, `minispec.tools.costs`) and the lessons fill one
+    from timed forwards ([`measured`][minispec.decoding.goodput.StepCosts.measured]) and read the
+    cost model's terms off it: ``c`` ([`c`][minispec.decoding.goodput.StepCosts.c]) and ``r(k)``
+    ([`r`][minispec.decoding.goodput.StepCosts.r]).
 
-    Everything comes from the engine's own steps (moving averages, kept per
-    [`bucket`][minispec.serving.goodput.bucket] of the batch size); a shape not measured yet is
+    A learning engine takes everything from its own steps (moving averages, kept per
+    [`bucket`][minispec.decoding.goodput.bucket] of the batch size); a shape not measured yet is
     read off a straight line through the measured ones (a forward's cost grows about linearly
     with the tokens it scores), or borrowed from the nearest bucket (``verify_seconds``).
     The first measurement of a shape is a warm-up (a new shape allocates; a draft model's first
@@ -88,6 +93,38 @@ class StepCosts:
     draft: dict[int, float] = field(default_factory=dict)
     smoothing: float = 0.2
     samples: dict[object, int] = field(default_factory=dict)
+
+    @classmethod
+    def measured(cls, verify: dict[tuple[int, int], float],
+                 draft: dict[int, float] | None = None) -> StepCosts:
+        """Costs timed elsewhere (e.g. medians of a benchmark), taken as they are:
+        ``verify[(B, T)]`` seconds of a forward over ``B`` rows of ``T`` tokens, ``draft[R]`` of
+        one draft step over ``R`` rows."""
+        return cls({(bucket(b), t): s for (b, t), s in verify.items()},
+                   {bucket(r): s for r, s in (draft or {}).items()})
+
+    def r(self, k: int, rows: int = 1) -> float:
+        """The verify cost ``r(k)``: a forward of ``k + 1`` tokens per row over a one-token one,
+        as measured (estimated only where a width was not)."""
+        return self._seconds(rows, k + 1) / self._seconds(rows, 1)
+
+    def c(self, rows: int = 1) -> float:
+        """The draft cost ``c``: one draft step over one target step (one token per row)."""
+        draft = self.draft_seconds(rows)
+        if draft is None:
+            raise ValueError("no draft step has been measured")
+        return draft / self._seconds(rows, 1)
+
+    def _seconds(self, rows: int, tokens: int) -> float:
+        seconds = self.verify.get((bucket(rows), tokens), self.verify_seconds(rows, tokens))
+        if seconds is None:
+            raise ValueError(f"no forward of {rows} x {tokens} tokens has been measured")
+        return seconds
+
+    def as_json(self) -> dict:
+        """The measurements as JSON-friendly lists: ``[[B, T, seconds]]`` and ``[[R, seconds]]``."""
+        return {"verify": [[b, t, s] for (b, t), s in sorted(self.verify.items())],
+                "draft": [[r, s] for r, s in sorted(self.draft.items())]}
 
     def record_verify(self, rows: int, tokens: int, seconds: float) -> None:
         """Add one verify forward of ``rows`` x ``tokens``."""
@@ -245,14 +282,14 @@ def _line_through(points: list[tuple[int, float]], x: int) -> float:
 
 class GoodputK:
     """The engine's draft-length policy: learns step costs and acceptance from the steps it runs
-    and picks each step's ``k`` per request with [`choose_ks`][minispec.serving.goodput.choose_ks].
+    and picks each step's ``k`` per request with [`choose_ks`][minispec.decoding.goodput.choose_ks].
 
     Args:
         k_max: the most drafts a request may take (the engine's ``k``).
 
     Attributes:
-        costs: the measured [`StepCosts`][minispec.serving.goodput.StepCosts].
-        choices: the latest [`KChoice`][minispec.serving.goodput.KChoice] records, one per step.
+        costs: the measured [`StepCosts`][minispec.decoding.goodput.StepCosts].
+        choices: the latest [`KChoice`][minispec.decoding.goodput.KChoice] records, one per step.
     """
 
     def __init__(self, k_max: int) -> None:
