@@ -35,6 +35,8 @@ test *losslessness*, not one formula: any exact rule passes.
 
 [`minispec.check.bugs`][minispec.check.bugs] holds the lab: buggy samplers, verifiers, tree
 walks, drafters and caches modelled on reported engine bugs, each caught by its check.
+[`minispec.check.laws`][minispec.check.laws] is the harness the lessons test whole decoders with:
+exact laws of the first tokens from a model's logits, and Pearson's test against them.
 """
 
 from minispec.check import bugs
