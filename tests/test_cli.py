@@ -184,3 +184,36 @@ def test_bench_roofline_has_its_own_help(capsys):
         main(["bench", "roofline", "--help"])
     assert exit_info.value.code == 0
     assert "roofline" in capsys.readouterr().out
+
+
+def test_bench_on_the_public_multitask_set(tmp_path, capsys):
+    """The multi-task set: every drafter (suffix and hybrid too), a row per category and an
+    overall row, outputs identical to greedy; sampled runs are reported without comparison."""
+    _real_model_or_skip()
+    quick = ["--prompt-set", "multitask", "--tasks", "qa,translation", "--max-new-tokens", "8",
+             "--no-hf", "--out", str(tmp_path)]
+    assert main(["bench", "--model", "smollm2-135m-instruct", *quick]) == 0
+    out = capsys.readouterr().out
+    for method in ("minispec suffix k=4", "minispec hybrid k=4", "minispec eagle"):
+        assert method in out
+    assert "overall" in out and "translation" in out and "all outputs identical" in out
+    sampled = [*quick[:2], "--tasks", "qa", *quick[4:], "--temperature", "0.7"]
+    assert main(["bench", "--model", "smollm2-135m-instruct", *sampled]) == 0
+    assert "sampled: outputs are not compared" in capsys.readouterr().out
+    assert main(["bench", "--model", "smollm2-135m-instruct", *quick[:2], "--tasks", "poetry",
+                 "--no-hf"]) == 2
+    assert "unknown task" in capsys.readouterr().err
+
+
+def test_the_multitask_set_has_five_prompts_per_category_and_its_licences():
+    from pathlib import Path
+
+    from minispec.tools import workloads
+
+    sets = workloads.multitask()
+    assert {c: len(p) for c, p in sets.items()} == {c: 5 for c in (
+        "chat", "code", "translation", "summarization", "qa", "math", "rag")}
+    readme = (Path(workloads.MULTITASK).parent / "README.md").read_text(encoding="utf-8")
+    for category in sets:
+        assert f"| `{category}` |" in readme
+    assert "Apache License 2.0" in readme and "MIT" in readme and "CC BY-SA 3.0" in readme

@@ -701,8 +701,8 @@ def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: i
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         page.goto(server + "round/", wait_until="load")
-        page.wait_for_selector(".ms-round[data-ready='true']", timeout=30_000)
-        widget = page.locator(".ms-round").first
+        page.wait_for_selector(".ms-round:not([data-source])[data-ready='true']", timeout=30_000)
+        widget = page.locator(".ms-round:not([data-source])").first
         nxt = widget.locator("[data-act=next]")
         first = widget.evaluate(_STATE_JS)
         assert (first["round"], first["step"], first["at"]) == (1, "draft", 0), (where, first)
@@ -726,6 +726,72 @@ def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: i
         assert scroll <= 1, f"{where}: the round page scrolls sideways by {scroll} px"
         widget.screenshot(path=str(shot))
         assert not errors, (where, errors)
+    finally:
+        context.close()
+
+
+def test_smollm2_recordings_obey_the_rule_they_show(site: Path):
+    """SmolLM2's rounds (prompt lookup: one-hot q, so a copy is kept iff u < p(x)) and its race
+    (the same tokens, in time order, fewer target forwards than tokens for the speculative run)."""
+    data = json.loads((site / "assets/data/rounds-smollm2.json").read_text(encoding="utf-8"))
+    assert data["settings"]["drafter"] == "context" and len(data["rounds"]) >= 5
+    for r in data["rounds"]:
+        a, drafts = r["num_accepted"], r["drafts"]
+        assert all(d["q"] == 1.0 for d in drafts)
+        for d in drafts[: a + 1]:
+            assert (d["u"] < d["p"]) == (d["verdict"] == "accepted"), d
+        assert r["final"]["kind"] == ("bonus" if a == len(drafts) else "correction")
+        assert r["emitted"] == [d["token"] for d in drafts[:a]] + [r["final"]["token"]]
+    race = json.loads((site / "assets/data/race.json").read_text(encoding="utf-8"))
+    plain, spec = race["runs"]["plain"], race["runs"]["speculative"]
+    assert race["identical"] and plain["tokens"] == spec["tokens"]
+    for run in (plain, spec):
+        assert run["times"] == sorted(run["times"]) and len(run["times"]) == len(run["tokens"])
+    assert spec["target_forwards"] < plain["target_forwards"]
+
+
+_RACE_JS = """(el) => ({time: +el.dataset.time, done: el.dataset.done,
+  shown: Object.fromEntries([...el.querySelectorAll('[data-run]')]
+    .map((row) => [row.dataset.run, +row.dataset.shown])),
+  text: el.querySelector('[data-run=speculative] .ms-race__text').textContent})"""
+
+
+def test_race_replays_both_runs_at_their_recorded_times(site: Path, server: str, browser,
+                                                        screenshot_dir: Path):
+    """At any time t the race shows exactly the tokens each run had out by t; Race plays to the
+    end; the SmolLM2 round widget on the same page loads its own recording."""
+    race = json.loads((site / "assets/data/race.json").read_text(encoding="utf-8"))
+    smol = json.loads((site / "assets/data/rounds-smollm2.json").read_text(encoding="utf-8"))
+    host = urlsplit(server).netloc
+    context = browser.new_context(viewport=VIEWPORT)
+    context.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).netloc == host
+                  else r.abort())
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(server, wait_until="load")
+        page.wait_for_selector(".ms-race[data-ready='true']", timeout=30_000)
+        widget = page.locator(".ms-race").first
+        t = race["runs"]["plain"]["seconds"] / 2
+        widget.evaluate(f"(el) => el.minispecRace.showAt({t})")
+        mid = widget.evaluate(_RACE_JS)
+        want = {name: sum(x <= t for x in run["times"]) for name, run in race["runs"].items()}
+        assert mid["shown"] == want, (mid, want)
+        widget.locator("[data-act=race]").click()
+        page.wait_for_function("document.querySelector('.ms-race').dataset.done === 'true'",
+                               timeout=60_000)
+        end = widget.evaluate(_RACE_JS)
+        n = len(race["runs"]["plain"]["tokens"])
+        assert end["shown"] == {"plain": n, "speculative": n}, end
+        assert end["text"] == "".join(race["runs"]["speculative"]["texts"])
+        widget.screenshot(path=str(screenshot_dir / "widget-race-1400.png"))
+        page.wait_for_selector(".ms-round[data-source=smollm2][data-ready='true']",
+                               timeout=30_000)
+        first = page.locator(".ms-round[data-source=smollm2]").evaluate(_STATE_JS)
+        drafts = smol["rounds"][0]["drafts"]
+        assert first["cards"][:len(drafts)] == [_show(d["text"]) for d in drafts], first
+        assert not errors, errors
     finally:
         context.close()
 

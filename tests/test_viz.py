@@ -124,3 +124,38 @@ def test_trace_figure_1_kinds():
     for kind, label in viz.TRACE_LABELS.items():
         assert f'class="ms-legend-{kind}" style="color:{colours[kind]}' in legend
         assert f"{viz.TRACE_STYLES[kind][1]}{label}" in str(t).splitlines()[-1]
+
+
+def test_record_rounds_with_a_context_drafter_obeys_the_one_hot_rule():
+    """Prompt lookup's q is one-hot: a copied token is kept iff u < p(x); a round without a match
+    drafts nothing and ends with a token from p (a plain step)."""
+    from tinymodels import tiny_llama
+
+    model = tiny_llama(max_pos=200)
+    prompt = [1, 2, 3, 4, 5, 6] * 3 + [1, 2]
+    data = viz.record_rounds(model, ms.PromptLookupDrafter(), prompt, 12, 4,
+                             ms.SamplingParams(temperature=1.0, seed=3))
+    assert data["settings"]["drafter"] == "context"
+    assert any(r["drafts"] for r in data["rounds"])
+    for r in data["rounds"]:
+        a, drafts = r["num_accepted"], r["drafts"]
+        assert all(d["q"] == 1.0 and d["beta"] == pytest.approx(d["p"], abs=1e-6)
+                   for d in drafts)
+        for d in drafts[: a + 1]:
+            assert (d["u"] < d["p"]) == (d["verdict"] == "accepted")
+        assert r["final"]["kind"] == ("bonus" if a == len(drafts) else "correction")
+        assert r["context_after"] == r["context_before"] + a + 1
+
+
+def test_record_race_times_both_runs_and_keeps_the_tokens():
+    from tinymodels import tiny_llama
+
+    model = tiny_llama(max_pos=200)
+    prompt = [1, 2, 3, 4, 5, 6] * 3 + [1, 2]
+    ticks = iter(range(10_000))
+    race = viz.record_race(model, "prompt_lookup", prompt, 20, 4, clock=lambda: next(ticks))
+    plain, spec = race["runs"]["plain"], race["runs"]["speculative"]
+    assert race["identical"] and plain["tokens"] == ms.generate(model, prompt, 20).tokens
+    assert len(plain["times"]) == len(spec["times"]) == 20 == len(spec["texts"])
+    assert plain["times"] == sorted(plain["times"]) and spec["times"] == sorted(spec["times"])
+    assert spec["target_forwards"] <= plain["target_forwards"]

@@ -6,6 +6,14 @@
   drafts with their ``q(x)`` and ``p(x)``, the uniform ``u`` each test drew, the verdicts, the
   ``min(p, q)`` bars of every tested position, the residual and the correction or bonus token.
   ``docs/javascripts/round.js`` steps through them.
+* ``assets/data/rounds-smollm2.json`` -- the same for a model a reader knows:
+  SmolLM2-135M-Instruct summarising a passage, drafted by prompt lookup (its ``q`` is one-hot:
+  a copied token is kept with probability ``p(x)``); ``<div class="ms-round"
+  data-source="smollm2">`` shows it.
+* ``assets/data/race.json`` -- plain and speculative (prompt lookup, ``k = 4``) greedy decoding
+  of the same prompt by SmolLM2, each token with the process CPU time at which it came out (one
+  thread), recorded by [`minispec.tools.viz.record_race`][minispec.tools.viz.record_race];
+  ``docs/javascripts/race.js`` replays both at their recorded speeds (``<div class="ms-race">``).
 * ``assets/data/speedup.json`` -- the measured points the speedup explorer
   (``docs/javascripts/speedup.js``) draws: the rows of the Results page's table whose header starts
   ``| k | r(k) | measured |``, with the ``alpha`` and ``c`` stated in the marker line above it,
@@ -27,6 +35,8 @@ from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
 ROUNDS = "assets/data/rounds.json"
+ROUNDS_SMOLLM2 = "assets/data/rounds-smollm2.json"
+RACE = "assets/data/race.json"
 SPEEDUP = "assets/data/speedup.json"
 RESULTS = "results.md"
 
@@ -34,6 +44,18 @@ RESULTS = "results.md"
 #: ten rounds, and the first seed from 0 whose rounds show all three endings a student should see
 #: (a draft rejected at once, a partly accepted round, a bonus token).
 PROMPT_INDEX, K, NUM_ROUNDS, TEMPERATURE = 0, 4, 10, 1.0
+
+#: SmolLM2's recordings: the summarize task (input-grounded: prompt lookup finds text to copy),
+#: 96 new tokens for the race.
+SMOLLM2_TASK, RACE_TOKENS = "summarize", 96
+
+
+def _endings(data: dict) -> bool:
+    """The rounds show a draft rejected at once, a partly accepted round and a bonus token."""
+    rounds = [r for r in data["rounds"] if r["drafts"]]
+    accepted = [r["num_accepted"] for r in rounds]
+    return (0 in accepted and any(r["num_accepted"] == len(r["drafts"]) for r in rounds)
+            and any(0 < r["num_accepted"] < len(r["drafts"]) for r in rounds))
 
 
 def _record_rounds() -> dict:
@@ -51,8 +73,7 @@ def _record_rounds() -> dict:
         for seed in range(50):
             params = ms.SamplingParams(temperature=TEMPERATURE, seed=seed)
             data = viz.record_rounds(target, draft, prompt, NUM_ROUNDS, K, params, tok)
-            accepted = [r["num_accepted"] for r in data["rounds"]]
-            if 0 in accepted and K in accepted and any(0 < a < K for a in accepted):
+            if _endings(data):
                 break
     finally:
         torch.set_num_threads(threads)
@@ -62,6 +83,47 @@ def _record_rounds() -> dict:
         f"SamplingParams(temperature={TEMPERATURE}, seed={data['settings']['seed']}), tokenizer)"
     )
     return data
+
+
+def _record_smollm2() -> tuple[dict, dict]:
+    """SmolLM2's rounds (prompt lookup, T = 1) and its race (greedy), on one thread."""
+    import contextlib
+    import io
+    import time
+
+    import torch
+
+    import minispec as ms
+    from minispec.models.chat import encode_prompt
+    from minispec.tools import viz, workloads
+    from minispec.zoo import smollm2
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):    # the first build fetches the model
+            smollm2.ensure(progress=False)
+        target, tok = ms.load("smollm2-135m-instruct", fast=True)
+        prompt = encode_prompt(workloads.TASKS[SMOLLM2_TASK], tok)
+        for seed in range(50):
+            params = ms.SamplingParams(temperature=TEMPERATURE, seed=seed)
+            rounds = viz.record_rounds(target, ms.PromptLookupDrafter(), prompt, NUM_ROUNDS, K,
+                                       params, tok)
+            if _endings(rounds):
+                break
+        race = viz.record_race(target, "prompt_lookup", prompt, RACE_TOKENS, K, tok,
+                               clock=time.process_time)
+    finally:
+        torch.set_num_threads(threads)
+    rounds["prompt"] = workloads.TASKS[SMOLLM2_TASK][0]["content"]
+    rounds["models"] = {"target": "SmolLM2-135M-Instruct", "draft": "prompt lookup"}
+    rounds["recorded_by"] = (
+        f"minispec.tools.viz.record_rounds(target, ms.PromptLookupDrafter(), prompt, "
+        f"{NUM_ROUNDS}, k={K}, SamplingParams(temperature={TEMPERATURE}, "
+        f"seed={rounds['settings']['seed']}), tokenizer)")
+    race["prompt"] = rounds["prompt"]
+    race["model"] = "SmolLM2-135M-Instruct (packed weights, fast=True)"
+    return rounds, race
 
 
 _MARKER = re.compile(r"<!-- minispec-explorer:([^>]*)-->")
@@ -107,6 +169,10 @@ def on_files(files: Files, config) -> Files:
     docs = Path(config["docs_dir"])
     rounds = json.dumps(_record_rounds(), ensure_ascii=False, separators=(",", ":"))
     files.append(File.generated(config, ROUNDS, content=rounds))
+    smol_rounds, race = _record_smollm2()
+    for path, data in ((ROUNDS_SMOLLM2, smol_rounds), (RACE, race)):
+        files.append(File.generated(config, path, content=json.dumps(
+            data, ensure_ascii=False, separators=(",", ":"))))
     results = docs / RESULTS
     points = _speedup_points(results.read_text(encoding="utf-8")) if results.is_file() else {}
     files.append(File.generated(config, SPEEDUP, content=json.dumps(points, separators=(",", ":"))))

@@ -1,6 +1,9 @@
 // A speculative round you can step through: real rounds of the shipped pair, recorded when the
 // site was built (docs/hooks/widgets.py -> assets/data/rounds.json, made by
-// minispec.tools.viz.record_rounds). Every element <div class="ms-round"> becomes one widget.
+// minispec.tools.viz.record_rounds). Every element <div class="ms-round"> becomes one widget;
+// <div class="ms-round" data-source="smollm2"> shows assets/data/rounds-smollm2.json instead
+// (SmolLM2-135M-Instruct drafted by prompt lookup: a one-hot q, and rounds with no draft at all
+// when the text has nothing to copy).
 //
 // Each round is shown in steps: the draft proposes k tokens (with q), the target scores them in
 // one forward (p), each draft is tested in turn (u < p/q), and the round ends with a correction
@@ -108,7 +111,7 @@
     });
     var settings = this.data.settings;
     var source = el("p", { cls: "ms-round__source", text:
-      this.data.models.target + " checks " + k + " drafts of " + this.data.models.draft +
+      this.data.models.target + " checks up to " + k + " drafts of " + this.data.models.draft +
       " per round; temperature " + settings.temperature + ", seed " + settings.seed +
       "; recorded when this site was built." });
     this.root.appendChild(bar);
@@ -313,9 +316,17 @@
     this.renderText(step);
     this.renderCards(step, round);
     var say = "", bars = null, highlight = null, title = "";
-    if (step.kind === "draft") {
+    var copies = this.data.settings.drafter === "context";
+    if (step.kind === "draft" && copies) {
+      say = k ? "Prompt lookup finds the newest tokens earlier in the text and proposes the " + k +
+        " tokens that followed them there. It copies, so its q is one-hot: q(x) = 1, and a copied " +
+        "token is kept with probability p(x)." : "Prompt lookup finds no earlier occurrence of the " +
+        "newest tokens: nothing to copy, so this round is a plain decoding step.";
+    } else if (step.kind === "draft") {
       say = "The draft model proposes " + k + " tokens, one after another, each sampled from its " +
         "own distribution q. It costs " + k + " cheap forwards.";
+    } else if (step.kind === "score" && k === 0) {
+      say = "One forward of the target over the context gives p after it, as in plain decoding.";
     } else if (step.kind === "score") {
       say = "One forward of the target over the context and all " + k + " drafts gives p at " +
         (k + 1) + " positions: p(x) for every draft, and the distribution after the last one.";
@@ -331,7 +342,13 @@
       title = "draft " + (step.index + 1) + ": min(p, q) kept, q \u2212 p thrown away";
     } else {
       var f = round.final;
-      if (f.kind === "bonus") {
+      if (f.kind === "bonus" && k === 0) {
+        say = "With no draft, the target's one forward gives p after the context, and the token " +
+          "\u201c" + show(f.text) + "\u201d is sampled from it (p = " + fmt(f.prob) + "): one token " +
+          "for one forward, as in plain decoding.";
+        bars = f.bars; highlight = f.token;
+        title = "the target's p after the context";
+      } else if (f.kind === "bonus") {
         say = "All " + k + " drafts were kept, so the target's distribution after the last one is " +
           "already computed: the bonus token \u201c" + show(f.text) + "\u201d is sampled from it (p = " +
           fmt(f.prob) + "). This round emitted " + (k + 1) + " tokens for one target forward.";
@@ -361,29 +378,28 @@
     this.root.querySelector('[data-act="next"]').disabled = this.at === this.steps.length - 1;
   };
 
-  var cache = null;
+  var loaded = {};
   var counter = 0;
 
-  function load() {
-    if (!cache) {
-      cache = fetch(new URL("assets/data/rounds.json", siteRoot())).then(function (r) {
+  // The rounds of one recording: rounds.json, or rounds-<source>.json.
+  function load(source) {
+    var file = "assets/data/rounds" + (source ? "-" + source : "") + ".json";
+    if (!loaded[file]) {
+      loaded[file] = fetch(new URL(file, siteRoot())).then(function (r) {
         if (!r.ok) throw new Error("HTTP " + r.status);
         return r.json();
       });
     }
-    return cache;
+    return loaded[file];
   }
 
   function setup() {
-    var mounts = document.querySelectorAll(".ms-round:not([data-ready])");
-    if (!mounts.length) return;
-    load().then(function (data) {
-      mounts.forEach(function (root) {
+    document.querySelectorAll(".ms-round:not([data-ready])").forEach(function (root) {
+      root.setAttribute("data-ready", "loading");
+      load(root.dataset.source).then(function (data) {
         root.minispecWidget = new Widget(root, data, ++counter);
         root.setAttribute("data-ready", "true");
-      });
-    }).catch(function (err) {
-      mounts.forEach(function (root) {
+      }).catch(function (err) {
         root.textContent = "The recorded rounds could not be loaded (" + err.message + ").";
         root.setAttribute("data-ready", "error");
       });

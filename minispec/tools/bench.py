@@ -105,7 +105,7 @@ class MethodResult:
     seconds_all: list[float]         # each repeat's total
     tokens: int                      # new tokens over the prompt set
     tokens_per_s: float
-    token_equal: bool                # identical to minispec greedy on every prompt
+    token_equal: bool | None         # identical to minispec greedy on every prompt (None: sampled)
     mismatches: list[int] = field(default_factory=list)      # prompt indices that differ
     vs_minispec_greedy: float = float("nan")                 # speedup over minispec generate
     vs_hf_greedy: float = float("nan")                       # speedup over transformers generate
@@ -262,7 +262,8 @@ def run_speed(target: Llama, draft: Llama | None, prompt_sets: dict[str, list[li
 
 
 def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int]]],
-                 reference: dict[str, list[list[int]]], *, repeats: int = 5, warmup: int = 1,
+                 reference: dict[str, list[list[int]]] | None, *, repeats: int = 5,
+                 warmup: int = 1,
                  log: Callable[[str], None] | None = print,
                  clock: Callable[[], float] = time.perf_counter) -> list[MethodResult]:
     """Run ``methods`` round-robin on their prompt sets, check their tokens, report medians.
@@ -270,7 +271,8 @@ def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int
     Args:
         methods: what to time; each runs on ``prompt_sets[method.prompt_set]``.
         prompt_sets: ``{set name: [prompt ids, ...]}``.
-        reference: ``{set name: [greedy tokens per prompt]}`` every method must reproduce.
+        reference: ``{set name: [greedy tokens per prompt]}`` every method must reproduce
+            (``None`` for sampled runs: ``token_equal`` is then ``None``).
         repeats: timed repeats.
         warmup: discarded repeats before them.
         log: progress lines (``None``: silent).
@@ -295,23 +297,26 @@ def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int
                 totals[i].append(elapsed)
             outputs[i], last_stats[i] = [t for t, _ in runs], [st for _, st in runs]
     results = [_result(method, totals[i], outputs[i], last_stats[i],
-                       reference[method.prompt_set], say) for i, method in enumerate(methods)]
+                       None if reference is None else reference[method.prompt_set], say)
+               for i, method in enumerate(methods)]
     _add_ratios(results)
     return results
 
 
 def _result(method: Method, totals: list[float], outputs: list[list[int]], stats: list,
-            reference: list[list[int]], say: Callable[[str], None]) -> MethodResult:
+            reference: list[list[int]] | None, say: Callable[[str], None]) -> MethodResult:
     """One method's timings and outputs as a [`MethodResult`][minispec.tools.bench.MethodResult]
-    (ratios filled in later)."""
-    mismatches = [j for j, (a, b) in enumerate(zip(outputs, reference, strict=True)) if a != b]
+    (ratios filled in later); ``reference`` ``None``: sampled outputs, not compared."""
+    mismatches = [] if reference is None else [
+        j for j, (a, b) in enumerate(zip(outputs, reference, strict=True)) if a != b]
     if mismatches:
         say(f"!!! TOKEN MISMATCH: {method.name} differs from minispec greedy on prompts "
             f"{mismatches} of the {method.prompt_set} set")
     seconds = statistics.median(totals)
     n_tokens = sum(len(t) for t in outputs)
     result = MethodResult(method.name, method.family, method.prompt_set, method.k, seconds,
-                          totals, n_tokens, n_tokens / seconds, not mismatches, mismatches)
+                          totals, n_tokens, n_tokens / seconds,
+                          None if reference is None else not mismatches, mismatches)
     stats = [s for s in stats if s is not None]
     if stats and any(s.rounds for s in stats):
         accepted = sum(sum(s.accepted_per_round) for s in stats)
@@ -348,8 +353,33 @@ def format_table(results: Sequence[MethodResult]) -> str:
             f"{r.prompt_set:<13} {r.name:<34} {r.seconds:7.3f} {r.tokens_per_s:7.0f} "
             f"{r.vs_minispec_greedy:11.2f}x {r.vs_hf_greedy:11.2f}x "
             f"{_fmt(r.acceptance_rate, 6, 3)} {_fmt(r.tokens_per_round, 7, 2)} "
-            f"{'yes' if r.token_equal else 'NO <<<':>11}")
+            f"{_same(r.token_equal):>11}")
     return "\n".join(lines)
+
+
+def _same(equal: bool | None) -> str:
+    return "-" if equal is None else "yes" if equal else "NO <<<"
+
+
+def overall(results: Sequence[MethodResult]) -> list[MethodResult]:
+    """One row per method over every prompt set it ran on (``prompt_set="overall"``): times and
+    tokens summed, tokens per round as all tokens over all target forwards, ratios against the
+    overall greedy rows."""
+    rows = []
+    for name in dict.fromkeys(r.name for r in results):
+        runs = [r for r in results if r.name == name]
+        seconds, tokens = sum(r.seconds for r in runs), sum(r.tokens for r in runs)
+        forwards = sum(r.target_forwards for r in runs)
+        equal = None if any(r.token_equal is None for r in runs) else all(
+            r.token_equal for r in runs)
+        row = MethodResult(name, runs[0].family, "overall", runs[0].k, seconds,
+                           [sum(x) for x in zip(*(r.seconds_all for r in runs), strict=True)],
+                           tokens, tokens / seconds, equal)
+        row.target_forwards = forwards
+        row.tokens_per_round = tokens / forwards if forwards else float("nan")
+        rows.append(row)
+    _add_ratios(rows)
+    return rows
 
 
 def _fmt(x: float, width: int, digits: int) -> str:

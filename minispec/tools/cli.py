@@ -277,22 +277,30 @@ def bench_workloads(args: argparse.Namespace) -> int:
         try:
             eagle = ms.load_drafter(head, target)
             drafters["eagle"] = (lambda: eagle, args.k_eagle)
+            drafters["suffix"] = (ms.SuffixDrafter, args.k_ngram)
+            drafters["hybrid"] = (lambda: ms.HybridDrafter(head=eagle), args.k_ngram)
         except (FileNotFoundError, ValueError) as error:
             if args.head:                               # asked for explicitly: an error
                 print(f"minispec bench: {error}", file=sys.stderr)
                 return 2
-    print(f"minispec bench: {args.model} on the real workloads, one chat prompt per task, "
-          f"{args.max_new_tokens} new tokens, greedy, k = {args.k_ngram}, "
+    mode = "greedy" if args.temperature == 0 else f"sampled at T = {args.temperature}"
+    print(f"minispec bench: {args.model} on the {args.prompt_set} prompt set, "
+          f"{args.max_new_tokens} new tokens, {mode}, k = {args.k_ngram}, "
           f"{torch.get_num_threads()} threads, {args.repeats} repeat(s) (+{args.warmup} warm-up)")
-    results = workloads.run(target, tokenizer, None if args.no_hf else resolve(args.model),
-                            tasks=tasks, max_new_tokens=args.max_new_tokens, k=args.k_ngram,
-                            repeats=args.repeats, warmup=args.warmup, drafters=drafters)
+    try:
+        results = workloads.run(target, tokenizer, None if args.no_hf else resolve(args.model),
+                                tasks=tasks, max_new_tokens=args.max_new_tokens, k=args.k_ngram,
+                                repeats=args.repeats, warmup=args.warmup, drafters=drafters,
+                                prompt_set=args.prompt_set, temperature=args.temperature)
+    except ValueError as error:
+        print(f"minispec bench: {error}", file=sys.stderr)
+        return 2
     print()
     print(workloads.format_results(results))
     settings = {key: value for key, value in vars(args).items() if key != "func"}
     paths = bench.write_outputs(Path(args.out), results, None, [], settings)
     print("\nwrote " + ", ".join(str(p) for p in paths))
-    return 0 if all(r.token_equal for r in results) else 1
+    return 0 if all(r.token_equal is not False for r in results) else 1
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -438,7 +446,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "summarize, document QA, code completion, code editing); defaults then 96 "
                         "new tokens, 1 repeat, no warm-up repeat")
     b.add_argument("--tasks", default=None,
-                   help="with --model: comma-separated tasks (default all)")
+                   help="with --model: comma-separated tasks or categories (default all)")
+    b.add_argument("--prompt-set", default="tasks", choices=("tasks", "multitask"),
+                   help="with --model: minispec's five tasks (one prompt each), or the public "
+                        "multi-task set (35 prompts in 7 categories, from Spec-Bench; "
+                        "minispec/tools/prompts/README.md)")
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="with --model: 0 (greedy, outputs checked identical) or a sampling "
+                        "temperature (minispec only, seeded per prompt, not compared)")
     b.add_argument("--head", default=None, metavar="NAME_OR_DIR",
                    help="with --model: an EAGLE head to time as 'minispec eagle' (default: the "
                         "shipped head for that model, when there is one)")

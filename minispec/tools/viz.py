@@ -9,6 +9,8 @@ One concept per function. Matplotlib is imported inside the functions that draw,
 * [`trace`][minispec.tools.viz.trace] -- Leviathan et al.'s Figure 1 for a generation: accepted
   drafts in green, the rejected draft in red (struck through), the target's own token
   (correction) in blue, the bonus token in purple; HTML in a notebook, ANSI colours in a terminal.
+* [`record_race`][minispec.tools.viz.record_race] -- plain and speculative decoding of one prompt,
+  each token with the time it came out (the data of the site's race);
 * [`record_rounds`][minispec.tools.viz.record_rounds] -- every number of a few real rounds (the
   drafts with their ``q(x)`` and ``p(x)``, the uniform ``u`` each test drew, the verdicts, the
   ``min(p, q)`` picture of the judged position, the residual, the correction or bonus), as plain
@@ -18,6 +20,7 @@ One concept per function. Matplotlib is imported inside the functions that draw,
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,7 +32,8 @@ from minispec.core.theory import acceptance_rate
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.axes import Axes
 
-__all__ = ["OVERLAP_COLORS", "OVERLAP_LABELS", "Trace", "plot_overlap", "record_rounds", "trace"]
+__all__ = ["OVERLAP_COLORS", "OVERLAP_LABELS", "Trace", "plot_overlap", "record_race",
+           "record_rounds", "trace"]
 
 #: Legend labels of the four layers drawn by [`plot_overlap`][minispec.tools.viz.plot_overlap]
 #: (tests look bars up by them).
@@ -259,13 +263,15 @@ def record_rounds(
     tokenizer: Any = None,
     top: int = 8,
 ) -> dict[str, Any]:
-    """Run ``num_rounds`` speculative rounds of a draft model and record every number they use.
+    """Run ``num_rounds`` speculative rounds and record every number they use.
 
     Each round is Algorithm 1 of Leviathan et al. as the lessons teach it, with no cache (every
     forward reads the whole context, so the numbers do not depend on cache bookkeeping):
 
-    1. the draft model samples ``k`` tokens one after another, each from its adjusted
-       distribution ``q_i`` (``probs_from_logits`` with ``sampling``);
+    1. a draft model samples ``k`` tokens one after another, each from its adjusted
+       distribution ``q_i`` (``probs_from_logits`` with ``sampling``); a context drafter
+       (``PromptLookupDrafter``, ``NGramDrafter``) proposes up to ``k`` tokens copied from the
+       text, with a one-hot ``q`` (none when it finds no match: the round is a plain step);
     2. one target forward over the context and the drafts gives ``p_1..p_{k+1}``;
     3. ``k`` uniforms ``u_i`` are drawn and [`verify`][minispec.core.speculative.verify] judges the
        drafts with them (``uniforms=``): draft ``i`` is kept iff ``u_i < p_i(x_i) / q_i(x_i)``, the
@@ -277,7 +283,8 @@ def record_rounds(
 
     Args:
         target: the target model ``p`` (a [`Llama`][minispec.models.llama.Llama]).
-        draft: the draft model ``q`` (same vocabulary).
+        draft: the draft model ``q`` (same vocabulary), or a drafter with
+            ``propose(context, k, sampling, generator) -> Draft``.
         prompt_ids: the prompt's token ids.
         num_rounds: how many rounds to record.
         k: drafts per round.
@@ -287,7 +294,8 @@ def record_rounds(
         top: how many tokens the ``min(p, q)`` picture of the judged position lists.
 
     Returns:
-        A JSON-ready dict: ``prompt`` (text), ``settings``, and ``rounds``, each with
+        A JSON-ready dict: ``prompt`` (text), ``settings`` (``drafter``: ``"model"`` or
+        ``"context"``), and ``rounds``, each with
         ``context_before`` and ``context_after`` (tokens in the context), ``drafts`` (per draft:
         ``token``, ``text``, ``q``, ``p``, ``u``, ``beta`` = ``sum min(p_i, q_i)``, ``verdict``
         ``"accepted"``, ``"rejected"`` or ``"untested"``, and for a tested position ``bars``: its
@@ -329,19 +337,29 @@ def record_rounds(
             out.append(row)
         return out
 
+    def propose(ids: list[int]) -> tuple[list[int], torch.Tensor]:
+        """Step 1: the drafts and their ``q`` rows ``(n, V)``."""
+        if hasattr(draft, "propose"):                        # a context drafter: one-hot q
+            tokens = draft.propose(list(ids), k, sampling, generator).tokens.tolist()
+            return tokens, torch.eye(vocab, dtype=torch.float64)[tokens].reshape(-1, vocab)
+        drafts, qs = [], []
+        for _ in range(k):                                   # k draft steps, each from q_i
+            q_i = probs(draft, ids + drafts, 1)[0]
+            drafts.append(int(sample(q_i, generator)))
+            qs.append(q_i)
+        return drafts, torch.stack(qs)                       # (k, V)
+
+    vocab = target.config.vocab_size
     ids = list(prompt_ids)
     rounds = []
     for _ in range(num_rounds):
         before = len(ids)
-        drafts, qs = [], []
-        for _ in range(k):                                   # 1. k draft steps, each from q_i
-            q_i = probs(draft, ids + drafts, 1)[0]
-            drafts.append(int(sample(q_i, generator)))
-            qs.append(q_i)
-        q = torch.stack(qs)                                  # (k, V)
-        p = probs(target, ids + drafts, k + 1)               # 2. one target forward: (k+1, V)
-        u = torch.rand(k, generator=generator, dtype=torch.float64)   # 3. the k uniforms
-        verdict = verify(torch.tensor(drafts), q, p, generator, greedy=False, uniforms=u)
+        drafts, q = propose(ids)                             # 1. the guesses and their q
+        n = len(drafts)
+        p = probs(target, ids + drafts, n + 1)               # 2. one target forward: (n+1, V)
+        u = torch.rand(n, generator=generator, dtype=torch.float64)   # 3. the n uniforms
+        verdict = verify(torch.tensor(drafts, dtype=torch.long), q, p, generator, greedy=False,
+                         uniforms=u)
         a = verdict.num_accepted
         rows = []
         for i, x in enumerate(drafts):
@@ -354,7 +372,7 @@ def record_rounds(
                 "bars": bars(p[i], q[i], x) if i <= a else [],
             })
         last = verdict.tokens[-1]
-        if a < k:
+        if a < n:
             res = residual(p[a], q[a])
             final = {"token": last, "text": text(last), "kind": "correction",
                      "prob": round(float(res[last]), 6),
@@ -362,7 +380,7 @@ def record_rounds(
                                   for t in _top(res, 5) if res[t] > 0]}
         else:
             final = {"token": last, "text": text(last), "kind": "bonus",
-                     "prob": round(float(p[k, last]), 6), "bars": bars(p[k], None, last)}
+                     "prob": round(float(p[n, last]), 6), "bars": bars(p[n], None, last)}
         ids += verdict.tokens
         rounds.append({"context_before": before, "context_after": len(ids), "drafts": rows,
                        "final": final, "emitted": list(verdict.tokens), "num_accepted": a})
@@ -371,6 +389,60 @@ def record_rounds(
                    if tokenizer is not None else ""),
         "prompt_tokens": len(prompt_ids),
         "settings": {"k": k, "temperature": sampling.temperature, "top_k": sampling.top_k,
-                     "top_p": sampling.top_p, "seed": sampling.seed},
+                     "top_p": sampling.top_p, "seed": sampling.seed,
+                     "drafter": "context" if hasattr(draft, "propose") else "model"},
         "rounds": rounds,
     }
+
+
+def record_race(target: Any, drafter: Any, prompt: Any, max_new_tokens: int = 64, k: int = 4,
+                tokenizer: Any = None, clock: Any = time.process_time) -> dict[str, Any]:
+    """Plain and speculative greedy decoding of one prompt, with the time each token came out.
+
+    Both run in the [`Engine`][minispec.serving.engine.Engine] at batch size 1, greedy, the
+    speculative one with a fixed ``k`` (``adaptive=False``): ``Engine.stream`` yields each token
+    when its step is done, so the tokens of one round come out together. Each is warmed up once
+    first; times are seconds of ``clock`` since the request was added (its prefill included).
+    The default clock is the process's CPU time: on one thread (set it before calling) it counts
+    this work only, not what other processes do meanwhile.
+
+    Args:
+        target: the target model.
+        drafter: what ``Engine(drafter=...)`` takes, e.g. ``"prompt_lookup"``.
+        prompt: token ids, a string or chat messages (``tokenizer`` needed for the last two).
+        max_new_tokens: tokens per run.
+        k: drafts per round.
+        tokenizer: encodes the prompt and decodes each token for display.
+        clock: a function returning seconds.
+
+    Returns:
+        A JSON-ready dict: ``settings``, ``clock``, ``identical`` (the two outputs are the same
+        tokens, as greedy speculation guarantees) and ``runs``: ``{"plain": ..., "speculative":
+        ...}``, each with ``tokens``, ``texts``, ``times`` (one per token), ``seconds`` and
+        ``target_forwards``.
+    """
+    from minispec.serving.engine import Engine
+
+    def run(engine: Engine, n: int) -> dict[str, Any]:
+        start, tokens, times, stats = clock(), [], [], None
+        for out in engine.stream([prompt], max_new_tokens=n):
+            if out.token is not None:
+                tokens.append(out.token)
+                times.append(round(clock() - start, 6))
+            stats = out.stats or stats
+        texts = [tokenizer.decode([t]) if tokenizer is not None else f"[{t}]" for t in tokens]
+        return {"tokens": tokens, "texts": texts, "times": times,
+                "seconds": times[-1] if times else 0.0,
+                "target_forwards": stats.target_forwards if stats is not None else 0}
+
+    runs = {}
+    for name, spec in (("plain", None), ("speculative", drafter)):
+        engine = Engine(target, drafter=spec, k=k, max_batch_size=1, tokenizer=tokenizer,
+                        adaptive=False if spec is not None else None)
+        run(engine, 8)                                           # warm-up
+        runs[name] = run(engine, max_new_tokens)
+    return {"settings": {"k": k, "max_new_tokens": max_new_tokens, "greedy": True,
+                         "drafter": str(drafter), "threads": torch.get_num_threads()},
+            "clock": getattr(clock, "__name__", str(clock)),
+            "identical": runs["plain"]["tokens"] == runs["speculative"]["tokens"],
+            "runs": runs}

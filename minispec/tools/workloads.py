@@ -11,7 +11,13 @@ range, one chat prompt each:
 * ``code_edit`` -- rewrite a given function: most of the answer is the input again.
 
 Every passage, document and snippet here is original to minispec. ``TASKS`` maps a task to its
-chat messages; ``encode_tasks`` renders them with a tokenizer's chat template; ``run`` times
+chat messages; ``encode_tasks`` renders them with a tokenizer's chat template.
+
+A second, public prompt set, ``multitask`` ([`multitask`][minispec.tools.workloads.multitask]):
+35 prompts in seven categories -- open chat in MT-bench's categories, code, translation,
+summarization, question answering, math reasoning and retrieval-augmented answers, five each --
+taken from Spec-Bench's question set (``minispec/tools/prompts/README.md`` gives the sources and
+their licences). ``run`` times
 minispec's greedy, n-gram and prompt-lookup decoding against transformers' greedy and prompt-lookup
 ``generate`` on every task and checks that all of them produce the same tokens
 (``minispec bench --model smollm2-135m-instruct`` prints the table).
@@ -19,17 +25,26 @@ minispec's greedy, n-gram and prompt-lookup decoding against transformers' greed
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from minispec.core.sampling import SamplingParams
 from minispec.decoding.loop import generate, speculative_generate
 from minispec.drafters.base import NGramDrafter, PromptLookupDrafter
 from minispec.models.chat import encode_prompt
 from minispec.models.llama import Llama
-from minispec.tools.bench import Method, MethodResult, format_table, hf_greedy, time_methods
+from minispec.tools.bench import (
+    Method,
+    MethodResult,
+    format_table,
+    hf_greedy,
+    overall,
+    time_methods,
+)
 
 PASSAGE = """\
 The town of Millbrook built its first public library in 1889 with money raised at a summer fair.
@@ -98,6 +113,33 @@ GROUNDED: tuple[str, ...] = ("summarize", "document_qa", "code_complete", "code_
 OPEN_ENDED: tuple[str, ...] = ("chat",)
 
 
+#: The public multi-task prompt set (one JSON object per line: id, category, source, prompt).
+MULTITASK = Path(__file__).parent / "prompts" / "multitask.jsonl"
+
+
+def multitask() -> dict[str, list[list[dict[str, str]]]]:
+    """The multi-task set as ``{category: [chat messages, ...]}`` (one user turn per prompt)."""
+    sets: dict[str, list[list[dict[str, str]]]] = {}
+    for line in MULTITASK.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        sets.setdefault(row["category"], []).append([{"role": "user", "content": row["prompt"]}])
+    return sets
+
+
+def prompt_sets(tokenizer: Any, name: str = "tasks", tasks: Sequence[str] | None = None
+                ) -> dict[str, list[list[int]]]:
+    """``{task or category: [prompt ids, ...]}`` of the prompt set ``name`` (``"tasks"``: this
+    module's five tasks, one prompt each; ``"multitask"``: the public set), chat-rendered with
+    ``tokenizer``; ``tasks`` picks some of them (``ValueError`` for an unknown one)."""
+    if name not in ("tasks", "multitask"):
+        raise ValueError(f"unknown prompt set {name!r}; the sets are 'tasks' and 'multitask'")
+    sets = {t: [m] for t, m in TASKS.items()} if name == "tasks" else multitask()
+    unknown = [t for t in tasks or () if t not in sets]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; the {name} set has {list(sets)}")
+    return {t: [encode_prompt(m, tokenizer) for m in sets[t]] for t in (tasks or sets)}
+
+
 def encode_tasks(tokenizer: Any, tasks: tuple[str, ...] | None = None) -> dict[str, list[int]]:
     """Render each task's messages with ``tokenizer``'s chat template (generation prompt added).
 
@@ -122,7 +164,8 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         tasks: Sequence[str] | None = None, max_new_tokens: int = 96, k: int = 4,
         repeats: int = 1, warmup: int = 0,
         drafters: dict[str, tuple[Callable[[], Any], int]] | None = None,
-        log: Callable[[str], None] | None = print) -> list[MethodResult]:
+        log: Callable[[str], None] | None = print, prompt_set: str = "tasks",
+        temperature: float = 0.0) -> list[MethodResult]:
     """Time greedy decoding of every task five ways and check that all give the same tokens.
 
     minispec ``generate``, n-gram and prompt-lookup speculation (``k`` drafts per round), and, when
@@ -143,41 +186,52 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         drafters: more minispec drafters, ``{name: (factory, k)}`` (e.g. an EAGLE head:
             ``{"eagle": (lambda: drafter, 2)}``); each shows as ``minispec <name> k=<k>``.
         log: progress lines (``None``: silent).
+        prompt_set: ``"tasks"`` (this module's) or ``"multitask"`` (the public set).
+        temperature: ``0``: greedy, every output checked against minispec greedy; above 0:
+            minispec's methods sample (each prompt its own seed, the same for every method) and
+            nothing is compared token by token (``token_equal`` is ``None``), transformers is
+            not run.
 
     Returns:
         One [`minispec.tools.bench.MethodResult`][minispec.tools.bench.MethodResult] per
         (task, method); ``prompt_set`` is the task.
     """
     say = log or (lambda _line: None)
-    prompt_sets = {task: [ids]
-                   for task, ids in encode_tasks(tokenizer, tuple(tasks or TASKS)).items()}
-    say(f"reference: minispec greedy on {len(prompt_sets)} tasks ...")
-    reference = {task: [generate(target, ids, max_new_tokens).tokens for ids in prompts]
-                 for task, prompts in prompt_sets.items()}
+    sets = prompt_sets(tokenizer, prompt_set, tasks)
+    reference = None
+    if temperature == 0:
+        say(f"reference: minispec greedy on {len(sets)} tasks ...")
+        reference = {task: [generate(target, ids, max_new_tokens).tokens for ids in prompts]
+                     for task, prompts in sets.items()}
     call = None
-    if target_dir is not None:
+    if target_dir is not None and temperature == 0:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
         call = hf_greedy(hf, max_new_tokens)
-        hf_greedy(hf, 4)(next(iter(prompt_sets.values()))[0])  # warm-up
+        hf_greedy(hf, 4)(next(iter(sets.values()))[0])  # warm-up
     # a task's methods run back to back, so a change in the machine's load hits them alike
-    methods = [m for task in prompt_sets
-               for m in _minispec_methods(target, task, max_new_tokens, k, drafters)
+    methods = [m for task in sets
+               for m in _minispec_methods(target, task, max_new_tokens, k, drafters, temperature)
                + (_hf_methods(call, task, k) if call is not None else [])]
-    return time_methods(methods, prompt_sets, reference, repeats=repeats, warmup=warmup, log=log)
+    return time_methods(methods, sets, reference, repeats=repeats, warmup=warmup, log=log)
 
 
 def _minispec_methods(target: Llama, task: str, max_new_tokens: int, k: int,
-                      drafters: dict[str, tuple[Callable[[], Any], int]] | None = None
-                      ) -> list[Method]:
+                      drafters: dict[str, tuple[Callable[[], Any], int]] | None = None,
+                      temperature: float = 0.0) -> list[Method]:
+    def sampling(ids) -> SamplingParams | None:       # a seed per prompt, the same per method
+        return None if temperature == 0 else SamplingParams(temperature=temperature,
+                                                             seed=sum(ids) % 2**31)
+
     def plain(ids):
-        out = generate(target, ids, max_new_tokens)
+        out = generate(target, ids, max_new_tokens, sampling(ids))
         return out.tokens, out.stats
 
     def drafted(make, k=k):
         def run_one(ids):
-            out = speculative_generate(target, make(), ids, max_new_tokens, k=k)
+            out = speculative_generate(target, make(), ids, max_new_tokens, k=k,
+                                       sampling=sampling(ids))
             return out.tokens, out.stats
         return run_one
 
@@ -197,11 +251,18 @@ def _hf_methods(call: Callable, task: str, k: int) -> list[Method]:
 
 
 def format_results(results: Sequence[MethodResult]) -> str:
-    """The table by task, then one line: are all outputs identical to minispec greedy?"""
-    same = sum(r.token_equal for r in results)
+    """The table by task, the overall rows when there are several tasks, then one line: are all
+    outputs identical to minispec greedy?"""
+    rows = list(results)
+    if len({r.prompt_set for r in results}) > 1:
+        rows += overall(results)
+    if any(r.token_equal is None for r in results):
+        return f"{format_table(rows)}\n\nsampled: outputs are not compared token by token"
+    same = sum(bool(r.token_equal) for r in results)
     verdict = ("all outputs identical to minispec greedy" if same == len(results) else
                f"!!! {len(results) - same} of {len(results)} methods differ from minispec greedy")
-    return f"{format_table(results)}\n\n{verdict} ({same}/{len(results)} method x task runs)"
+    return f"{format_table(rows)}\n\n{verdict} ({same}/{len(results)} method x task runs)"
 
 
-__all__ = ["GROUNDED", "OPEN_ENDED", "TASKS", "encode_tasks", "format_results", "run"]
+__all__ = ["GROUNDED", "MULTITASK", "OPEN_ENDED", "TASKS", "encode_tasks", "format_results",
+           "multitask", "prompt_sets", "run"]
