@@ -46,8 +46,9 @@ RESULTS = "results.md"
 PROMPT_INDEX, K, NUM_ROUNDS, TEMPERATURE = 0, 4, 10, 1.0
 
 #: SmolLM2's recordings: the summarize task (input-grounded: prompt lookup finds text to copy),
-#: 96 new tokens for the race.
-SMOLLM2_TASK, RACE_TOKENS = "summarize", 96
+#: 96 new tokens for the race; the rounds start after the answer's first tokens (decoded
+#: greedily), so that they copy from the passage, not from the chat template's markers.
+SMOLLM2_TASK, RACE_TOKENS, ANSWER_PREFIX = "summarize", 96, 6
 
 
 def _endings(data: dict) -> bool:
@@ -105,23 +106,25 @@ def _record_smollm2() -> tuple[dict, dict]:
             smollm2.ensure(progress=False)
         target, tok = ms.load("smollm2-135m-instruct", fast=True)
         prompt = encode_prompt(workloads.TASKS[SMOLLM2_TASK], tok)
+        prefix = ms.generate(target, prompt, ANSWER_PREFIX).tokens
         for seed in range(50):
             params = ms.SamplingParams(temperature=TEMPERATURE, seed=seed)
-            rounds = viz.record_rounds(target, ms.PromptLookupDrafter(), prompt, NUM_ROUNDS, K,
-                                       params, tok)
+            rounds = viz.record_rounds(target, ms.PromptLookupDrafter(), prompt + prefix,
+                                       NUM_ROUNDS, K, params, tok)
             if _endings(rounds):
                 break
         race = viz.record_race(target, "prompt_lookup", prompt, RACE_TOKENS, K, tok,
                                clock=time.process_time)
     finally:
         torch.set_num_threads(threads)
-    rounds["prompt"] = workloads.TASKS[SMOLLM2_TASK][0]["content"]
+    rounds["prompt"] = (workloads.TASKS[SMOLLM2_TASK][0]["content"] + "\n\n"
+                        + tok.decode(prefix, skip_special_tokens=True))
     rounds["models"] = {"target": "SmolLM2-135M-Instruct", "draft": "prompt lookup"}
     rounds["recorded_by"] = (
         f"minispec.tools.viz.record_rounds(target, ms.PromptLookupDrafter(), prompt, "
         f"{NUM_ROUNDS}, k={K}, SamplingParams(temperature={TEMPERATURE}, "
         f"seed={rounds['settings']['seed']}), tokenizer)")
-    race["prompt"] = rounds["prompt"]
+    race["prompt"] = workloads.TASKS[SMOLLM2_TASK][0]["content"]
     race["model"] = "SmolLM2-135M-Instruct (packed weights, fast=True)"
     return rounds, race
 

@@ -97,6 +97,7 @@
       row.count.textContent = n + " / " + run.tokens.length + " tokens";
       row.fill.style.width = (100 * n / run.tokens.length).toFixed(1) + "%";
       row.text.textContent = run.texts.slice(0, n).join("");
+      row.text.scrollTop = row.text.scrollHeight;          // follow the newest tokens
       self.root.querySelector('[data-run="' + name + '"]').dataset.shown = String(n);
     });
   };

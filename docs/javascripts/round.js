@@ -188,6 +188,7 @@
         self.text.appendChild(el("span", { cls: "ms-round__sep", text: "|" }));
       }
     });
+    this.text.scrollTop = this.text.scrollHeight;        // the newest tokens in view
   };
 
   Widget.prototype.renderCards = function (step, round) {
