@@ -77,3 +77,16 @@ def test_the_reading_layers_stay_within_their_line_budget():
     assert sum(total.values()) <= MAX_CODE_LINES, (
         f"{sum(total.values())} code lines in the reading layers, over {MAX_CODE_LINES}; "
         f"largest files: {largest}")
+
+
+def test_the_reading_path_gives_each_files_true_length():
+    """docs/architecture.md's reading path states each file's lines: they must be today's."""
+    import re
+
+    root = Path(__file__).parent.parent
+    page = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"\| \d \| `(minispec/[^`]+)` \| (\d+) \|", page)
+    assert len(rows) >= 6, "the reading path table is missing"
+    true = {path: len((root / path).read_text().splitlines()) for path, _ in rows}
+    wrong = {path: (int(n), true[path]) for path, n in rows if int(n) != true[path]}
+    assert not wrong, f"stated vs true line counts: {wrong}"
