@@ -45,6 +45,7 @@ it as an artifact). Without Chromium or Playwright the browser test is skipped, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import json
@@ -689,10 +690,10 @@ _STATE_JS = """(el) => ({round: +el.dataset.round, step: el.dataset.step, at: +e
   verdicts: [...el.querySelectorAll('.ms-card__verdict')].map((v) => v.textContent)})"""
 
 
-def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: int,
-                        shot: Path) -> None:
+@contextlib.contextmanager
+def _offline_page(browser, server: str, viewport: dict):
+    """A page that may load only from the test server; yields (page, errors raised by its JS)."""
     host = urlsplit(server).netloc
-    where = f"{viewport['width']} px"
     context = browser.new_context(viewport=viewport)
     context.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).netloc == host
                   else r.abort())
@@ -700,6 +701,15 @@ def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: i
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
+        yield page, errors
+    finally:
+        context.close()
+
+
+def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: int,
+                        shot: Path) -> None:
+    where = f"{viewport['width']} px"
+    with _offline_page(browser, server, viewport) as (page, errors):
         page.goto(server + "round/", wait_until="load")
         page.wait_for_selector(".ms-round:not([data-source])[data-ready='true']", timeout=30_000)
         widget = page.locator(".ms-round:not([data-source])").first
@@ -726,8 +736,6 @@ def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: i
         assert scroll <= 1, f"{where}: the round page scrolls sideways by {scroll} px"
         widget.screenshot(path=str(shot))
         assert not errors, (where, errors)
-    finally:
-        context.close()
 
 
 def test_smollm2_recordings_obey_the_rule_they_show(site: Path):
@@ -762,14 +770,7 @@ def test_race_replays_both_runs_at_their_recorded_times(site: Path, server: str,
     end; the SmolLM2 round widget on the same page loads its own recording."""
     race = json.loads((site / "assets/data/race.json").read_text(encoding="utf-8"))
     smol = json.loads((site / "assets/data/rounds-smollm2.json").read_text(encoding="utf-8"))
-    host = urlsplit(server).netloc
-    context = browser.new_context(viewport=VIEWPORT)
-    context.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).netloc == host
-                  else r.abort())
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
+    with _offline_page(browser, server, VIEWPORT) as (page, errors):
         page.goto(server, wait_until="load")
         page.wait_for_selector(".ms-race[data-ready='true']", timeout=30_000)
         widget = page.locator(".ms-race").first
@@ -792,19 +793,12 @@ def test_race_replays_both_runs_at_their_recorded_times(site: Path, server: str,
         drafts = smol["rounds"][0]["drafts"]
         assert first["cards"][:len(drafts)] == [_show(d["text"]) for d in drafts], first
         assert not errors, errors
-    finally:
-        context.close()
 
 
 def test_speedup_explorer_follows_its_sliders(site: Path, server: str, browser,
                                               screenshot_dir: Path):
     """Moving a slider redraws the prediction: S = E(alpha, k) / (k c + r)."""
-    host = urlsplit(server).netloc
-    context = browser.new_context(viewport=VIEWPORT)
-    context.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).netloc == host
-                  else r.abort())
-    page = context.new_page()
-    try:
+    with _offline_page(browser, server, VIEWPORT) as (page, errors):
         page.goto(server + "speedup/", wait_until="load")
         page.wait_for_selector(".ms-speedup[data-ready='true']", timeout=30_000)
         widget = page.locator(".ms-speedup").first
@@ -826,5 +820,4 @@ def test_speedup_explorer_follows_its_sliders(site: Path, server: str, browser,
         points = json.loads((site / "assets/data/speedup.json").read_text(encoding="utf-8"))
         assert points["points"], "the Results page's measured points did not reach the explorer"
         assert widget.locator(".ms-speedup__measured").count() == len(points["points"])
-    finally:
-        context.close()
+        assert not errors, errors

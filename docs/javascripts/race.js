@@ -7,14 +7,6 @@
 (function () {
   "use strict";
 
-  function siteRoot() {
-    var config = document.getElementById("__config");
-    var base = ".";
-    if (config) {
-      try { base = JSON.parse(config.textContent).base || "."; } catch (e) { /* keep "." */ }
-    }
-    return new URL(base.replace(/\/?$/, "/"), document.baseURI);
-  }
 
   function el(tag, cls, text) {
     var node = document.createElement(tag);
@@ -128,7 +120,7 @@
     var mounts = document.querySelectorAll(".ms-race:not([data-ready])");
     if (!mounts.length) return;
     if (!loading) {
-      loading = fetch(new URL("assets/data/race.json", siteRoot())).then(function (r) {
+      loading = fetch(window.minispecData("assets/data/race.json")).then(function (r) {
         if (!r.ok) throw new Error("HTTP " + r.status);
         return r.json();
       });

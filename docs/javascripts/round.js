@@ -18,14 +18,6 @@
   };
   var SVG = "http://www.w3.org/2000/svg";
 
-  function siteRoot() {
-    var config = document.getElementById("__config");
-    var base = ".";
-    if (config) {
-      try { base = JSON.parse(config.textContent).base || "."; } catch (e) { /* keep "." */ }
-    }
-    return new URL(base.replace(/\/?$/, "/"), document.baseURI);
-  }
 
   function el(tag, attrs, children) {
     var node = document.createElement(tag);
@@ -386,7 +378,7 @@
   function load(source) {
     var file = "assets/data/rounds" + (source ? "-" + source : "") + ".json";
     if (!loaded[file]) {
-      loaded[file] = fetch(new URL(file, siteRoot())).then(function (r) {
+      loaded[file] = fetch(window.minispecData(file)).then(function (r) {
         if (!r.ok) throw new Error("HTTP " + r.status);
         return r.json();
       });

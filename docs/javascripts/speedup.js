@@ -68,14 +68,6 @@
     return node;
   }
 
-  function siteRoot() {
-    var config = document.getElementById("__config");
-    var base = ".";
-    if (config) {
-      try { base = JSON.parse(config.textContent).base || "."; } catch (e) { /* keep "." */ }
-    }
-    return new URL(base.replace(/\/?$/, "/"), document.baseURI);
-  }
 
   function Explorer(root, measured) {
     this.root = root;
@@ -238,7 +230,7 @@
     var mounts = document.querySelectorAll(".ms-speedup:not([data-ready])");
     if (!mounts.length) return;
     if (!data) {
-      data = fetch(new URL("assets/data/speedup.json", siteRoot()))
+      data = fetch(window.minispecData("assets/data/speedup.json"))
         .then(function (r) { return r.ok ? r.json() : null; })
         .catch(function () { return null; });
     }
