@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 import torch
 
 import minispec as ms
 from minispec.tools import viz
+
+#: What a benchmark's times are read from: wall time, or this process's CPU time.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 WORDS = ["the", "a", "king", "queen", "doth", "speak", "my", "lord"]
 
@@ -286,12 +290,14 @@ def bench_workloads(args: argparse.Namespace) -> int:
     mode = "greedy" if args.temperature == 0 else f"sampled at T = {args.temperature}"
     print(f"minispec bench: {args.model} on the {args.prompt_set} prompt set, "
           f"{args.max_new_tokens} new tokens, {mode}, k = {args.k_ngram}, "
-          f"{torch.get_num_threads()} threads, {args.repeats} repeat(s) (+{args.warmup} warm-up)")
+          f"{torch.get_num_threads()} threads, {args.clock} clock, {args.repeats} repeat(s) "
+          f"(+{args.warmup} warm-up)")
     try:
         results = workloads.run(target, tokenizer, None if args.no_hf else resolve(args.model),
                                 tasks=tasks, max_new_tokens=args.max_new_tokens, k=args.k_ngram,
                                 repeats=args.repeats, warmup=args.warmup, drafters=drafters,
-                                prompt_set=args.prompt_set, temperature=args.temperature)
+                                prompt_set=args.prompt_set, temperature=args.temperature,
+                                clock=CLOCKS[args.clock])
     except ValueError as error:
         print(f"minispec bench: {error}", file=sys.stderr)
         return 2
@@ -484,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed forwards per shape for c and r (default 100)")
     b.add_argument("--threads", type=_threads, default=0,
                    help="torch.set_num_threads, >= 1 (default 0: torch's choice)")
+    b.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                   help="with --model: wall time, or this process's CPU time (steadier on a shared "
+                        "machine; use with --threads 1)")
     b.add_argument("--out", default="bench-results", help="directory for bench.json and bench.png")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     b.add_argument("--no-adaptive", action="store_true",

@@ -26,6 +26,7 @@ minispec's greedy, n-gram and prompt-lookup decoding against transformers' greed
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,8 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         repeats: int = 1, warmup: int = 0,
         drafters: dict[str, tuple[Callable[[], Any], int]] | None = None,
         log: Callable[[str], None] | None = print, prompt_set: str = "tasks",
-        temperature: float = 0.0) -> list[MethodResult]:
+        temperature: float = 0.0, clock: Callable[[], float] = time.perf_counter
+        ) -> list[MethodResult]:
     """Time greedy decoding of every task five ways and check that all give the same tokens.
 
     minispec ``generate``, n-gram and prompt-lookup speculation (``k`` drafts per round), and, when
@@ -191,6 +193,7 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
             minispec's methods sample (each prompt its own seed, the same for every method) and
             nothing is compared token by token (``token_equal`` is ``None``), transformers is
             not run.
+        clock: what the times are read from (``time.process_time``: this process's CPU time).
 
     Returns:
         One [`minispec.tools.bench.MethodResult`][minispec.tools.bench.MethodResult] per
@@ -214,7 +217,8 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
     methods = [m for task in sets
                for m in _minispec_methods(target, task, max_new_tokens, k, drafters, temperature)
                + (_hf_methods(call, task, k) if call is not None else [])]
-    return time_methods(methods, sets, reference, repeats=repeats, warmup=warmup, log=log)
+    return time_methods(methods, sets, reference, repeats=repeats, warmup=warmup, log=log,
+                        clock=clock)
 
 
 def _minispec_methods(target: Llama, task: str, max_new_tokens: int, k: int,
