@@ -116,7 +116,10 @@ class StepCosts:
         return draft / self._seconds(rows, 1)
 
     def _seconds(self, rows: int, tokens: int) -> float:
-        seconds = self.verify.get((bucket(rows), tokens), self.verify_seconds(rows, tokens))
+        """A measured forward as it was measured, else ``verify_seconds``' estimate."""
+        seconds = self.verify.get((bucket(rows), tokens))
+        if seconds is None:
+            seconds = self.verify_seconds(rows, tokens)
         if seconds is None:
             raise ValueError(f"no forward of {rows} x {tokens} tokens has been measured")
         return seconds
