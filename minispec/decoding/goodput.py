@@ -11,12 +11,15 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
 * [`StepCosts`][minispec.decoding.goodput.StepCosts] learns the seconds of a verify forward by
   shape ``(B rows, T tokens per row)`` and of one draft step by the number of drafting rows, from
   the engine's own steps (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
-  [`bucket`][minispec.decoding.goodput.bucket]). A bucket's first step is plain (it measures the
-  plain step); the engine's first drafting step is a full-``k`` one (real steps that emit tokens:
-  nothing is spent on calibration). After that a bucket with only its plain step measured borrows
-  the ratio of a wide to a plain step from the nearest bucket that has both, so the engine drafts
-  at a new batch size only when the plan says it pays, instead of paying a full-``k`` step at every
-  bucket to find out;
+  [`bucket`][minispec.decoding.goodput.bucket]). The engine's first ``warmup`` steps are plain
+  and not measured: a fresh engine's steps run 25-50 % slower than its later ones (measured on
+  the shipped pair at batch size 4: 6.6, 5.5, 5.3, 4.8 ms, then 4.2 ms), and a plain step priced
+  from them would make every plan with drafts look better than it is. A bucket's first measured
+  step is plain (it measures the plain step); the engine's first drafting step is a full-``k``
+  one (real steps that emit tokens: nothing is spent on calibration). After that a bucket with
+  only its plain step measured borrows the ratio of a wide to a plain step from the nearest bucket
+  that has both, so the engine drafts at a new batch size only when the plan says it pays, instead
+  of paying a full-``k`` step at every bucket to find out;
 * [`alpha_estimates`][minispec.decoding.goodput.alpha_estimates] gives each request's acceptance
   estimate: its own accepted / tested drafts, shrunk towards the pooled acceptance of all requests
   (a Beta prior), so a new request starts from what the engine has seen, plus one standard
@@ -39,6 +42,13 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   added, and plans that won by 5-9 % on paper at batch sizes 8 to 32 lost about 5 % per step in
   ``benchmarks/engine.py``. Charging the extra cost (not the whole step) keeps cheap bets: at
   batch size 1 a drafter that proposes nothing costs a plain step, so trying it costs little.
+
+The cost model prices the forwards; a step also costs what it leaves out: the drafter's Python
+work, the draft model's reads evicting the target's weights from the CPU's caches, the policy
+itself. So the plan answers to the clock: [`GoodputK`][minispec.decoding.goodput.GoodputK] keeps,
+per bucket, the seconds per emitted token of its recent drafting rounds and of its recent
+plain ones, whole rounds timed, and while drafting has been the slower of the two it runs plain,
+looking again on the same schedule as a plan of no drafts (after 8, 16, 32, ... steps).
 
 The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
 (``Engine.k_choices``).
@@ -289,27 +299,31 @@ class GoodputK:
 
     Args:
         k_max: the most drafts a request may take (the engine's ``k``).
+        warmup: the first steps, plain and not measured (module docstring).
 
     Attributes:
         costs: the measured [`StepCosts`][minispec.decoding.goodput.StepCosts].
         choices: the latest [`KChoice`][minispec.decoding.goodput.KChoice] records, one per step.
     """
 
-    def __init__(self, k_max: int) -> None:
-        self.k_max, self.costs = k_max, StepCosts()
+    def __init__(self, k_max: int, warmup: int = 4) -> None:
+        self.k_max, self.warmup, self.costs = k_max, warmup, StepCosts()
         self.choices: deque[KChoice] = deque(maxlen=10_000)
         self.accepted = self.tested = 0             # drafts, pooled over all requests
         self.asked: dict[str, list[int]] = {}       # request -> [rounds asked to draft, proposed]
         self.proposals = [0, 0]                     # the same, pooled over all requests
         self.retry: dict[int, tuple[int, int]] = {}  # bucket -> (step to draft again, interval)
         self.steps = 0
+        # bucket -> {drafted?: seconds per emitted token of the latest rounds}, whole rounds timed
+        self.realized: dict[int, dict[bool, deque[float]]] = {}
 
     def choose(self, requests: list[tuple[str, int, int]], caps: list[int],
                fixed: list[bool] | None = None) -> list[int]:
         """Each request's ``k`` this step. ``requests[b]``: (id, drafts accepted, drafts tested);
         ``caps[b]``: its most drafts this round; ``fixed[b]``: it drafts ``caps[b]`` whatever the
         plan (a seeded sampled request, whose tokens must not depend on the batch). While the
-        costs at this batch size are unknown, a plain step and a full step measure them."""
+        costs at this batch size are unknown, a plain step and a full step measure them; the
+        first ``warmup`` steps are plain."""
         self.steps += 1
         if not any(caps):
             return caps
@@ -317,9 +331,14 @@ class GoodputK:
         alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled)
         choice = choose_ks(alphas, caps, self.k_max, self.costs,
                            proposal_rates=self.proposal_rates([r for r, _, _ in requests]))
-        if choice is None:                        # explore: measure a plain step, then a full one
+        if self.steps <= self.warmup:             # warm-up: plain, not measured
+            choice = KChoice(len(caps), [0] * len(caps), alphas, {})
+        elif choice is None:                        # explore: measure a plain step, then a full one
             plain_known = self.costs.verify_seconds(len(caps), 1) is not None
             choice = KChoice(len(caps), caps if plain_known else [0] * len(caps), alphas, {})
+        elif any(choice.ks) and self.drafting_lost(len(caps)) and not self.time_to_retry(
+                bucket(len(caps))):
+            choice = dataclasses.replace(choice, ks=[0] * len(caps))    # the clock says no
         elif not any(choice.ks) and self.time_to_retry(bucket(len(caps))):
             # look again (acceptance drifts) with the cheapest round that measures it: one draft
             choice = KChoice(len(caps), [min(c, 1) for c in caps], alphas, {})
@@ -348,11 +367,28 @@ class GoodputK:
         self.retry[rows] = (self.steps + 2 * interval, 2 * interval)
         return True
 
+    def drafting_lost(self, rows: int, window: int = 3) -> bool:
+        """Whether this bucket's recent drafting rounds emitted a token more slowly than its
+        recent plain ones (means of the latest rounds, ``window`` of each at least)."""
+        seen = self.realized.get(bucket(rows), {})
+        drafting, plain = seen.get(True, ()), seen.get(False, ())
+        if len(drafting) < window or len(plain) < window:
+            return False
+        return sum(drafting) / len(drafting) > sum(plain) / len(plain)
+
     def learn(self, request_ids: list[str], ks: list[int], drafted: list[int],
-              accepted: list[int | None], draft_s: float, verify_s: float) -> None:
+              accepted: list[int | None], draft_s: float, verify_s: float,
+              round_s: float | None = None, emitted: int = 0) -> None:
         """Feed one step's measured costs and outcomes (``accepted[b]`` is ``None`` for a row that
-        failed). Acceptance is counted over the drafts proposed; how often a drafter proposes
-        anything when asked is counted apart (an n-gram table without a match proposes nothing)."""
+        failed; ``round_s``: the whole round, choice included, which emitted ``emitted`` tokens).
+        Acceptance is counted over the drafts proposed; how often a drafter proposes anything
+        when asked is counted apart (an n-gram table without a match proposes nothing). The
+        warm-up steps teach nothing."""
+        if self.steps <= self.warmup:
+            return
+        if round_s is not None and emitted > 0:
+            arms = self.realized.setdefault(bucket(len(ks)), {})
+            arms.setdefault(any(drafted), deque(maxlen=8)).append(round_s / emitted)
         self.costs.record_verify(len(ks), 1 + max(drafted, default=0), verify_s)
         self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
         for rid, k, d, a in zip(request_ids, ks, drafted, accepted, strict=True):
