@@ -126,7 +126,10 @@ def test_the_warmup_steps_are_plain_and_teach_nothing():
         assert policy.choose([("a", 0, 0)], [4]) == [0]
         policy.learn(["a"], [0], [0], [0], 0.0, 9.0, round_s=9.0, emitted=1)
     assert policy.costs.verify == {} and policy.realized == {}
-    assert policy.choose([("a", 0, 0)], [4]) == [0]       # the first measured step: plain
+    for _ in range(2):                                      # two measured plain steps
+        assert policy.choose([("a", 0, 0)], [4]) == [0]
+        policy.learn(["a"], [0], [0], [0], 0.0, 1.0, round_s=1.0, emitted=1)
+    assert policy.choose([("a", 0, 0)], [4]) == [4]       # then a full step measures drafting
 
 
 def test_the_clock_overrules_a_plan_when_drafting_emits_more_slowly():
@@ -134,14 +137,19 @@ def test_the_clock_overrules_a_plan_when_drafting_emits_more_slowly():
     policy = GoodputK(4, warmup=0)
     policy.costs = costs_with(lambda t: 1.0, 0.01, rows=1)
     request = [("a", 40, 40)]                               # accepts everything
-    assert policy.choose(request, [4]) == [4]
-    for _ in range(3):                 # drafting: 1 s per token; plain: 0.5 s per token
-        policy.learn(["a"], [4], [4], [4], 0.04, 1.0, round_s=5.0, emitted=5)
+    for _ in range(2):
+        policy.choose(request, [4])
         policy.learn(["a"], [0], [0], [0], 0.0, 1.0, round_s=0.5, emitted=1)
+    assert policy.choose(request, [4]) == [4]
+    for _ in range(7):                 # drafting: 1 s per token; the first is not counted
+        policy.learn(["a"], [4], [4], [4], 0.04, 1.0, round_s=5.0, emitted=5)
+    for _ in range(3):                 # plain: 0.5 s per token
+        policy.learn(["a"], [0], [0], [0], 0.0, 1.0, round_s=0.5, emitted=1)
+    assert [len(v) for v in policy.realized[1].values()] == [5, 6]
     assert policy.drafting_lost(1)
     ks = [policy.choose(request, [4])[0] for _ in range(40)]
     assert ks[0] == 0 and 1 <= ks.count(4) <= 3 and ks.count(4) + ks.count(0) == 40  # retries
-    for _ in range(8):                 # drafting turned fast: the clock lets the plan run again
+    for _ in range(12):                # drafting turned fast: the clock lets the plan run again
         policy.learn(["a"], [4], [4], [4], 0.04, 1.0, round_s=1.0, emitted=5)
     assert not policy.drafting_lost(1) and policy.choose(request, [4]) == [4]
 

@@ -14,9 +14,13 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   [`bucket`][minispec.decoding.goodput.bucket]). The engine's first ``warmup`` steps are plain
   and not measured: a fresh engine's steps run 25-50 % slower than its later ones (measured on
   the shipped pair at batch size 4: 6.6, 5.5, 5.3, 4.8 ms, then 4.2 ms), and a plain step priced
-  from them would make every plan with drafts look better than it is. A bucket's first measured
-  step is plain (it measures the plain step); the engine's first drafting step is a full-``k``
-  one (real steps that emit tokens: nothing is spent on calibration). After that a bucket with
+  from them would make every plan with drafts look better than it is. A bucket's first two measured
+  steps are plain (they measure the plain step, for the plan and for the clock below); the
+  engine's first two drafting steps are full-``k``
+  ones (real steps that emit tokens: nothing is spent on calibration). A draft step is timed only
+  when the step before it drafted too: after plain steps a draft model first catches up on their
+  tokens (on the first drafting step, on every prompt), which is the price of looking again, not
+  of a draft. After that a bucket with
   only its plain step measured borrows the ratio of a wide to a plain step from the nearest bucket
   that has both, so the engine drafts at a new batch size only when the plan says it pays, instead
   of paying a full-``k`` step at every bucket to find out;
@@ -46,9 +50,10 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
 The cost model prices the forwards; a step also costs what it leaves out: the drafter's Python
 work, the draft model's reads evicting the target's weights from the CPU's caches, the policy
 itself. So the plan answers to the clock: [`GoodputK`][minispec.decoding.goodput.GoodputK] keeps,
-per bucket, the seconds per emitted token of its recent drafting rounds and of its recent
+per bucket, the seconds and the emitted tokens of its latest drafting rounds and of its latest
 plain ones, whole rounds timed, and while drafting has been the slower of the two it runs plain,
-looking again on the same schedule as a plan of no drafts (after 8, 16, 32, ... steps).
+looking again on the same schedule as a plan of no drafts (after 8, 16, 32, ... steps). A drafting
+round right after plain ones is left out, as from the draft costs: its drafter catches up first.
 
 The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
 (``Engine.k_choices``).
@@ -279,6 +284,10 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     return KChoice(B, ks, list(alphas), goodput, list(rates))
 
 
+def _per_token(rounds: deque[tuple[float, int]]) -> float:
+    return sum(s for s, _ in rounds) / sum(n for _, n in rounds)
+
+
 def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
@@ -313,9 +322,9 @@ class GoodputK:
         self.asked: dict[str, list[int]] = {}       # request -> [rounds asked to draft, proposed]
         self.proposals = [0, 0]                     # the same, pooled over all requests
         self.retry: dict[int, tuple[int, int]] = {}  # bucket -> (step to draft again, interval)
-        self.steps = 0
-        # bucket -> {drafted?: seconds per emitted token of the latest rounds}, whole rounds timed
-        self.realized: dict[int, dict[bool, deque[float]]] = {}
+        self.steps, self.drafted_last = 0, False
+        # bucket -> {drafted?: (seconds, tokens emitted) of the latest rounds}, whole rounds timed
+        self.realized: dict[int, dict[bool, deque[tuple[float, int]]]] = {}
 
     def choose(self, requests: list[tuple[str, int, int]], caps: list[int],
                fixed: list[bool] | None = None) -> list[int]:
@@ -331,11 +340,12 @@ class GoodputK:
         alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled)
         choice = choose_ks(alphas, caps, self.k_max, self.costs,
                            proposal_rates=self.proposal_rates([r for r, _, _ in requests]))
-        if self.steps <= self.warmup:             # warm-up: plain, not measured
+        plain_seen = len(self.realized.get(bucket(len(caps)), {}).get(False, ()))
+        if self.steps <= self.warmup or plain_seen < 2:   # warm-up, then two measured plain steps
             choice = KChoice(len(caps), [0] * len(caps), alphas, {})
-        elif choice is None:                        # explore: measure a plain step, then a full one
-            plain_known = self.costs.verify_seconds(len(caps), 1) is not None
-            choice = KChoice(len(caps), caps if plain_known else [0] * len(caps), alphas, {})
+        elif choice is None or not self.costs.draft:
+            # explore: full steps measure the costs (two: the first one's draft time is not kept)
+            choice = KChoice(len(caps), caps, alphas, {})
         elif any(choice.ks) and self.drafting_lost(len(caps)) and not self.time_to_retry(
                 bucket(len(caps))):
             choice = dataclasses.replace(choice, ks=[0] * len(caps))    # the clock says no
@@ -367,14 +377,16 @@ class GoodputK:
         self.retry[rows] = (self.steps + 2 * interval, 2 * interval)
         return True
 
-    def drafting_lost(self, rows: int, window: int = 3) -> bool:
-        """Whether this bucket's recent drafting rounds emitted a token more slowly than its
-        recent plain ones (means of the latest rounds, ``window`` of each at least)."""
+    def drafting_lost(self, rows: int, window: int = 6) -> bool:
+        """Whether this bucket's recent drafting rounds emitted tokens more slowly than its recent
+        plain ones: seconds over tokens, summed over the latest rounds of each kind (``window``
+        drafting rounds at least). Sums, not a mean of each round's ratio: a drafting round that
+        emits one token is slow and one that emits five is fast, and what pays is their total."""
         seen = self.realized.get(bucket(rows), {})
         drafting, plain = seen.get(True, ()), seen.get(False, ())
-        if len(drafting) < window or len(plain) < window:
+        if len(drafting) < window or not plain:
             return False
-        return sum(drafting) / len(drafting) > sum(plain) / len(plain)
+        return _per_token(drafting) > _per_token(plain)
 
     def learn(self, request_ids: list[str], ks: list[int], drafted: list[int],
               accepted: list[int | None], draft_s: float, verify_s: float,
@@ -386,11 +398,13 @@ class GoodputK:
         warm-up steps teach nothing."""
         if self.steps <= self.warmup:
             return
-        if round_s is not None and emitted > 0:
+        if round_s is not None and emitted > 0 and (self.drafted_last or not any(ks)):
             arms = self.realized.setdefault(bucket(len(ks)), {})
-            arms.setdefault(any(drafted), deque(maxlen=8)).append(round_s / emitted)
+            arms.setdefault(any(drafted), deque(maxlen=16)).append((round_s, emitted))
         self.costs.record_verify(len(ks), 1 + max(drafted, default=0), verify_s)
-        self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
+        if self.drafted_last:        # else the drafter caught up on the plain steps' tokens
+            self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
+        self.drafted_last = any(ks)
         for rid, k, d, a in zip(request_ids, ks, drafted, accepted, strict=True):
             if a is not None and k > 0:
                 self.accepted += a
