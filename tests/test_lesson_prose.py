@@ -40,6 +40,8 @@ ALLOWED = {
     ("05", "\\alpha = 0.75"): "Leviathan et al.'s Table 2, the published point section 8 checks",
     ("06", "\\alpha = 0.5"): "an input at which the chapter's table is evaluated",
     ("06", "\\alpha = 0.7"): "an input at which the chapter's table is evaluated",
+    ("08", "c = 1.24"): "published parameter counts (Llama-3.2-1B over Llama-3.1-8B), the GPU "
+                        "prediction's input",
     ("10", "1.4×"): "the bound the cell's assert checks",
     ("11", "3x"): "the bound the cell's assert checks",
     ("11", "1.15x"): "the bound the cell's assert checks",
