@@ -48,10 +48,8 @@ from minispec.models.llama import (
     Llama,
     ModelConfig,
     TreeAttention,
-    attention_mask,
-    non_keys,
+    attention_plan,
     rope_tables,
-    tree_attention_mask,
 )
 
 __all__ = ["EagleHead", "load_head", "save_head"]
@@ -168,15 +166,8 @@ class EagleHead(nn.Module):
         index = positions.clamp(min=0)
         cos = self.rope_cos[index].to(h.dtype).unsqueeze(2)                     # (B, T, 1, hd)
         sin = self.rope_sin[index].to(h.dtype).unsqueeze(2)
-        plan, key_positions = None, positions
-        if cache is not None:
-            plan = cache.prepare(slots, positions if tree is None else tree.storage)
-            key_positions = plan.key_positions                                  # (B, S)
-        if tree is None:
-            mask = attention_mask(positions, key_positions)                     # (B, 1, T, S)
-        else:
-            mask = tree_attention_mask(tree, key_positions)                     # (B, 1, T, S)
-        h = self.layer(h, cos, sin, mask, cache, plan, non_keys(key_positions))
+        plan, mask, drop = attention_plan(positions, cache, slots, tree)        # (B, 1, T, S)
+        h = self.layer(h, cos, sin, mask, cache, plan, drop)
         if cache is not None:
             cache.commit(plan)
         feature = target.norm(h)                                                # (B, T, D)
