@@ -30,7 +30,7 @@ n_h query heads, n_kv key/value heads, hd head dim.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -101,24 +101,10 @@ class ModelConfig:
         if "type" in rope and "rope_type" not in rope:  # older spelling
             rope["rope_type"] = rope.pop("type")
         rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
-        return cls(
-            vocab_size=config["vocab_size"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=config["num_attention_heads"],
-            num_key_value_heads=config.get("num_key_value_heads"),
-            head_dim=config.get("head_dim"),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
-            mlp_bias=config.get("mlp_bias", False),
-            bos_token_id=config.get("bos_token_id"),
-            eos_token_id=config.get("eos_token_id"),
-        )
+        # every other field is the config.json key of the same name (absent: the default here)
+        names = {f.name for f in fields(cls)} - {"rope_theta", "rope_scaling"}
+        return cls(**{name: config[name] for name in names if name in config},
+                   rope_theta=float(rope_theta), rope_scaling=rope_scaling)
 
 
 # ---------------------------------------------------------------------------------------- RoPE
