@@ -89,22 +89,24 @@ class NGramDrafter:
                         del self.counts[ctx]
         self.history.popleft()
 
+    def continuations(self, history: list[int], b: int) -> list[int]:
+        """Up to ``b`` distinct tokens that followed the longest known suffix of ``history``,
+        most frequent first (the most recent on ties)."""
+        for n in range(min(self.max_order - 1, len(history)), 0, -1):
+            ctx = tuple(history[-n:])
+            row = self.counts.get(ctx)
+            if row:
+                order = sorted(row, key=lambda t: (row[t], self.last_seen[(ctx, t)]), reverse=True)
+                return order[:b]
+        return []
+
     def predict(self, k: int) -> list[int]:
         """Chain up to ``k`` most-frequent continuations, longest context first."""
         tentative = self._tail()
         out: list[int] = []
-        for _ in range(k):
-            token = None
-            for n in range(min(self.max_order - 1, len(tentative)), 0, -1):
-                row = self.counts.get(tuple(tentative[-n:]))
-                if row:
-                    ctx = tuple(tentative[-n:])
-                    token = max(row, key=lambda t: (row[t], self.last_seen[(ctx, t)]))
-                    break
-            if token is None:
-                break
-            out.append(token)
-            tentative.append(token)
+        while len(out) < k and (best := self.continuations(tentative, 1)):
+            out += best
+            tentative += best
         return out
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
