@@ -361,13 +361,6 @@ class TreeProposal:
         """Whether every node has at most one draw (Algorithm 1's case)."""
         return all(len(d) <= 1 for d in self.draws)
 
-    def chain_drafts(self) -> tuple[list[int], Tensor | None]:
-        """A chain's drafts ``[k]`` and their ``q`` rows ``[k, V]`` (``None`` when one-hot)."""
-        nodes = self.tree.draft_nodes[0] if self.tree.draft_nodes else []
-        qs = [self.draws[i - 1][0][1] for i in nodes]
-        probs = torch.stack(qs) if qs and all(q is not None for q in qs) else None
-        return [self.tree.tokens[i] for i in nodes], probs
-
     @classmethod
     def chain(cls, root: int, tokens: Sequence[int], probs: Tensor | None = None) -> TreeProposal:
         """The chain ``root -> tokens[0] -> tokens[1] ...``; ``probs`` ``[k, V]`` or ``None``."""
