@@ -163,18 +163,16 @@ class LevelTreeDrafter(SingleTreeDrafter):
         """Feed one depth of nodes at RoPE ``position``; each sees the committed ``start``
         positions and its fed ancestors. The drafter's logits at each node: ``(F, V)``."""
         first = start + len(self.storage)
-        for i, node in enumerate(frontier):
-            self.storage[node] = first + i
+        self.storage.update({node: first + i for i, node in enumerate(frontier)})
         width = len(self.storage)                    # tree positions start .. start + width - 1
         mask = torch.zeros(1, len(frontier), width, dtype=torch.bool)
         for row, node in enumerate(frontier):
             while node != 0:                         # the node and its fed ancestors
                 mask[0, row, self.storage[node] - start] = True
                 node = parents[node]
-        storage = torch.arange(first, first + len(frontier))[None]
         device = self.cache.device
-        tree = TreeAttention(storage.to(device), torch.tensor([start], device=device),
-                             mask.to(device))
+        storage = torch.arange(first, first + len(frontier), device=device)[None]  # (1, F)
+        tree = TreeAttention(storage, torch.tensor([start], device=device), mask.to(device))
         self.forwards += 1
         return self._forward_level(frontier, parents, tokens, [position] * len(frontier), tree)
 
