@@ -151,6 +151,19 @@ class KVCache(ABC):
     table: SequenceTable
     num_layers: int
 
+    @classmethod
+    def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None, extra: int = 0,
+                  **settings):
+        """A cache of this kind shaped for ``model`` (a ``minispec.models.llama.Llama``), on its
+        device and dtype.
+
+        ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings;
+        ``settings`` are the kind's own (a paged cache's ``block_size`` and ``num_blocks``,
+        which defaults to enough blocks for ``num_slots`` full sequences).
+        """
+        return cls(num_slots=num_slots, **cache_args_for_model(model, max_seq_len, extra),
+                   **settings)
+
     @property
     def max_seq_len(self) -> int:
         """Most positions one sequence can hold."""
@@ -368,15 +381,6 @@ class ContiguousKVCache(KVCache):
         self.table = SequenceTable(num_slots, max_seq_len)
         self.num_layers = num_layers
         self._allocate_stores(num_slots, max_seq_len, num_kv_heads, head_dim, device, dtype)
-
-    @classmethod
-    def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None, extra: int = 0):
-        """A cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device and
-        dtype.
-
-        ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings.
-        """
-        return cls(num_slots=num_slots, **cache_args_for_model(model, max_seq_len, extra))
 
     def flat_index(self, slot: int, positions: list[int]) -> list[int]:
         """``slot * max_seq_len + position``: slots are rows of ``max_seq_len`` positions."""

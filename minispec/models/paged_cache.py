@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from minispec.models.block_manager import BlockManager
-from minispec.models.kv_cache import ForwardPlan, KVCache, SequenceTable, cache_args_for_model
+from minispec.models.kv_cache import ForwardPlan, KVCache, SequenceTable
 
 __all__ = ["PagedKVCache", "PagedPlan"]
 
@@ -73,19 +73,6 @@ class PagedKVCache(KVCache):
         self.blocks = BlockManager(num_blocks, block_size)  # keyed by slot
         self.num_layers = num_layers
         self._allocate_stores(num_blocks, block_size, num_kv_heads, head_dim, device, dtype)
-
-    @classmethod
-    def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None,
-                  block_size: int = 16, num_blocks: int | None = None, extra: int = 0
-                  ) -> PagedKVCache:
-        """A paged cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device
-        and dtype.
-
-        ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings;
-        ``num_blocks`` defaults to enough blocks for ``num_slots`` full sequences.
-        """
-        return cls(num_slots=num_slots, block_size=block_size, num_blocks=num_blocks,
-                   **cache_args_for_model(model, max_seq_len, extra))
 
     # ------------------------------------------------------------------ bookkeeping
 
