@@ -44,8 +44,8 @@ from minispec.models.kv_cache import ContiguousKVCache, KVCache
 from minispec.models.llama import Llama, ModelConfig
 
 __all__ = ["DRAFTERS", "Draft", "Drafter", "ModelDrafter", "NGramDrafter", "PerRequestDrafter",
-           "PromptLookupDrafter", "as_drafter", "check_compatible", "choose_drafts", "draft_rows",
-           "keeps_cache", "mark_fed"]
+           "PromptLookupDrafter", "as_drafter", "as_drafts", "check_compatible", "choose_drafts",
+           "common_prefix", "draft_rows", "keeps_cache", "mark_fed"]
 
 #: Deterministic drafters made by name, one per request.
 DRAFTERS: dict[str, Callable[[], Any]] = {"ngram": NGramDrafter,

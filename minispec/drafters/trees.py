@@ -51,7 +51,7 @@ from minispec.models.kv_cache import ContiguousKVCache, cache_args_for_model
 from minispec.models.llama import Llama, TreeAttention
 
 __all__ = ["EagleTreeDrafter", "LevelTreeDrafter", "NGramTreeDrafter", "SuffixTreeDrafter",
-           "TreeDrafter", "TreeModelDrafter", "as_tree_drafter", "check_branching"]
+           "TreeDrafter", "TreeModelDrafter", "as_tree_drafter", "check_branching", "grow_tree"]
 
 
 #: The most nodes (root included) a draft tree may have. The target scores every node in one
