@@ -54,6 +54,9 @@ from minispec.models.llama import (
 
 __all__ = ["EagleHead", "load_head", "save_head"]
 
+#: The target's shape a head is made for: ``bind`` refuses a target that differs in one of them.
+SHAPE = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
 
 class EagleHead(nn.Module):
     """The head's own weights, plus references to the target's frozen embedding, norm and LM head.
@@ -96,8 +99,7 @@ class EagleHead(nn.Module):
             ValueError: the target's shape differs from the one the head was made for.
         """
         c, t = self.config, target.config
-        for field in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
-                      "head_dim"):
+        for field in SHAPE:
             if getattr(c, field) != getattr(t, field):
                 raise ValueError(f"this head was made for a target with "
                                  f"{field}={getattr(c, field)}, "
@@ -243,9 +245,8 @@ def load_head(directory: str | Path, target: Llama) -> EagleHead:
         raise FileNotFoundError(f"{directory} holds no EAGLE head: {', '.join(missing)} missing")
     saved = json.loads((directory / CONFIG).read_text())["target_config"]
     tensors = load_file(str(directory / WEIGHTS))
-    config = dataclasses.replace(target.config, **{
-        k: saved[k] for k in ("hidden_size", "vocab_size", "num_attention_heads",
-                              "num_key_value_heads", "head_dim", "intermediate_size")})
+    shape = {k: saved[k] for k in (*SHAPE, "intermediate_size")}
+    config = dataclasses.replace(target.config, **shape)
     head = EagleHead(config, vocab=tensors["vocab"])
     head.bind(target)                                   # raises on a target of another shape
     head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v
