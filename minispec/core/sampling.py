@@ -111,11 +111,9 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def probs_from_logits(
-    logits: Tensor,
-    params: SamplingParams,
-    context_ids: Sequence[int] | Sequence[Sequence[int]] | Tensor | None = None,
-) -> Tensor:
+def probs_from_logits(logits: Tensor, params: SamplingParams,
+                      context_ids: Sequence[int] | Sequence[Sequence[int]] | Tensor | None = None
+                      ) -> Tensor:
     """Leviathan §2.2's standardized sampling: the adjusted distribution for ``logits``.
 
     Args:
@@ -209,9 +207,9 @@ def probs_for_rows(logits: Tensor, params: Sequence[SamplingParams],
     return out
 
 
-def apply_repetition_penalty(
-    logits: Tensor, context_ids: Sequence[int] | Sequence[Sequence[int]] | Tensor, penalty: float
-) -> Tensor:
+def apply_repetition_penalty(logits: Tensor,
+                             context_ids: Sequence[int] | Sequence[Sequence[int]] | Tensor,
+                             penalty: float) -> Tensor:
     """CTRL's repetition penalty (Keskar et al., 2019) on ``[..., V]`` logits.
 
     A token seen in the context has its logit divided by ``penalty`` when positive and multiplied

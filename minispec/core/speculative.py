@@ -26,19 +26,9 @@ from torch import Tensor
 
 from minispec.core.sampling import one_hot, sample
 
-__all__ = [
-    "Draft",
-    "GreedyVerdict",
-    "Verdict",
-    "accepts",
-    "check_probs",
-    "residual",
-    "speculative_sample",
-    "speculative_sample_batch",
-    "verify",
-    "verify_batch",
-    "verify_greedy",
-]
+__all__ = ["Draft", "GreedyVerdict", "Verdict", "accepts", "check_probs", "residual",
+           "speculative_sample", "speculative_sample_batch", "verify", "verify_batch",
+           "verify_greedy"]
 
 Generators = torch.Generator | Sequence[torch.Generator] | None  # one shared, or one per row
 
@@ -79,9 +69,7 @@ def check_probs(probs: Tensor, name: str, atol: float = 1e-4) -> None:
         raise ValueError(f"{name} contains NaN")
     if (probs < 0).any():
         raise ValueError(f"{name} has negative probabilities (min {probs.min().item():.3g})")
-    raise ValueError(
-        f"{name} rows must sum to 1; worst row is off by {row_error.max().item():.3g}"
-    )
+    raise ValueError(f"{name} rows must sum to 1; worst row is off by {row_error.max().item():.3g}")
 
 
 def residual(p: Tensor, q: Tensor) -> Tensor:
@@ -122,9 +110,8 @@ def accepts(u: Tensor, p_x: Tensor, q_x: Tensor) -> Tensor:
     return u * q_x < p_x
 
 
-def speculative_sample(
-    p: Tensor, q: Tensor, generator: torch.Generator | None = None
-) -> tuple[int, bool]:
+def speculative_sample(p: Tensor, q: Tensor, generator: torch.Generator | None = None
+                       ) -> tuple[int, bool]:
     """One token of speculative sampling: propose from ``q``, keep it or resample (Stratos §1).
 
     Args:
@@ -144,9 +131,8 @@ def speculative_sample(
     return int(sample(_residual(p, q), generator)), False
 
 
-def speculative_sample_batch(
-    p: Tensor, q: Tensor, num_samples: int, generator: torch.Generator | None = None
-) -> tuple[Tensor, Tensor]:
+def speculative_sample_batch(p: Tensor, q: Tensor, num_samples: int,
+                             generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """``num_samples`` independent runs of
     [`speculative_sample`][minispec.core.speculative.speculative_sample], vectorised.
 
@@ -228,15 +214,9 @@ def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
     return GreedyVerdict(list(draft_tokens[:accepted]) + [target_argmax[accepted]], accepted)
 
 
-def verify(
-    draft_tokens: Sequence[int] | Tensor,
-    draft_probs: Tensor | None,
-    target_probs: Tensor,
-    generator: torch.Generator | None = None,
-    *,
-    greedy: bool | None = None,
-    uniforms: Tensor | None = None,
-) -> Verdict:
+def verify(draft_tokens: Sequence[int] | Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+           generator: torch.Generator | None = None, *, greedy: bool | None = None,
+           uniforms: Tensor | None = None) -> Verdict:
     """Algorithm 1's accept loop for one sequence (Leviathan et al. 2023, §2.3), written as the
     loop.
 
@@ -265,10 +245,8 @@ def verify(
         draft_tokens = torch.tensor(list(draft_tokens), dtype=torch.long,
                                     device=target_probs.device)
     if draft_tokens.ndim != 1 or target_probs.ndim != 2:
-        raise ValueError(
-            f"verify expects draft_tokens [k] and target_probs [k+1, V], got "
-            f"{tuple(draft_tokens.shape)} and {tuple(target_probs.shape)}"
-        )
+        raise ValueError(f"verify expects draft_tokens [k] and target_probs [k+1, V], got "
+                         f"{tuple(draft_tokens.shape)} and {tuple(target_probs.shape)}")
     _check_verify_inputs(draft_tokens[None], None if draft_probs is None else draft_probs[None],
                          target_probs[None], None if uniforms is None else uniforms[None])
     p, q, drafts = target_probs, draft_probs, draft_tokens.tolist()              # p (k+1, V)
@@ -295,15 +273,9 @@ def verify(
     return Verdict(tokens=drafts[:i] + [last], num_accepted=i, num_drafts=k, final_probs=final)
 
 
-def verify_batch(
-    draft_tokens: Tensor,
-    draft_probs: Tensor | None,
-    target_probs: Tensor,
-    generators: Generators = None,
-    *,
-    greedy: bool | Sequence[bool] | None = None,
-    uniforms: Tensor | None = None,
-) -> list[Verdict]:
+def verify_batch(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                 generators: Generators = None, *, greedy: bool | Sequence[bool] | None = None,
+                 uniforms: Tensor | None = None) -> list[Verdict]:
     """[`verify`][minispec.core.speculative.verify]'s loop for ``B`` rows at once, on tensors.
 
     The same steps, each on a ``(B, k)`` or ``(B, V)`` tensor: test every draft (``u_i <
@@ -363,9 +335,8 @@ def verify_batch(
     return [Verdict(drafts[b][: counts[b]] + [last[b]], counts[b], k, final[b]) for b in range(B)]
 
 
-def _check_verify_inputs(
-    draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor, uniforms: Tensor | None
-) -> tuple[int, int]:
+def _check_verify_inputs(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                         uniforms: Tensor | None) -> tuple[int, int]:
     """Validate shapes and distributions of a batched verify; return ``(B, k)``."""
     if draft_tokens.ndim != 2 or target_probs.ndim != 3:
         raise ValueError(f"expected draft_tokens [B, k] and target_probs [B, k+1, V], got "

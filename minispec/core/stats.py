@@ -117,10 +117,8 @@ class SpecStats:
     def summary(self) -> str:
         """Two lines for terminals: tokens per target forward and acceptance, then the time
         split."""
-        return (
-            f"{self.new_tokens} tokens in {self.rounds} target forwards "
-            f"({self.tokens_per_target_forward:.2f} tokens/forward), k={self.k}, "
-            f"acceptance {self.acceptance_rate:.3f}\n"
-            f"time {self.total_time * 1e3:.1f} ms (draft {self.draft_time * 1e3:.1f}, "
-            f"verify {self.verify_time * 1e3:.1f}, other {self.other_time * 1e3:.1f})"
-        )
+        return (f"{self.new_tokens} tokens in {self.rounds} target forwards "
+                f"({self.tokens_per_target_forward:.2f} tokens/forward), k={self.k}, "
+                f"acceptance {self.acceptance_rate:.3f}\n"
+                f"time {self.total_time * 1e3:.1f} ms (draft {self.draft_time * 1e3:.1f}, "
+                f"verify {self.verify_time * 1e3:.1f}, other {self.other_time * 1e3:.1f})")

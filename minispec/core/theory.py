@@ -21,16 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = [
-    "acceptance_rate",
-    "expected_accepted",
-    "expected_tokens",
-    "lk_divergence",
-    "min_speedup_gamma1",
-    "ops_factor",
-    "optimal_gamma",
-    "walltime_speedup",
-]
+__all__ = ["acceptance_rate", "expected_accepted", "expected_tokens", "lk_divergence",
+           "min_speedup_gamma1", "ops_factor", "optimal_gamma", "walltime_speedup"]
 
 VerifyCost = float | Callable[[int], float]
 
@@ -96,13 +88,6 @@ def expected_accepted(alpha: float, gamma: int) -> float:
     return sum(alpha**i for i in range(1, gamma + 1))
 
 
-def _verify_cost(r: VerifyCost, gamma: int) -> float:
-    cost = r(gamma) if callable(r) else r
-    if cost <= 0:
-        raise ValueError(f"verify cost r must be > 0, got {cost}")
-    return float(cost)
-
-
 def walltime_speedup(alpha: float, gamma: int, c: float, r: VerifyCost = 1.0) -> float:
     """Expected walltime improvement over plain decoding (Theorem 3.8, extended with ``r``).
 
@@ -120,7 +105,10 @@ def walltime_speedup(alpha: float, gamma: int, c: float, r: VerifyCost = 1.0) ->
     """
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
-    return expected_tokens(alpha, gamma) / (gamma * c + _verify_cost(r, gamma))
+    cost = r(gamma) if callable(r) else r
+    if cost <= 0:
+        raise ValueError(f"verify cost r must be > 0, got {cost}")
+    return expected_tokens(alpha, gamma) / (gamma * c + float(cost))
 
 
 def optimal_gamma(alpha: float, c: float, r: VerifyCost = 1.0, max_gamma: int = 64) -> int:

@@ -78,14 +78,9 @@ class IterativeResult:
     accept_probs: list[float]
 
 
-def iterative_speculative_sample(
-    p: Tensor,
-    qs: Tensor,
-    generator: torch.Generator | None = None,
-    *,
-    proposals: Sequence[int] | None = None,
-    uniforms: Iterable[float] | None = None,
-) -> IterativeResult:
+def iterative_speculative_sample(p: Tensor, qs: Tensor, generator: torch.Generator | None = None,
+                                 *, proposals: Sequence[int] | None = None,
+                                 uniforms: Iterable[float] | None = None) -> IterativeResult:
     """Iterative speculative sampling with proposals ``q_1..q_K`` (Stratos §2).
 
     Args:
@@ -202,15 +197,9 @@ class TreeVerdict:
         return len(self.path)
 
 
-def verify_tree(
-    tree: DraftTree,
-    target_probs: Tensor,
-    draft_probs: Sequence[Tensor] | None = None,
-    generator: torch.Generator | None = None,
-    *,
-    greedy: bool | None = None,
-    uniforms: Iterable[float] | None = None,
-) -> TreeVerdict:
+def verify_tree(tree: DraftTree, target_probs: Tensor, draft_probs: Sequence[Tensor] | None = None,
+                generator: torch.Generator | None = None, *, greedy: bool | None = None,
+                uniforms: Iterable[float] | None = None) -> TreeVerdict:
     """Verify a tree of drafts against the target: SpecInfer's rule, or greedy (Stratos §2.1,
     App. A).
 
@@ -253,14 +242,9 @@ def verify_tree(
     return verify_proposal(proposal, target_probs, generator, greedy=greedy, uniforms=uniforms)
 
 
-def verify_proposal(
-    proposal: TreeProposal,
-    target_probs: Tensor,
-    generator: torch.Generator | None = None,
-    *,
-    greedy: bool | None = None,
-    uniforms: Iterable[float] | None = None,
-) -> TreeVerdict:
+def verify_proposal(proposal: TreeProposal, target_probs: Tensor,
+                    generator: torch.Generator | None = None, *, greedy: bool | None = None,
+                    uniforms: Iterable[float] | None = None) -> TreeVerdict:
     """Walk down a draft tree: the accept rule the decoding round runs on a tree (SpecInfer).
 
     At each node the draws made there are tried in draw order by iterative speculative sampling
@@ -376,13 +360,6 @@ class TreeProposal:
     def is_chain(self) -> bool:
         """Whether every node has at most one draw (Algorithm 1's case)."""
         return all(len(d) <= 1 for d in self.draws)
-
-    def chain_drafts(self) -> tuple[list[int], Tensor | None]:
-        """A chain's drafts ``[k]`` and their ``q`` rows ``[k, V]`` (``None`` when one-hot)."""
-        nodes = self.tree.draft_nodes[0] if self.tree.draft_nodes else []
-        qs = [self.draws[i - 1][0][1] for i in nodes]
-        probs = torch.stack(qs) if qs and all(q is not None for q in qs) else None
-        return [self.tree.tokens[i] for i in nodes], probs
 
     @classmethod
     def chain(cls, root: int, tokens: Sequence[int], probs: Tensor | None = None) -> TreeProposal:

@@ -44,8 +44,8 @@ from minispec.models.kv_cache import ContiguousKVCache, KVCache
 from minispec.models.llama import Llama, ModelConfig
 
 __all__ = ["DRAFTERS", "Draft", "Drafter", "ModelDrafter", "NGramDrafter", "PerRequestDrafter",
-           "PromptLookupDrafter", "as_drafter", "check_compatible", "choose_drafts", "draft_rows",
-           "keeps_cache", "mark_fed"]
+           "PromptLookupDrafter", "as_drafter", "as_drafts", "check_compatible", "choose_drafts",
+           "common_prefix", "draft_rows", "keeps_cache", "mark_fed"]
 
 #: Deterministic drafters made by name, one per request.
 DRAFTERS: dict[str, Callable[[], Any]] = {"ngram": NGramDrafter,
@@ -254,10 +254,7 @@ class ModelDrafter(Drafter):
                 if q is not None:
                     probs[b].append(q)
                 feeds[b] = [token]          # fed next step; the last draft of a row is never fed
-        device = self.model.device
-        return [Draft(torch.tensor(t, dtype=torch.long, device=device),
-                      torch.stack(p) if p else None)
-                for t, p in zip(tokens, probs, strict=True)]
+        return as_drafts(tokens, probs, self.model.device)
 
     def _forward(self, seqs: list[Sequence], feeds: list[list[int]]) -> Tensor:
         """Feed each row's tokens (left-padded with position -1); logits after the last
@@ -296,7 +293,7 @@ class ModelDrafter(Drafter):
             self._probe = Sequence("propose", [0], sampling)
             self._probe.draft_slot = self.cache.allocate()
         probe = self._probe
-        common = _common_prefix(self.fed, context, limit=len(context) - 1)
+        common = common_prefix(self.fed, context, limit=len(context) - 1)
         self.cache.truncate_to(probe.draft_slot, common)
         probe.prompt, probe.generated, probe.draft_len = list(context), [], common
         probe.sampling, probe.generator = sampling, generator
@@ -349,6 +346,13 @@ def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
             yield rows[r], int(sample(qs[r], seq.generator)), qs[r]
 
 
+def as_drafts(tokens: list[list[int]], probs: list[list[Tensor]], device: torch.device
+              ) -> list[Draft]:
+    """Each row's draft tokens and their ``q`` rows (none: one-hot ``q``) as a ``Draft``."""
+    return [Draft(torch.tensor(t, dtype=torch.long, device=device), torch.stack(p) if p else None)
+            for t, p in zip(tokens, probs, strict=True)]
+
+
 def draft_rows(seqs: list[Sequence], feeds: list[list[int]], width: int,
                device: torch.device) -> tuple[Tensor, Tensor]:
     """One draft-cache forward's ``(ids, positions)``, each ``(R, width)``: row ``r`` feeds
@@ -367,7 +371,7 @@ def mark_fed(seqs: list[Sequence], feeds: list[list[int]]) -> None:
         seq.stats.draft_forwards += 1
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
     if b[: len(a)] == a:            # the usual case, compared in C
         return min(len(a), limit)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
-from minispec.drafters.base import Drafter, choose_drafts, draft_rows, mark_fed
+from minispec.drafters.base import Drafter, as_drafts, choose_drafts, draft_rows, mark_fed
 from minispec.models.eagle_head import EagleHead, load_head
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
@@ -63,10 +63,6 @@ class EagleDrafter(Drafter):
         self.forwards = 0
         self.pending: dict[str, Tensor] = {}    # request -> (m, D) real features not yet fed
         self.last_fed: dict[str, Tensor] = {}   # request -> (1, D) the last one fed (for a retry)
-
-    def attach(self, cache: KVCache) -> None:
-        """Keep the head's keys and values in ``cache`` (slot ``seq.draft_slot`` per sequence)."""
-        self.cache = cache
 
     def clone(self) -> EagleDrafter:
         """The same head with no cache and no request state (an engine owns its own)."""
@@ -136,10 +132,7 @@ class EagleDrafter(Drafter):
                     tokens[b].append(token)
                     if q is not None:
                         probs[b].append(q)
-        device = self.model.device
-        return [Draft(torch.tensor(t, dtype=torch.long, device=device),
-                      torch.stack(p) if p else None)
-                for t, p in zip(tokens, probs, strict=True)]
+        return as_drafts(tokens, probs, self.model.device)
 
     def _catch_up(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor]:
         """Feed each row's pending real pairs (right-aligned, left-padded); the head's output at the
@@ -190,12 +183,7 @@ class EagleDrafter(Drafter):
         if all(seq.sampling.raw_argmax for seq in seqs):
             ids = self.model.vocab[logits.argmax(dim=-1)].tolist()                    # (R,)
             return [(b, token, None) for b, token in zip(rows, ids, strict=True)]
-        return choose_drafts(seqs, self._full_vocab(logits), drafts, rows)
-
-    def _full_vocab(self, logits: Tensor) -> Tensor:
-        """Draft logits over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'`` (q = 0
-        there)."""
-        return full_vocab(self.model, logits)
+        return choose_drafts(seqs, full_vocab(self.model, logits), drafts, rows)
 
 
 def full_vocab(head: EagleHead, logits: Tensor) -> Tensor:

@@ -90,12 +90,7 @@ class Tally:
 def lookup_match_length(context: list[int], max_ngram: int, min_ngram: int = 1) -> int:
     """The suffix length prompt lookup matched on: the longest ``n <= max_ngram`` whose last
     ``n`` tokens occur earlier in ``context`` (0 if none reaches ``min_ngram``)."""
-    last = len(context) - 1
-    for n in range(min(max_ngram, last), min_ngram - 1, -1):
-        suffix = context[-n:]
-        if any(context[end - n + 1:end + 1] == suffix for end in range(n - 1, last)):
-            return n
-    return 0
+    return PromptLookupDrafter(max_ngram, min_ngram).match(context)[0]
 
 
 class HybridDrafter(Drafter):
@@ -190,7 +185,7 @@ class HybridDrafter(Drafter):
             return 0
         instance = self.context.instances[seq.request_id]
         if isinstance(instance, PromptLookupDrafter):
-            return lookup_match_length(seq.context, instance.max_ngram, instance.min_ngram)
+            return instance.match(seq.context)[0]
         return getattr(instance, "last_match", self.min_match)
 
     def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None

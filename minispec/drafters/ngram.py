@@ -89,22 +89,24 @@ class NGramDrafter:
                         del self.counts[ctx]
         self.history.popleft()
 
+    def continuations(self, history: list[int], b: int) -> list[int]:
+        """Up to ``b`` distinct tokens that followed the longest known suffix of ``history``,
+        most frequent first (the most recent on ties)."""
+        for n in range(min(self.max_order - 1, len(history)), 0, -1):
+            ctx = tuple(history[-n:])
+            row = self.counts.get(ctx)
+            if row:
+                order = sorted(row, key=lambda t: (row[t], self.last_seen[(ctx, t)]), reverse=True)
+                return order[:b]
+        return []
+
     def predict(self, k: int) -> list[int]:
         """Chain up to ``k`` most-frequent continuations, longest context first."""
         tentative = self._tail()
         out: list[int] = []
-        for _ in range(k):
-            token = None
-            for n in range(min(self.max_order - 1, len(tentative)), 0, -1):
-                row = self.counts.get(tuple(tentative[-n:]))
-                if row:
-                    ctx = tuple(tentative[-n:])
-                    token = max(row, key=lambda t: (row[t], self.last_seen[(ctx, t)]))
-                    break
-            if token is None:
-                break
-            out.append(token)
-            tentative.append(token)
+        while len(out) < k and (best := self.continuations(tentative, 1)):
+            out += best
+            tentative += best
         return out
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
@@ -133,11 +135,13 @@ class PromptLookupDrafter:
         self.min_ngram = min_ngram
         self.forwards = 0
 
-    def lookup(self, context: list[int], k: int) -> list[int]:
-        """The up-to-``k`` tokens that followed the latest earlier match of the longest suffix."""
+    def match(self, context: list[int]) -> tuple[int, int]:
+        """The longest suffix of ``context`` (``max_ngram`` tokens down to ``min_ngram``) that also
+        occurs earlier: ``(its length, where its latest earlier occurrence ends)``, or ``(0, -1)``
+        when none reaches ``min_ngram``."""
         longest = min(self.max_ngram, len(context) - 1)
         if longest < self.min_ngram:
-            return []
+            return 0, -1
         # Every earlier occurrence of the suffix ends on a copy of the last token. Visit those ends
         # latest first (list.index scans in C), measure how long a suffix matches there, and keep
         # the first end with the longest match: the latest occurrence of the longest suffix.
@@ -157,9 +161,12 @@ class PromptLookupDrafter:
             if n > best_len:
                 best_len, best_end = n, end
             i += 1
-        if best_len < self.min_ngram:
-            return []
-        return context[best_end + 1:best_end + 1 + k]
+        return (best_len, best_end) if best_len >= self.min_ngram else (0, -1)
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        """The up-to-``k`` tokens that followed the latest earlier match of the longest suffix."""
+        length, end = self.match(context)
+        return context[end + 1:end + 1 + k] if length else []
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
                 generator: torch.Generator | None = None) -> Draft:

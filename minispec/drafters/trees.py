@@ -43,7 +43,7 @@ from torch import Tensor
 from minispec.core.sampling import SamplingParams, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.tree import TreeProposal, tree_size
-from minispec.drafters.base import Drafter, ModelDrafter
+from minispec.drafters.base import Drafter, ModelDrafter, common_prefix
 from minispec.drafters.eagle import EagleDrafter, full_vocab
 from minispec.drafters.ngram import NGramDrafter
 from minispec.drafters.suffix import SuffixDrafter
@@ -51,7 +51,7 @@ from minispec.models.kv_cache import ContiguousKVCache, cache_args_for_model
 from minispec.models.llama import Llama, TreeAttention
 
 __all__ = ["EagleTreeDrafter", "LevelTreeDrafter", "NGramTreeDrafter", "SuffixTreeDrafter",
-           "TreeDrafter", "TreeModelDrafter", "as_tree_drafter", "check_branching"]
+           "TreeDrafter", "TreeModelDrafter", "as_tree_drafter", "check_branching", "grow_tree"]
 
 
 #: The most nodes (root included) a draft tree may have. The target scores every node in one
@@ -163,18 +163,16 @@ class LevelTreeDrafter(SingleTreeDrafter):
         """Feed one depth of nodes at RoPE ``position``; each sees the committed ``start``
         positions and its fed ancestors. The drafter's logits at each node: ``(F, V)``."""
         first = start + len(self.storage)
-        for i, node in enumerate(frontier):
-            self.storage[node] = first + i
+        self.storage.update({node: first + i for i, node in enumerate(frontier)})
         width = len(self.storage)                    # tree positions start .. start + width - 1
         mask = torch.zeros(1, len(frontier), width, dtype=torch.bool)
         for row, node in enumerate(frontier):
             while node != 0:                         # the node and its fed ancestors
                 mask[0, row, self.storage[node] - start] = True
                 node = parents[node]
-        storage = torch.arange(first, first + len(frontier))[None]
         device = self.cache.device
-        tree = TreeAttention(storage.to(device), torch.tensor([start], device=device),
-                             mask.to(device))
+        storage = torch.arange(first, first + len(frontier), device=device)[None]  # (1, F)
+        tree = TreeAttention(storage, torch.tensor([start], device=device), mask.to(device))
         self.forwards += 1
         return self._forward_level(frontier, parents, tokens, [position] * len(frontier), tree)
 
@@ -213,9 +211,7 @@ class TreeModelDrafter(LevelTreeDrafter):
     def _start(self, seq: Sequence) -> tuple[Tensor, int]:
         """Feed the context past the common prefix (at least the last token: the root)."""
         context, n = seq.context, seq.num_tokens
-        common = 0
-        while common < min(len(self.fed), n - 1) and self.fed[common] == context[common]:
-            common += 1
+        common = common_prefix(self.fed, context, limit=n - 1)
         self.cache.truncate_to(self.slot, common)
         logits = self._forward(context[common:], list(range(common, n)), None)[-1:]     # (1, V)
         self.forwards += 1
@@ -332,33 +328,9 @@ class NGramTreeDrafter(SingleTreeDrafter):
         """A tree after ``seq.context``; a node with no known continuation gets no children."""
         g = self.ngram
         g.propose(seq.context, 0)                      # ingest the accepted tokens, predict nothing
-        tail = list(g.history)[-(g.max_order - 1):]
-        parents, tokens, paths = [-1], [seq.context[-1]], [tail]
-        draws: list[list[tuple[int, Tensor | None]]] = [[]]
-        frontier = [0]
-        for b in branching:
-            children = []
-            for node in frontier:
-                for token in self.continuations(paths[node], b):
-                    draws[node].append((len(tokens), None))
-                    children.append(len(tokens))
-                    parents.append(node)
-                    tokens.append(token)
-                    paths.append(paths[node] + [token])
-                    draws.append([])
-            frontier = children
-        return TreeProposal.build(parents, tokens, draws)
-
-    def continuations(self, history: list[int], b: int) -> list[int]:
-        """Up to ``b`` distinct tokens that followed the longest known suffix of ``history``,
-        most frequent first (the most recent on ties)."""
-        g = self.ngram
-        for n in range(min(g.max_order - 1, len(history)), 0, -1):
-            ctx = tuple(history[-n:])
-            row = g.counts.get(ctx)
-            if row:
-                return sorted(row, key=lambda t: (row[t], g.last_seen[(ctx, t)]), reverse=True)[:b]
-        return []
+        tail = list(g.history)[-(g.max_order - 1):]    # a node's state: the history it continues
+        return grow_tree(seq.context[-1], branching, tail,
+                         lambda path, b: [(t, path + [t]) for t in g.continuations(path, b)])
 
     def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
         """Nothing to do: the table syncs with the context on the next call."""
@@ -384,26 +356,39 @@ class SuffixTreeDrafter(SingleTreeDrafter):
         """A tree after ``seq.context``; a node with no continuation gets no children."""
         s = self.suffix
         match = s.match(seq.context)
-        parents, tokens, draws = [-1], [seq.context[-1]], [[]]
-        nodes = [(match.ends, [], 1.0)]              # per node: occurrences, path, probability
-        frontier = [0]
-        for b in branching[:s.draft_limit(match.length, len(branching))]:
-            children = []
-            for node in frontier:
-                ends, path, prob = nodes[node]
-                options = match.following(ends, path)
-                total = sum(len(e) for _, e in options)
-                for token, kept in options[:b]:
-                    if prob * len(kept) / total < s.min_prob:
-                        break                        # options are most frequent first
-                    draws[node].append((len(tokens), None))
-                    children.append(len(tokens))
-                    parents.append(node)
-                    tokens.append(token)
-                    draws.append([])
-                    nodes.append((kept, path + [token], prob * len(kept) / total))
-            frontier = children
-        return TreeProposal.build(parents, tokens, draws)
+
+        def children(node: tuple[list, list[int], float], b: int):
+            ends, path, prob = node                  # occurrences, path, path probability
+            options = match.following(ends, path)
+            total = sum(len(e) for _, e in options)
+            for token, kept in options[:b]:
+                if prob * len(kept) / total < s.min_prob:
+                    break                            # options are most frequent first
+                yield token, (kept, path + [token], prob * len(kept) / total)
+
+        depth = s.draft_limit(match.length, len(branching))
+        return grow_tree(seq.context[-1], branching[:depth], (match.ends, [], 1.0), children)
+
+
+def grow_tree(root: int, branching: tuple[int, ...], state: Any,
+              children: Callable[[Any, int], Any]) -> TreeProposal:
+    """The tree of a deterministic drafter (one-hot ``q``), breadth-first: ``children(state, b)``
+    gives up to ``b`` pairs ``(token, its state)`` below a node in state ``state``; the root
+    (token ``root``) has state ``state``."""
+    parents, tokens, draws, states = [-1], [root], [[]], [state]
+    frontier = [0]
+    for b in branching:
+        level = []
+        for node in frontier:
+            for token, child_state in children(states[node], b):
+                draws[node].append((len(tokens), None))
+                level.append(len(tokens))
+                parents.append(node)
+                tokens.append(token)
+                draws.append([])
+                states.append(child_state)
+        frontier = level
+    return TreeProposal.build(parents, tokens, draws)
 
 
 class TreeDrafter(Drafter):

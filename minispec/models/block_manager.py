@@ -22,11 +22,6 @@ import heapq
 __all__ = ["BlockManager"]
 
 
-def _blocks_for(num_positions: int, block_size: int) -> int:
-    """Number of blocks needed to hold ``num_positions`` positions: ceil(n / block_size)."""
-    return -(-num_positions // block_size)
-
-
 class BlockManager:
     """A pool of ``num_blocks`` KV blocks of ``block_size`` positions, shared by many sequences.
 
@@ -42,9 +37,8 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}"
-            )
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and "
+                             f"{block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: list[int] = list(range(num_blocks))  # a min-heap: the lowest free id first
@@ -67,7 +61,7 @@ class BlockManager:
 
     def blocks_needed(self, num_positions: int) -> int:
         """Blocks a sequence of ``num_positions`` positions occupies: ceil(n / block_size)."""
-        return _blocks_for(num_positions, self.block_size)
+        return -(-num_positions // self.block_size)  # ceil, in integers
 
     def block_table(self, seq_id) -> list[int]:
         """A copy of ``seq_id``'s block table (block ids in position order)."""
@@ -93,10 +87,8 @@ class BlockManager:
         out = []
         for p in positions:
             if not 0 <= p < len(table) * bs:
-                raise ValueError(
-                    f"sequence {seq_id!r}: position {p} is outside its "
-                    f"{len(table)} blocks ({len(table) * bs} positions); grow it first"
-                )
+                raise ValueError(f"sequence {seq_id!r}: position {p} is outside its {len(table)} "
+                                 f"blocks ({len(table) * bs} positions); grow it first")
             out.append(table[p // bs] * bs + p % bs)  # which block, then where inside it
         return out
 
@@ -125,10 +117,9 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r}: cannot grow to {new_len} positions")
         missing = self.blocks_needed(new_len) - len(table)
         if missing > self.num_free_blocks:
-            raise RuntimeError(
-                f"out of KV blocks: sequence {seq_id!r} needs {missing} more block(s) for "
-                f"{new_len} positions, {self.num_free_blocks} of {self.num_blocks} are free"
-            )
+            raise RuntimeError(f"out of KV blocks: sequence {seq_id!r} needs {missing} more "
+                               f"block(s) for {new_len} positions, {self.num_free_blocks} of "
+                               f"{self.num_blocks} are free")
         for _ in range(missing):
             block = heapq.heappop(self._free)
             self.ref_count[block] += 1
@@ -144,9 +135,8 @@ class BlockManager:
         """
         table = self._table(seq_id)
         if not 0 <= n <= self._lengths[seq_id]:
-            raise ValueError(
-                f"cannot truncate sequence {seq_id!r} of length {self._lengths[seq_id]} to {n}"
-            )
+            raise ValueError(f"cannot truncate sequence {seq_id!r} of length "
+                             f"{self._lengths[seq_id]} to {n}")
         keep = self.blocks_needed(n)
         released = table[keep:]
         del table[keep:]

@@ -56,10 +56,8 @@ def encode_prompt(prompt: Any, tokenizer: Any = None) -> list[int]:
     elif isinstance(prompt, (list, tuple)):
         ids = check_ids(prompt)
     else:
-        raise TypeError(
-            f"a prompt is a list of token ids, a string or a list of chat messages, "
-            f"not {type(prompt).__name__}"
-        )
+        raise TypeError(f"a prompt is a list of token ids, a string or a list of chat messages, "
+                        f"not {type(prompt).__name__}")
     if not ids:
         raise ValueError("the prompt is empty: it needs at least one token")
     return ids
@@ -68,11 +66,8 @@ def encode_prompt(prompt: Any, tokenizer: Any = None) -> list[int]:
 def is_chat(prompt: Any) -> bool:
     """True when ``prompt`` looks like chat messages: a non-empty list/tuple whose items are
     mappings."""
-    return (
-        isinstance(prompt, (list, tuple))
-        and len(prompt) > 0
-        and any(isinstance(m, Mapping) for m in prompt)
-    )
+    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
+            and any(isinstance(m, Mapping) for m in prompt))
 
 
 def check_ids(ids: Sequence[Any]) -> list[int]:
@@ -85,9 +80,8 @@ def check_ids(ids: Sequence[Any]) -> list[int]:
     out = []
     for i, token in enumerate(ids):
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
-            raise ValueError(
-                f"prompt id {i} is {token!r} ({type(token).__name__}); token ids must be integers"
-            )
+            raise ValueError(f"prompt id {i} is {token!r} ({type(token).__name__}); token ids "
+                             f"must be integers")
         out.append(int(token))
     return out
 
@@ -98,9 +92,8 @@ def check_messages(messages: Sequence[Any]) -> None:
         if not isinstance(message, Mapping):
             raise ValueError(f"chat message {i} is {type(message).__name__}, not a dict")
         if set(message) - {"role", "content", "name", "tool_calls"} or "role" not in message:
-            raise ValueError(
-                f"chat message {i} has keys {sorted(message)}; expected 'role' and 'content'"
-            )
+            raise ValueError(f"chat message {i} has keys {sorted(message)}; expected 'role' and "
+                             f"'content'")
         if message["role"] not in ROLES:
             raise ValueError(f"chat message {i} has role {message['role']!r}; "
                              f"expected one of {ROLES}")
@@ -125,11 +118,9 @@ def apply_chat_template(messages: Sequence[Mapping[str, str]], tokenizer: Any) -
     if tokenizer is None:
         raise ValueError("chat messages need a tokenizer: pass tokenizer=... (from ms.load)")
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "this tokenizer has no chat template, so chat messages cannot be rendered; "
-            "pass plain text or token ids (base models such as shakespeare-target are not chat "
-            "models)"
-        )
+        raise ValueError("this tokenizer has no chat template, so chat messages cannot be "
+                         "rendered; pass plain text or token ids (base models such as "
+                         "shakespeare-target are not chat models)")
     text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
     # the template writes the special tokens (e.g. <|im_start|>) itself: do not add BOS again
     return list(tokenizer.encode(text, add_special_tokens=False))
@@ -159,13 +150,5 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
-__all__ = [
-    "END_OF_TURN_TOKENS",
-    "ROLES",
-    "apply_chat_template",
-    "check_ids",
-    "check_messages",
-    "encode_prompt",
-    "end_of_turn_ids",
-    "is_chat",
-]
+__all__ = ["END_OF_TURN_TOKENS", "ROLES", "apply_chat_template", "check_ids", "check_messages",
+           "encode_prompt", "end_of_turn_ids", "is_chat"]

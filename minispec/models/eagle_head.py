@@ -48,13 +48,14 @@ from minispec.models.llama import (
     Llama,
     ModelConfig,
     TreeAttention,
-    attention_mask,
-    non_keys,
+    attention_plan,
     rope_tables,
-    tree_attention_mask,
 )
 
 __all__ = ["EagleHead", "load_head", "save_head"]
+
+#: The target's shape a head is made for: ``bind`` refuses a target that differs in one of them.
+SHAPE = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
 class EagleHead(nn.Module):
@@ -98,8 +99,7 @@ class EagleHead(nn.Module):
             ValueError: the target's shape differs from the one the head was made for.
         """
         c, t = self.config, target.config
-        for field in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
-                      "head_dim"):
+        for field in SHAPE:
             if getattr(c, field) != getattr(t, field):
                 raise ValueError(f"this head was made for a target with "
                                  f"{field}={getattr(c, field)}, "
@@ -168,15 +168,8 @@ class EagleHead(nn.Module):
         index = positions.clamp(min=0)
         cos = self.rope_cos[index].to(h.dtype).unsqueeze(2)                     # (B, T, 1, hd)
         sin = self.rope_sin[index].to(h.dtype).unsqueeze(2)
-        plan, key_positions = None, positions
-        if cache is not None:
-            plan = cache.prepare(slots, positions if tree is None else tree.storage)
-            key_positions = plan.key_positions                                  # (B, S)
-        if tree is None:
-            mask = attention_mask(positions, key_positions)                     # (B, 1, T, S)
-        else:
-            mask = tree_attention_mask(tree, key_positions)                     # (B, 1, T, S)
-        h = self.layer(h, cos, sin, mask, cache, plan, non_keys(key_positions))
+        plan, mask, drop = attention_plan(positions, cache, slots, tree)        # (B, 1, T, S)
+        h = self.layer(h, cos, sin, mask, cache, plan, drop)
         if cache is not None:
             cache.commit(plan)
         feature = target.norm(h)                                                # (B, T, D)
@@ -252,9 +245,8 @@ def load_head(directory: str | Path, target: Llama) -> EagleHead:
         raise FileNotFoundError(f"{directory} holds no EAGLE head: {', '.join(missing)} missing")
     saved = json.loads((directory / CONFIG).read_text())["target_config"]
     tensors = load_file(str(directory / WEIGHTS))
-    config = dataclasses.replace(target.config, **{
-        k: saved[k] for k in ("hidden_size", "vocab_size", "num_attention_heads",
-                              "num_key_value_heads", "head_dim", "intermediate_size")})
+    shape = {k: saved[k] for k in (*SHAPE, "intermediate_size")}
+    config = dataclasses.replace(target.config, **shape)
     head = EagleHead(config, vocab=tensors["vocab"])
     head.bind(target)                                   # raises on a target of another shape
     head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v

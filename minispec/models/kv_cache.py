@@ -101,14 +101,11 @@ class SequenceTable:
         if written != list(range(first, last + 1)):
             raise ValueError(f"slot {slot}: positions must be consecutive, got {written}")
         if first > length:
-            raise ValueError(
-                f"slot {slot}: writing position {first} would leave a gap "
-                f"(the sequence has {length} positions; the next one is {length})"
-            )
+            raise ValueError(f"slot {slot}: writing position {first} would leave a gap "
+                             f"(the sequence has {length} positions; the next one is {length})")
         if last >= self.max_seq_len:
-            raise ValueError(
-                f"slot {slot}: position {last} is past the cache's max_seq_len={self.max_seq_len}"
-            )
+            raise ValueError(f"slot {slot}: position {last} is past the cache's "
+                             f"max_seq_len={self.max_seq_len}")
         return last + 1
 
     def set_length(self, slot: int, n: int) -> None:
@@ -129,13 +126,17 @@ class ForwardPlan:
     """What one forward pass does to a cache, computed once by ``prepare`` for all layers.
 
     Attributes: slots — the cache slot of each batch row; new_lengths — each slot's length after
-    the forward; key_positions — (B, S) position of each key attention sees, -1 where there is none.
-    Concrete caches subclass it to add their own index tensors.
+    the forward; key_positions — (B, S) position of each key attention sees, -1 where there is none;
+    dst — (N,) flat index (``flat_index``) of every written token; src — (N,) index of those
+    tokens among the B*T new ones, or None when no row is padded. Concrete caches subclass it to
+    add their own index tensors.
     """
 
     slots: list[int]
     new_lengths: list[int]
     key_positions: torch.Tensor
+    dst: torch.Tensor | None = None
+    src: torch.Tensor | None = None
 
 
 class KVCache(ABC):
@@ -149,6 +150,19 @@ class KVCache(ABC):
 
     table: SequenceTable
     num_layers: int
+
+    @classmethod
+    def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None, extra: int = 0,
+                  **settings):
+        """A cache of this kind shaped for ``model`` (a ``minispec.models.llama.Llama``), on its
+        device and dtype.
+
+        ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings;
+        ``settings`` are the kind's own (a paged cache's ``block_size`` and ``num_blocks``,
+        which defaults to enough blocks for ``num_slots`` full sequences).
+        """
+        return cls(num_slots=num_slots, **cache_args_for_model(model, max_seq_len, extra),
+                   **settings)
 
     @property
     def max_seq_len(self) -> int:
@@ -205,9 +219,66 @@ class KVCache(ABC):
     def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
         """Copy the keys/values at positions ``src`` of ``slot`` to positions ``dst``, every layer.
 
-        The sources are read before any destination is written. A concrete cache implements it.
+        The sources are read before any destination is written.
         """
+        src_t = torch.tensor(self.flat_index(slot, src), dtype=torch.long, device=self.device)
+        dst_t = torch.tensor(self.flat_index(slot, dst), dtype=torch.long, device=self.device)
+        for store in self.k + self.v:
+            flat = store.view(-1, *store.shape[2:])  # (N, n_kv, hd)
+            flat.index_copy_(0, dst_t, flat[src_t])  # flat[src_t] is a copy: no aliasing
+
+    # The caches below keep each layer's keys and values in one tensor each, ``self.k[layer]`` and
+    # ``self.v[layer]`` (rows of positions: slots, or blocks), and share these steps. ``flat_index``
+    # says where a position lives in such a tensor viewed flat, (rows * positions, n_kv, hd).
+
+    def flat_index(self, slot: int, positions: list[int]) -> list[int]:
+        """Flat storage index of each of ``positions`` of ``slot``; a concrete cache implements
+        it."""
         raise NotImplementedError(f"{type(self).__name__} cannot move positions")
+
+    def _allocate_stores(self, rows: int, positions: int, num_kv_heads: int, head_dim: int,
+                         device: torch.device | str | None, dtype: torch.dtype) -> None:
+        """Zeroed ``self.k``, ``self.v``: per layer, (rows, positions, n_kv, hd)."""
+        shape = (rows, positions, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
+        self.device = self.k[0].device
+
+    def _new_lengths(self, slots: list[int], rows: list[list[int]]) -> list[int]:
+        """Each slot's length after writing its row of positions (``SequenceTable.plan_write``
+        checks every row before anything is written)."""
+        if len(slots) != len(rows):
+            raise ValueError(f"{len(slots)} slots for a batch of {len(rows)} rows")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears twice in one batch: {slots}")
+        return [self.table.plan_write(slot, row) for slot, row in zip(slots, rows, strict=True)]
+
+    def _writes(self, slots: list[int], rows: list[list[int]]
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A plan's ``dst`` and ``src``: where each written token (b, t) goes, and which it is."""
+        dst, src = [], []
+        for b, (slot, row) in enumerate(zip(slots, rows, strict=True)):
+            written = [(t, p) for t, p in enumerate(row) if p >= 0]
+            dst += self.flat_index(slot, [p for _, p in written])
+            src += [b * len(row) + t for t, _ in written]
+        all_written = len(src) == sum(len(row) for row in rows)
+        return (torch.tensor(dst, dtype=torch.long, device=self.device),
+                None if all_written else torch.tensor(src, dtype=torch.long, device=self.device))
+
+    def _key_positions(self, new_lengths: list[int]) -> torch.Tensor:
+        """(B, S) the key positions ``0..S-1`` of each row, -1 past its length; S is the longest
+        length, so attention reads only that far, not max_seq_len."""
+        S = max(1, max(new_lengths))
+        key_positions = torch.arange(S, device=self.device).expand(len(new_lengths), S)  # (B, S)
+        lengths = torch.tensor(new_lengths, device=self.device)[:, None]  # (B, 1)
+        return key_positions.masked_fill(key_positions >= lengths, -1)  # (B, S)
+
+    def _write(self, store: torch.Tensor, plan: ForwardPlan, new: torch.Tensor) -> None:
+        """Scatter a layer's new keys or values (B, T, n_kv, hd) into ``store`` at ``plan.dst``."""
+        flat_new = new.reshape(-1, *store.shape[2:])  # (B*T, n_kv, hd)
+        if plan.src is not None:
+            flat_new = flat_new[plan.src]  # (N, n_kv, hd), padding dropped
+        store.view(-1, *store.shape[2:]).index_copy_(0, plan.dst, flat_new)
 
     # Capacity, asked by a scheduler before it writes. Memory is counted in blocks of
     # ``block_size`` positions; a contiguous cache is the special case where every slot is one
@@ -238,10 +309,8 @@ class KVCache(ABC):
         """
         self.table.length(slot)  # ValueError for an unallocated slot
         if new_len > self.max_seq_len:
-            raise ValueError(
-                f"slot {slot}: {new_len} positions exceed the cache's "
-                f"max_seq_len={self.max_seq_len}"
-            )
+            raise ValueError(f"slot {slot}: {new_len} positions exceed the cache's "
+                             f"max_seq_len={self.max_seq_len}")
 
     @abstractmethod
     def prepare(self, slots: list[int], positions: torch.Tensor) -> ForwardPlan:
@@ -251,9 +320,8 @@ class KVCache(ABC):
         """
 
     @abstractmethod
-    def update(
-        self, layer: int, plan: ForwardPlan, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, layer: int, plan: ForwardPlan, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this layer's new k, v (B, T, n_kv, hd); return the keys, values (B, S, n_kv, hd)
         to attend to, aligned with ``plan.key_positions``.
 
@@ -278,18 +346,11 @@ def cache_args_for_model(model, max_seq_len: int | None = None, extra: int = 0) 
     config = model.config
     max_seq_len = max_seq_len or config.max_position_embeddings
     if max_seq_len > config.max_position_embeddings:
-        raise ValueError(
-            f"max_seq_len={max_seq_len} exceeds the model's "
-            f"max_position_embeddings={config.max_position_embeddings}"
-        )
-    return dict(
-        num_layers=config.num_hidden_layers,
-        max_seq_len=max_seq_len + extra,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        device=model.device,
-        dtype=model.dtype,
-    )
+        raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's "
+                         f"max_position_embeddings={config.max_position_embeddings}")
+    return dict(num_layers=config.num_hidden_layers, max_seq_len=max_seq_len + extra,
+                num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                device=model.device, dtype=model.dtype)
 
 
 # ---------------------------------------------------------------------------- contiguous
@@ -297,16 +358,13 @@ def cache_args_for_model(model, max_seq_len: int | None = None, extra: int = 0) 
 
 @dataclass
 class ContiguousPlan(ForwardPlan):
-    """``ForwardPlan`` of a ``ContiguousKVCache``.
+    """``ForwardPlan`` of a ``ContiguousKVCache``; its flat index is ``slot * max_seq_len +
+    position``.
 
-    Attributes: dst — (N,) flat index ``slot * max_seq_len + position`` of every written token;
-    src — (N,) index of those tokens among the B*T new ones, or None when no row is padded;
-    rows — the batch's slots as a slice when they are consecutive (reading is then a view),
-    else as a (B,) index tensor.
+    Attributes: rows — the batch's slots as a slice when they are consecutive (reading is then a
+    view), else as a (B,) index tensor.
     """
 
-    dst: torch.Tensor | None = None
-    src: torch.Tensor | None = None
     rows: slice | torch.Tensor | None = None
 
 
@@ -317,89 +375,32 @@ class ContiguousKVCache(KVCache):
     waste a paged cache avoids). Attention reads only the first S = max length in the batch.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_slots: int,
-        max_seq_len: int,
-        num_kv_heads: int,
-        head_dim: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
+    def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int,
+                 head_dim: int, device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.table = SequenceTable(num_slots, max_seq_len)
         self.num_layers = num_layers
-        shape = (num_slots, max_seq_len, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.device = self.k[0].device
+        self._allocate_stores(num_slots, max_seq_len, num_kv_heads, head_dim, device, dtype)
 
-    @classmethod
-    def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None, extra: int = 0):
-        """A cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device and
-        dtype.
-
-        ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings.
-        """
-        return cls(num_slots=num_slots, **cache_args_for_model(model, max_seq_len, extra))
+    def flat_index(self, slot: int, positions: list[int]) -> list[int]:
+        """``slot * max_seq_len + position``: slots are rows of ``max_seq_len`` positions."""
+        return [slot * self.max_seq_len + p for p in positions]
 
     def prepare(self, slots: list[int], positions: torch.Tensor) -> ContiguousPlan:
         """See ``KVCache.prepare``; also computes the flat write indices and the read rows."""
-        slots = list(slots)
-        B, T = positions.shape
-        if len(slots) != B:
-            raise ValueError(f"{len(slots)} slots for a batch of {B} rows")
-        if len(set(slots)) != B:
-            raise ValueError(f"a slot appears twice in one batch: {slots}")
-        new_lengths, dst, src = [], [], []
-        for b, (slot, row) in enumerate(zip(slots, positions.tolist(), strict=True)):
-            new_lengths.append(self.table.plan_write(slot, row))  # validates before any write
-            for t, p in enumerate(row):
-                if p >= 0:
-                    dst.append(slot * self.max_seq_len + p)  # where token (b, t) goes
-                    src.append(b * T + t)
-        all_written = len(src) == B * T
+        slots, rows = list(slots), positions.tolist()
+        new_lengths = self._new_lengths(slots, rows)  # validates before any write
+        dst, src = self._writes(slots, rows)
+        first, B = slots[0], len(slots)
+        consecutive = slots == list(range(first, first + B))
+        read = slice(first, first + B) if consecutive else torch.tensor(slots, device=self.device)
+        return ContiguousPlan(slots, new_lengths, self._key_positions(new_lengths), dst, src, read)
 
-        S = max(1, max(new_lengths))  # attend over the longest sequence only, not max_seq_len
-        key_positions = torch.arange(S, device=self.device).expand(B, S)  # (B, S)
-        lengths = torch.tensor(new_lengths, device=self.device)[:, None]  # (B, 1)
-        key_positions = key_positions.masked_fill(key_positions >= lengths, -1)  # (B, S)
-
-        consecutive = slots == list(range(slots[0], slots[0] + B))
-        return ContiguousPlan(
-            slots=slots,
-            new_lengths=new_lengths,
-            key_positions=key_positions,
-            dst=torch.tensor(dst, dtype=torch.long, device=self.device),
-            src=None if all_written else torch.tensor(src, dtype=torch.long, device=self.device),
-            rows=(
-                slice(slots[0], slots[0] + B)
-                if consecutive
-                else torch.tensor(slots, device=self.device)
-            ),
-        )
-
-    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
-        """See ``KVCache.copy_positions``: flat indices ``slot * max_seq_len + position``."""
-        base = slot * self.max_seq_len
-        src_t = torch.tensor([base + p for p in src], dtype=torch.long, device=self.device)  # (M,)
-        dst_t = torch.tensor([base + p for p in dst], dtype=torch.long, device=self.device)  # (M,)
-        for store in self.k + self.v:
-            flat = store.view(-1, *store.shape[2:])  # (num_slots*max_seq_len, n_kv, hd)
-            flat.index_copy_(0, dst_t, flat[src_t])  # flat[src_t] is a copy: no aliasing
-
-    def update(
-        self, layer: int, plan: ContiguousPlan, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, layer: int, plan: ContiguousPlan, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """See ``KVCache.update``: scatter the new k, v into the slots, read back
         (B, S, n_kv, hd)."""
         S = plan.key_positions.shape[1]
-        out = []
-        for store, new in ((self.k[layer], k), (self.v[layer], v)):
-            flat_new = new.reshape(-1, *store.shape[2:])  # (B*T, n_kv, hd)
-            if plan.src is not None:
-                flat_new = flat_new[plan.src]  # (N, n_kv, hd), padding dropped
-            flat_store = store.view(-1, *store.shape[2:])  # (num_slots*max_seq_len, n_kv, hd)
-            flat_store.index_copy_(0, plan.dst, flat_new)
-            out.append(store[plan.rows, :S])  # (B, S, n_kv, hd)
-        return out[0], out[1]
+        self._write(self.k[layer], plan, k)
+        self._write(self.v[layer], plan, v)
+        return self.k[layer][plan.rows, :S], self.v[layer][plan.rows, :S]  # (B, S, n_kv, hd) each

@@ -30,7 +30,7 @@ n_h query heads, n_kv key/value heads, hd head dim.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -75,10 +75,8 @@ class ModelConfig:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads != 0:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a "
+                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -103,24 +101,10 @@ class ModelConfig:
         if "type" in rope and "rope_type" not in rope:  # older spelling
             rope["rope_type"] = rope.pop("type")
         rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
-        return cls(
-            vocab_size=config["vocab_size"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=config["num_attention_heads"],
-            num_key_value_heads=config.get("num_key_value_heads"),
-            head_dim=config.get("head_dim"),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
-            mlp_bias=config.get("mlp_bias", False),
-            bos_token_id=config.get("bos_token_id"),
-            eos_token_id=config.get("eos_token_id"),
-        )
+        # every other field is the config.json key of the same name (absent: the default here)
+        names = {f.name for f in fields(cls)} - {"rope_theta", "rope_scaling"}
+        return cls(**{name: config[name] for name in names if name in config},
+                   rope_theta=float(rope_theta), rope_scaling=rope_scaling)
 
 
 # ---------------------------------------------------------------------------------------- RoPE
@@ -152,9 +136,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         # 0 for long wavelengths (fully slowed down), 1 for short ones (kept), linear in between
         keep = ((original_context / wavelength - low) / (high - low)).clamp(0.0, 1.0)
         return (1 - keep) * inv_freq / factor + keep * inv_freq
-    raise NotImplementedError(
-        f"rope_type {kind!r} is not supported (supported: 'default', 'linear', 'llama3')"
-    )
+    raise NotImplementedError(f"rope_type {kind!r} is not supported (supported: 'default', "
+                              f"'linear', 'llama3')")
 
 
 def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,11 +186,8 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx  # which layer of the KV cache this attention reads and writes
-        self.n_h, self.n_kv, self.hd = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
+        self.n_h, self.n_kv = config.num_attention_heads, config.num_key_value_heads
+        self.hd = config.head_dim
         d, bias = config.hidden_size, config.attention_bias
         self.q_proj = nn.Linear(d, self.n_h * self.hd, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
@@ -217,16 +197,9 @@ class Attention(nn.Module):
         # (None: three eager GEMMs)
         self.qkv_proj: nn.Module | None = None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        cache: KVCache | None,
-        plan: ForwardPlan | None,
-        drop: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | None, plan: ForwardPlan | None,
+                drop: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Attend from the T new tokens to themselves or to the cache.
 
         Args: x (B, T, D); cos, sin (B, T, 1, hd); mask (B, 1, T, S) bool, True = may attend;
@@ -237,9 +210,8 @@ class Attention(nn.Module):
         if self.qkv_proj is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:  # one GEMM reads the three weights: (B, T, (n_h + 2 n_kv) * hd), split as views
-            q, k, v = self.qkv_proj(x).split(
-                [self.n_h * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1
-            )
+            q, k, v = self.qkv_proj(x).split([self.n_h * self.hd, self.n_kv * self.hd,
+                                              self.n_kv * self.hd], dim=-1)
         q = q.view(B, T, self.n_h, self.hd)  # (B, T, n_h, hd)
         k = k.view(B, T, self.n_kv, self.hd)  # (B, T, n_kv, hd)
         v = v.view(B, T, self.n_kv, self.hd)  # (B, T, n_kv, hd)
@@ -368,6 +340,35 @@ def attention_mask(query_positions: torch.Tensor, key_positions: torch.Tensor) -
     return visible[:, None]  # (B, 1, T, S)
 
 
+def attention_plan(positions: torch.Tensor, cache: KVCache | None, slots: list[int] | None,
+                   tree: TreeAttention | None) -> tuple[ForwardPlan | None, torch.Tensor, Any]:
+    """What every layer of one forward shares: the cache's plan (None without a cache), the mask
+    (B, 1, T, S) and the key columns to zero (``non_keys``).
+
+    Args: as for ``Llama.forward``: positions (B, T), -1 marks padding; cache and slots, or
+    neither; tree, or None for the chain path (causal by position).
+    """
+    storage = positions if tree is None else tree.storage  # (B, T) where k, v are stored
+    if cache is None:
+        if slots is not None:
+            raise ValueError("slots were given without a cache")
+        plan, key_positions = None, storage  # (B, S=T)
+    else:
+        if slots is None:
+            raise ValueError("a cache needs slots: the cache slot of each batch row")
+        plan = cache.prepare(slots, storage)
+        key_positions = plan.key_positions  # (B, S)
+    if tree is None:
+        mask = attention_mask(positions, key_positions)  # (B, 1, T, S), shared by all layers
+    else:
+        if tree.storage.shape != positions.shape or tree.mask.shape[:2] != positions.shape:
+            raise ValueError(f"tree storage {tuple(tree.storage.shape)} and mask "
+                             f"{tuple(tree.mask.shape)} must match positions "
+                             f"{tuple(positions.shape)}")
+        mask = tree_attention_mask(tree, key_positions)  # (B, 1, T, S)
+    return plan, mask, non_keys(key_positions)  # the columns every layer zeroes, or None
+
+
 def non_keys(key_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The key columns attention zeroes: (rows, columns) index tensors (N,), or None if there are
     none.
@@ -396,11 +397,8 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # tied: the output projection reuses the embedding matrix, and there is no lm_head
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        )
+        self.lm_head = (None if config.tie_word_embeddings
+                        else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         # a packed copy of the output projection, set by ``minispec.models.packed.make_fast``
         # (None: eager)
         self.packed_head: nn.Module | None = None
@@ -408,15 +406,10 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # (P, hd)
         self.register_buffer("rope_sin", sin, persistent=False)  # (P, hd)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KVCache | None = None,
-        slots: list[int] | None = None,
-        return_hidden: bool = False,
-        tree: TreeAttention | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, slots: list[int] | None = None,
+                return_hidden: bool = False, tree: TreeAttention | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Next-token logits for every input token (and, on request, the last hidden states).
 
         Args:
@@ -443,25 +436,7 @@ class Llama(nn.Module):
         index = positions.clamp(min=0)  # (B, T); padding reads row 0, harmlessly
         cos = self.rope_cos[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
         sin = self.rope_sin[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
-        storage = positions if tree is None else tree.storage  # (B, T) where k, v are stored
-        if cache is None:
-            if slots is not None:
-                raise ValueError("slots were given without a cache")
-            plan, key_positions = None, storage  # (B, S=T)
-        else:
-            if slots is None:
-                raise ValueError("a cache needs slots: the cache slot of each batch row")
-            plan = cache.prepare(slots, storage)
-            key_positions = plan.key_positions  # (B, S)
-        if tree is None:
-            mask = attention_mask(positions, key_positions)  # (B, 1, T, S), shared by all layers
-        else:
-            if tree.storage.shape != positions.shape or tree.mask.shape[:2] != positions.shape:
-                raise ValueError(f"tree storage {tuple(tree.storage.shape)} and mask "
-                                 f"{tuple(tree.mask.shape)} must match positions "
-                                 f"{tuple(positions.shape)}")
-            mask = tree_attention_mask(tree, key_positions)  # (B, 1, T, S)
-        drop = non_keys(key_positions)  # the columns every layer zeroes, or None
+        plan, mask, drop = attention_plan(positions, cache, slots, tree)  # mask (B, 1, T, S)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache, plan, drop)  # (B, T, D)
         if cache is not None:

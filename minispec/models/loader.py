@@ -35,9 +35,8 @@ SUPPORTED = ("Llama-architecture checkpoints (model_type 'llama', "
              "architectures ['LlamaForCausalLM'])")
 
 #: config.json keys without which a Llama cannot be built (the others have defaults).
-REQUIRED_CONFIG_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-)
+REQUIRED_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads")
 
 #: Integer config.json fields that must be >= 1 when present (the required ones always are).
 SIZE_KEYS = (*REQUIRED_CONFIG_KEYS, "num_key_value_heads", "head_dim", "max_position_embeddings")
@@ -56,13 +55,9 @@ HUB_PATTERNS = [
 ]
 
 
-def load(
-    name_or_path: str | Path,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | str | None = None,
-    local_files_only: bool = False,
-    fast: bool = False,
-) -> tuple[Llama, Any]:
+def load(name_or_path: str | Path, device: torch.device | str | None = None,
+         dtype: torch.dtype | str | None = None, local_files_only: bool = False,
+         fast: bool = False) -> tuple[Llama, Any]:
     """Load a model and its tokenizer.
 
     Args:
@@ -147,10 +142,8 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path} holds {type(config).__name__}, not a JSON object")
     missing = [key for key in REQUIRED_CONFIG_KEYS if key not in config]
     if missing:
-        raise ValueError(
-            f"{path} has no {', '.join(repr(k) for k in missing)}: a Llama config needs "
-            f"{', '.join(REQUIRED_CONFIG_KEYS)}"
-        )
+        raise ValueError(f"{path} has no {', '.join(repr(k) for k in missing)}: a Llama config "
+                         f"needs {', '.join(REQUIRED_CONFIG_KEYS)}")
     return config
 
 
@@ -159,10 +152,8 @@ def check_architecture(config: dict[str, Any], where: Path | str = "config.json"
     model_type = config.get("model_type")
     architectures = config.get("architectures") or ["LlamaForCausalLM"]
     if model_type != "llama" or "LlamaForCausalLM" not in architectures:
-        raise ValueError(
-            f"{where}: model_type={model_type!r}, architectures={architectures} is not supported; "
-            f"minispec loads {SUPPORTED}"
-        )
+        raise ValueError(f"{where}: model_type={model_type!r}, architectures={architectures} is "
+                         f"not supported; minispec loads {SUPPORTED}")
 
 
 def build_config(config: dict[str, Any], path: Path | str = "config.json") -> ModelConfig:
@@ -230,12 +221,10 @@ def weight_files(directory: Path) -> list[Path]:
                 raise ValueError(f"{index}: shard {shard!r} is missing from {directory}")
         return [directory / shard for shard in shards]
     if any(directory.glob("*.bin")) or any(directory.glob("*.pt")):
-        raise ValueError(
-            f"{directory} only has pickle weights (pytorch_model.bin); minispec reads safetensors "
-            f"only, since unpickling can run arbitrary code. Convert once with transformers: "
-            f"AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out, "
-            f"safe_serialization=True)"
-        )
+        raise ValueError(f"{directory} only has pickle weights (pytorch_model.bin); minispec "
+                         f"reads safetensors only, since unpickling can run arbitrary code. "
+                         f"Convert once with transformers: AutoModelForCausalLM.from_pretrained("
+                         f"dir).save_pretrained(out, safe_serialization=True)")
     raise FileNotFoundError(f"{directory} has neither model.safetensors nor its index file")
 
 
@@ -248,10 +237,8 @@ def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _unreadable(path: Path, error: Exception) -> ValueError:
-    return ValueError(
-        f"{path} cannot be read as safetensors ({error}); the file is truncated or corrupt: "
-        f"download or convert the checkpoint again"
-    )
+    return ValueError(f"{path} cannot be read as safetensors ({error}); the file is truncated or "
+                      f"corrupt: download or convert the checkpoint again")
 
 
 def read_headers(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str, Path]]:
@@ -358,9 +345,8 @@ def _pick_device(device: torch.device | str | None) -> torch.device:
     return picked
 
 
-def _pick_dtype(
-    dtype: torch.dtype | str | None, config: dict[str, Any], device: torch.device
-) -> torch.dtype:
+def _pick_dtype(dtype: torch.dtype | str | None, config: dict[str, Any], device: torch.device
+                ) -> torch.dtype:
     if dtype is None:
         if device.type == "cpu":
             return torch.float32
@@ -404,8 +390,7 @@ def _not_found(name: str, offline: bool, reason: Exception | None = None) -> str
              "or HF_HUB_OFFLINE=1)" if offline else
              f"not in the local Hugging Face cache, and the hub download failed "
              f"({type(reason).__name__}: {str(reason).splitlines()[0] if str(reason) else ''})")
-    return (
-        f"cannot find model {name!r}: it is not a registered name ({', '.join(REGISTERED)}), not a "
-        f"local directory, and {where}. Download the checkpoint on a machine with network access, "
-        f"e.g. `hf download {name} --local-dir DIR`, and pass the local path DIR instead."
-    )
+    return (f"cannot find model {name!r}: it is not a registered name ({', '.join(REGISTERED)}), "
+            f"not a local directory, and {where}. Download the checkpoint on a machine with "
+            f"network access, e.g. `hf download {name} --local-dir DIR`, and pass the local path "
+            f"DIR instead.")

@@ -163,17 +163,13 @@ def unavailable_reason(model: Llama) -> str | None:
     return None
 
 
-def _cat_bias(*linears: nn.Linear) -> torch.Tensor | None:
-    """The merged bias of ``linears`` (all or none of them have one)."""
-    if linears[0].bias is None:
-        return None
-    return torch.cat([linear.bias.detach() for linear in linears])
-
-
 def _merged(*linears: nn.Linear) -> PackedLinear:
-    """One packed matrix for several projections of the same input (rows stacked in order)."""
+    """One packed matrix for several projections of the same input (rows stacked in order; all or
+    none of them have a bias)."""
     weight = torch.cat([linear.weight.detach() for linear in linears])  # (sum N_i, K)
-    return PackedLinear(weight, _cat_bias(*linears))
+    biases = [linear.bias for linear in linears]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])  # (sum N_i,)
+    return PackedLinear(weight, bias)
 
 
 def is_fast(model: Llama) -> bool:

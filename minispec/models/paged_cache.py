@@ -28,24 +28,21 @@ from dataclasses import dataclass
 import torch
 
 from minispec.models.block_manager import BlockManager
-from minispec.models.kv_cache import ForwardPlan, KVCache, SequenceTable, cache_args_for_model
+from minispec.models.kv_cache import ForwardPlan, KVCache, SequenceTable
 
 __all__ = ["PagedKVCache", "PagedPlan"]
 
 
 @dataclass
 class PagedPlan(ForwardPlan):
-    """``ForwardPlan`` of a ``PagedKVCache``.
+    """``ForwardPlan`` of a ``PagedKVCache``; its flat index is the pool index ``block_id *
+    block_size + offset`` (the slot mapping).
 
-    Attributes: dst — (N,) flat pool index ``block_id * block_size + offset`` of every written
-    token (the slot mapping); src — (N,) index of those tokens among the B*T new ones, or None when
-    no row is padded; block_tables — (B, max_blocks) the blocks each row reads, in position order
+    Attributes: block_tables — (B, max_blocks) the blocks each row reads, in position order
     (rows with fewer blocks are padded with block 0, maybe another sequence's: those columns have
     key position -1, so attention masks them and zeroes them in its gathered copy).
     """
 
-    dst: torch.Tensor | None = None
-    src: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
 
 
@@ -66,46 +63,16 @@ class PagedKVCache(KVCache):
         dtype: the pools' element type.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_slots: int,
-        max_seq_len: int,
-        num_kv_heads: int,
-        head_dim: int,
-        block_size: int = 16,
-        num_blocks: int | None = None,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
+    def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int,
+                 head_dim: int, block_size: int = 16, num_blocks: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+                 ) -> None:
         self.table = SequenceTable(num_slots, max_seq_len)
         if num_blocks is None:  # enough for every slot to be full at once
             num_blocks = num_slots * -(-max_seq_len // max(block_size, 1))
         self.blocks = BlockManager(num_blocks, block_size)  # keyed by slot
         self.num_layers = num_layers
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.device = self.k[0].device
-
-    @classmethod
-    def for_model(
-        cls,
-        model,
-        num_slots: int = 1,
-        max_seq_len: int | None = None,
-        block_size: int = 16,
-        num_blocks: int | None = None,
-        extra: int = 0,
-    ) -> PagedKVCache:
-        """A paged cache shaped for ``model`` (a ``minispec.models.llama.Llama``), on its device
-        and dtype.
-
-        ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings;
-        ``num_blocks`` defaults to enough blocks for ``num_slots`` full sequences.
-        """
-        return cls(num_slots=num_slots, block_size=block_size, num_blocks=num_blocks,
-                   **cache_args_for_model(model, max_seq_len, extra))
+        self._allocate_stores(num_blocks, block_size, num_kv_heads, head_dim, device, dtype)
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -155,10 +122,8 @@ class PagedKVCache(KVCache):
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new sequence of ``num_tokens`` positions fits now (a free slot and blocks)."""
-        return (
-            super().can_allocate(num_tokens)
-            and self.blocks.blocks_needed(num_tokens) <= self.num_free_blocks
-        )
+        return (super().can_allocate(num_tokens)
+                and self.blocks.blocks_needed(num_tokens) <= self.num_free_blocks)
 
     def can_grow(self, slot: int, new_len: int) -> bool:
         """Whether ``slot`` can hold ``new_len`` positions: within max_seq_len and enough blocks."""
@@ -171,15 +136,9 @@ class PagedKVCache(KVCache):
         super().grow(slot, new_len)  # the max_seq_len check
         self.blocks.grow(slot, new_len)
 
-    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
-        """See ``KVCache.copy_positions``: positions go through the slot mapping to pool indices."""
-        src_t = torch.tensor(self.blocks.slot_mapping(slot, src), dtype=torch.long,
-                             device=self.device)
-        dst_t = torch.tensor(self.blocks.slot_mapping(slot, dst), dtype=torch.long,
-                             device=self.device)
-        for pool in self.k + self.v:
-            flat = pool.view(-1, *pool.shape[2:])  # (num_blocks*block_size, n_kv, hd)
-            flat.index_copy_(0, dst_t, flat[src_t])  # flat[src_t] is a copy: no aliasing
+    def flat_index(self, slot: int, positions: list[int]) -> list[int]:
+        """The pool index of each position: the slot mapping of ``BlockManager``."""
+        return self.blocks.slot_mapping(slot, positions)
 
     # ------------------------------------------------------------------ tensors
 
@@ -189,65 +148,33 @@ class PagedKVCache(KVCache):
         Raises RuntimeError ("out of KV blocks") when the pool cannot hold the writes; the cache
         is left unchanged then, as for every ValueError.
         """
-        slots = list(slots)
-        B, T = positions.shape
-        if len(slots) != B:
-            raise ValueError(f"{len(slots)} slots for a batch of {B} rows")
-        if len(set(slots)) != B:
-            raise ValueError(f"a slot appears twice in one batch: {slots}")
-        rows = positions.tolist()
-        new_lengths = [self.table.plan_write(s, row) for s, row in zip(slots, rows, strict=True)]
+        slots, rows = list(slots), positions.tolist()
+        new_lengths = self._new_lengths(slots, rows)
 
         # All or nothing: count the missing blocks of every row before taking any.
-        missing = sum(
-            max(0, self.blocks.blocks_needed(n) - len(self.blocks.block_table(s)))
-            for s, n in zip(slots, new_lengths, strict=True)
-        )
+        missing = sum(max(0, self.blocks.blocks_needed(n) - len(self.blocks.block_table(s)))
+                      for s, n in zip(slots, new_lengths, strict=True))
         if missing > self.num_free_blocks:
-            raise RuntimeError(
-                f"out of KV blocks: this forward needs {missing} more block(s), "
-                f"{self.num_free_blocks} of {self.num_blocks} are free"
-            )
+            raise RuntimeError(f"out of KV blocks: this forward needs {missing} more block(s), "
+                               f"{self.num_free_blocks} of {self.num_blocks} are free")
         for s, n in zip(slots, new_lengths, strict=True):
             self.blocks.grow(s, n)
 
-        dst, src = [], []
-        for b, (slot, row) in enumerate(zip(slots, rows, strict=True)):
-            written = [(t, p) for t, p in enumerate(row) if p >= 0]
-            # where each written token (b, t) goes in the flat pool
-            dst += self.blocks.slot_mapping(slot, [p for _, p in written])
-            src += [b * T + t for t, _ in written]
-        all_written = len(src) == B * T
-
-        S = max(1, max(new_lengths))  # attend over the longest sequence only
-        max_blocks = self.blocks.blocks_needed(S)
+        dst, src = self._writes(slots, rows)  # through the slot mapping of the grown tables
+        key_positions = self._key_positions(new_lengths)  # (B, S)
+        max_blocks = self.blocks.blocks_needed(key_positions.shape[1])
         tables = [self.blocks.block_table(s)[:max_blocks] for s in slots]
         tables = [t + [0] * (max_blocks - len(t)) for t in tables]  # pad short rows with block 0
-        key_positions = torch.arange(S, device=self.device).expand(B, S)  # (B, S)
-        lengths = torch.tensor(new_lengths, device=self.device)[:, None]  # (B, 1)
-        key_positions = key_positions.masked_fill(key_positions >= lengths, -1)  # (B, S)
+        block_tables = torch.tensor(tables, dtype=torch.long, device=self.device)
+        return PagedPlan(slots, new_lengths, key_positions, dst, src, block_tables)
 
-        return PagedPlan(
-            slots=slots,
-            new_lengths=new_lengths,
-            key_positions=key_positions,
-            dst=torch.tensor(dst, dtype=torch.long, device=self.device),
-            src=None if all_written else torch.tensor(src, dtype=torch.long, device=self.device),
-            block_tables=torch.tensor(tables, dtype=torch.long, device=self.device),
-        )
-
-    def update(
-        self, layer: int, plan: PagedPlan, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, layer: int, plan: PagedPlan, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """See ``KVCache.update``: scatter k, v into their blocks; gather (B, S, n_kv, hd) back."""
         B, S = plan.key_positions.shape
         out = []
         for pool, new in ((self.k[layer], k), (self.v[layer], v)):
-            flat_new = new.reshape(-1, *pool.shape[2:])  # (B*T, n_kv, hd)
-            if plan.src is not None:
-                flat_new = flat_new[plan.src]  # (N, n_kv, hd), padding dropped
-            flat_pool = pool.view(-1, *pool.shape[2:])  # (num_blocks*block_size, n_kv, hd)
-            flat_pool.index_copy_(0, plan.dst, flat_new)  # the writes go through the pool view
+            self._write(pool, plan, new)  # the writes go through the pool view
             gathered = pool[plan.block_tables]  # (B, max_blocks, block_size, n_kv, hd)
             # (B, max_blocks*block_size, n_kv, hd): each row's blocks laid end to end
             gathered = gathered.reshape(B, -1, *pool.shape[2:])

@@ -37,13 +37,8 @@ FETCHED: tuple[str, ...] = ("smollm2-135m-instruct",)
 REGISTERED: tuple[str, ...] = NAMES + FETCHED
 
 #: The files a shipped model directory must hold for ``from_pretrained`` to work.
-REQUIRED_FILES: tuple[str, ...] = (
-    "config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "generation_config.json",
-)
+REQUIRED_FILES: tuple[str, ...] = ("config.json", "model.safetensors", "tokenizer.json",
+                                   "tokenizer_config.json", "generation_config.json")
 
 _ZOO_DIR = Path(__file__).resolve().parent
 
@@ -69,11 +64,10 @@ def path(name: str) -> Path:
     model_dir = _ZOO_DIR / name
     missing = [f for f in REQUIRED_FILES if not (model_dir / f).is_file()]
     if missing:
-        raise FileNotFoundError(
-            f"shipped model {name!r} is incomplete: {', '.join(missing)} missing in {model_dir}. "
-            "Rebuild it with `python -m minispec.tools.train --out runs/zoo` and then "
-            "`python -m minispec.tools.evaluate --run runs/zoo --ship`."
-        )
+        raise FileNotFoundError(f"shipped model {name!r} is incomplete: {', '.join(missing)} "
+                                f"missing in {model_dir}. Rebuild it with `python -m "
+                                "minispec.tools.train --out runs/zoo` and then `python -m "
+                                "minispec.tools.evaluate --run runs/zoo --ship`.")
     return model_dir
 
 

