@@ -137,15 +137,14 @@ def test_the_clock_overrules_a_plan_when_drafting_emits_more_slowly():
     policy = GoodputK(4, warmup=0)
     policy.costs = costs_with(lambda t: 1.0, 0.01, rows=1)
     request = [("a", 40, 40)]                               # accepts everything
-    for _ in range(2):
+    for _ in range(4):                 # plain: 0.5 s per token
         policy.choose(request, [4])
         policy.learn(["a"], [0], [0], [0], 0.0, 1.0, round_s=0.5, emitted=1)
     assert policy.choose(request, [4]) == [4]
-    for _ in range(7):                 # drafting: 1 s per token; the first is not counted
+    for _ in range(8):                 # drafting: 1 s per token
         policy.learn(["a"], [4], [4], [4], 0.04, 1.0, round_s=5.0, emitted=5)
-    for _ in range(3):                 # plain: 0.5 s per token
-        policy.learn(["a"], [0], [0], [0], 0.0, 1.0, round_s=0.5, emitted=1)
-    assert [len(v) for v in policy.realized[1].values()] == [5, 6]
+    # a round counts after two rounds of its own kind
+    assert {arm: len(rounds) for arm, rounds in policy.realized[1].items()} == {False: 2, True: 6}
     assert policy.drafting_lost(1)
     ks = [policy.choose(request, [4])[0] for _ in range(40)]
     assert ks[0] == 0 and 1 <= ks.count(4) <= 3 and ks.count(4) + ks.count(0) == 40  # retries
