@@ -120,39 +120,6 @@ def test_fixed_rows_draft_their_cap_whatever_the_plan():
     assert ks == [0, 4, 2, 0] and policy.choices[-1].ks == ks
 
 
-def test_the_warmup_steps_are_plain_and_teach_nothing():
-    policy = GoodputK(4, warmup=3)
-    for _ in range(3):
-        assert policy.choose([("a", 0, 0)], [4]) == [0]
-        policy.learn(["a"], [0], [0], [0], 0.0, 9.0, round_s=9.0, emitted=1)
-    assert policy.costs.verify == {} and policy.realized == {}
-    for _ in range(2):                                      # two measured plain steps
-        assert policy.choose([("a", 0, 0)], [4]) == [0]
-        policy.learn(["a"], [0], [0], [0], 0.0, 1.0, round_s=1.0, emitted=1)
-    assert policy.choose([("a", 0, 0)], [4]) == [4]       # then a full step measures drafting
-
-
-def test_the_clock_overrules_a_plan_when_drafting_emits_more_slowly():
-    """The cost model says drafting is nearly free; the whole rounds' clock says it is not."""
-    policy = GoodputK(4, warmup=0)
-    policy.costs = costs_with(lambda t: 1.0, 0.01, rows=1)
-    request = [("a", 40, 40)]                               # accepts everything
-    for _ in range(4):                 # plain: 0.5 s per token
-        policy.choose(request, [4])
-        policy.learn(["a"], [0], [0], [0], 0.0, 1.0, round_s=0.5, emitted=1)
-    assert policy.choose(request, [4]) == [4]
-    for _ in range(8):                 # drafting: 1 s per token
-        policy.learn(["a"], [4], [4], [4], 0.04, 1.0, round_s=5.0, emitted=5)
-    # a round counts after two rounds of its own kind
-    assert {arm: len(rounds) for arm, rounds in policy.realized[1].items()} == {False: 2, True: 6}
-    assert policy.drafting_lost(1)
-    ks = [policy.choose(request, [4])[0] for _ in range(40)]
-    assert ks[0] == 0 and 1 <= ks.count(4) <= 3 and ks.count(4) + ks.count(0) == 40  # retries
-    for _ in range(12):                # drafting turned fast: the clock lets the plan run again
-        policy.learn(["a"], [4], [4], [4], 0.04, 1.0, round_s=1.0, emitted=5)
-    assert not policy.drafting_lost(1) and policy.choose(request, [4]) == [4]
-
-
 def test_alpha_estimates_shrink_towards_the_pool_with_optimism():
     fresh, seasoned = alpha_estimates([0, 90], [0, 100], pooled=0.5, optimism=0.0)
     assert fresh == 0.5 and seasoned == pytest.approx((90 + 2) / 104)

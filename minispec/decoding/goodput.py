@@ -11,19 +11,12 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
 * [`StepCosts`][minispec.decoding.goodput.StepCosts] learns the seconds of a verify forward by
   shape ``(B rows, T tokens per row)`` and of one draft step by the number of drafting rows, from
   the engine's own steps (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
-  [`bucket`][minispec.decoding.goodput.bucket]). The engine's first ``warmup`` steps are plain
-  and not measured: a fresh engine's steps run 25-50 % slower than its later ones (measured on
-  the shipped pair at batch size 4: 6.6, 5.5, 5.3, 4.8 ms, then 4.2 ms), and a plain step priced
-  from them would make every plan with drafts look better than it is. A bucket's first two measured
-  steps are plain (they measure the plain step, for the plan and for the clock below); the
-  engine's first two drafting steps are full-``k``
-  ones (real steps that emit tokens: nothing is spent on calibration). A draft step is timed only
-  when the step before it drafted too: after plain steps a draft model first catches up on their
-  tokens (on the first drafting step, on every prompt), which is the price of looking again, not
-  of a draft. After that a bucket with
-  only its plain step measured borrows the ratio of a wide to a plain step from the nearest bucket
-  that has both, so the engine drafts at a new batch size only when the plan says it pays, instead
-  of paying a full-``k`` step at every bucket to find out;
+  [`bucket`][minispec.decoding.goodput.bucket]). A bucket's first step is plain (it measures the
+  plain step); the engine's first drafting step is a full-``k`` one (real steps that emit tokens:
+  nothing is spent on calibration). After that a bucket with only its plain step measured borrows
+  the ratio of a wide to a plain step from the nearest bucket that has both, so the engine drafts
+  at a new batch size only when the plan says it pays, instead of paying a full-``k`` step at every
+  bucket to find out;
 * [`alpha_estimates`][minispec.decoding.goodput.alpha_estimates] gives each request's acceptance
   estimate: its own accepted / tested drafts, shrunk towards the pooled acceptance of all requests
   (a Beta prior), so a new request starts from what the engine has seen, plus one standard
@@ -46,18 +39,6 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   added, and plans that won by 5-9 % on paper at batch sizes 8 to 32 lost about 5 % per step in
   ``benchmarks/engine.py``. Charging the extra cost (not the whole step) keeps cheap bets: at
   batch size 1 a drafter that proposes nothing costs a plain step, so trying it costs little.
-
-The cost model prices the forwards; a step also costs what it leaves out: the drafter's Python
-work, the draft model's reads evicting the target's weights from the CPU's caches, the policy
-itself. So the plan answers to the clock: [`GoodputK`][minispec.decoding.goodput.GoodputK] keeps,
-per bucket, the seconds and the emitted tokens of its latest drafting rounds and of its latest
-plain ones, whole rounds timed, and while drafting has been the slower of the two it runs plain,
-looking again on the same schedule as a plan of no drafts (after 8, 16, 32, ... steps). A round
-counts after two rounds of its own kind: a drafting round right after plain ones first catches up
-(a draft model feeds the plain steps' tokens), and a plain round right after drafting ones runs
-with the draft model's data in the CPU's caches: at batch size 32 on the shipped pair such rounds
-cost 0.43-0.46 ms per token against 0.40 in the plain engine, as much as the drafting rounds
-beside them, so a clock fed by them could not see that drafting lost.
 
 The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
 (``Engine.k_choices``).
@@ -288,10 +269,6 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     return KChoice(B, ks, list(alphas), goodput, list(rates))
 
 
-def _per_token(rounds: deque[tuple[float, int]]) -> float:
-    return sum(s for s, _ in rounds) / sum(n for _, n in rounds)
-
-
 def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
@@ -312,64 +289,45 @@ class GoodputK:
 
     Args:
         k_max: the most drafts a request may take (the engine's ``k``).
-        warmup: the first steps, plain and not measured (module docstring).
 
     Attributes:
         costs: the measured [`StepCosts`][minispec.decoding.goodput.StepCosts].
         choices: the latest [`KChoice`][minispec.decoding.goodput.KChoice] records, one per step.
     """
 
-    def __init__(self, k_max: int, warmup: int = 4) -> None:
-        self.k_max, self.warmup, self.costs = k_max, warmup, StepCosts()
+    def __init__(self, k_max: int) -> None:
+        self.k_max, self.costs = k_max, StepCosts()
         self.choices: deque[KChoice] = deque(maxlen=10_000)
         self.accepted = self.tested = 0             # drafts, pooled over all requests
         self.asked: dict[str, list[int]] = {}       # request -> [rounds asked to draft, proposed]
         self.proposals = [0, 0]                     # the same, pooled over all requests
         self.retry: dict[int, tuple[int, int]] = {}  # bucket -> (step to draft again, interval)
         self.steps = 0
-        self.history: deque[bool] = deque(maxlen=2)  # did each of the last two rounds draft?
-        # bucket -> {drafted?: (seconds, tokens emitted) of the latest rounds}, whole rounds timed
-        self.realized: dict[int, dict[bool, deque[tuple[float, int]]]] = {}
 
     def choose(self, requests: list[tuple[str, int, int]], caps: list[int],
                fixed: list[bool] | None = None) -> list[int]:
         """Each request's ``k`` this step. ``requests[b]``: (id, drafts accepted, drafts tested);
         ``caps[b]``: its most drafts this round; ``fixed[b]``: it drafts ``caps[b]`` whatever the
-        plan (a seeded sampled request, whose tokens must not depend on the batch). The first
-        ``warmup`` steps are plain, then two measured plain steps per bucket; while the clock says
-        drafting loses at this bucket, plain (looking again on the retry schedule); else the
-        cost model's [`plan`][minispec.decoding.goodput.GoodputK.plan]."""
+        plan (a seeded sampled request, whose tokens must not depend on the batch). While the
+        costs at this batch size are unknown, a plain step and a full step measure them."""
         self.steps += 1
         if not any(caps):
             return caps
-        B = len(caps)
-        plain_seen = len(self.realized.get(bucket(B), {}).get(False, ()))
-        if self.steps <= self.warmup or plain_seen < 2:
-            choice = KChoice(B, [0] * B, [], {})
-        elif self.drafting_lost(B) and not self.time_to_retry(bucket(B)):
-            choice = KChoice(B, [0] * B, [], {})       # the clock says no: nothing to plan
-        else:
-            choice = self.plan(requests, caps)
+        pooled = (self.accepted + 1) / (self.tested + 2)
+        alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled)
+        choice = choose_ks(alphas, caps, self.k_max, self.costs,
+                           proposal_rates=self.proposal_rates([r for r, _, _ in requests]))
+        if choice is None:                        # explore: measure a plain step, then a full one
+            plain_known = self.costs.verify_seconds(len(caps), 1) is not None
+            choice = KChoice(len(caps), caps if plain_known else [0] * len(caps), alphas, {})
+        elif not any(choice.ks) and self.time_to_retry(bucket(len(caps))):
+            # look again (acceptance drifts) with the cheapest round that measures it: one draft
+            choice = KChoice(len(caps), [min(c, 1) for c in caps], alphas, {})
         if fixed is not None and any(fixed):
             ks = [c if f else k for k, c, f in zip(choice.ks, caps, fixed, strict=True)]
             choice = dataclasses.replace(choice, ks=ks)
         self.choices.append(choice)
         return choice.ks
-
-    def plan(self, requests: list[tuple[str, int, int]], caps: list[int]) -> KChoice:
-        """The cost model's choice ([`choose_ks`][minispec.decoding.goodput.choose_ks]); a full
-        step while a cost it needs is unknown (two: the first one's draft time is not kept); one
-        draft per row when it plans none and it is time to look again (acceptance drifts)."""
-        B = len(caps)
-        pooled = (self.accepted + 1) / (self.tested + 2)
-        alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled)
-        choice = choose_ks(alphas, caps, self.k_max, self.costs,
-                           proposal_rates=self.proposal_rates([r for r, _, _ in requests]))
-        if choice is None or not self.costs.draft:
-            return KChoice(B, caps, alphas, {})
-        if not any(choice.ks) and self.time_to_retry(bucket(B)):
-            return KChoice(B, [min(c, 1) for c in caps], alphas, {})     # the cheapest look
-        return choice
 
     def proposal_rates(self, request_ids: list[str], strength: float = 4.0) -> list[float]:
         """How often each request's drafter proposed anything when asked: its own rounds, shrunk
@@ -390,38 +348,13 @@ class GoodputK:
         self.retry[rows] = (self.steps + 2 * interval, 2 * interval)
         return True
 
-    def drafting_lost(self, rows: int, window: int = 6) -> bool:
-        """Whether this bucket's recent drafting rounds emitted tokens more slowly than its recent
-        plain ones: seconds over tokens, summed over the latest rounds of each kind (``window``
-        drafting rounds at least). Sums, not a mean of each round's ratio: a drafting round that
-        emits one token is slow and one that emits five is fast, and what pays is their total."""
-        seen = self.realized.get(bucket(rows), {})
-        drafting, plain = seen.get(True, ()), seen.get(False, ())
-        if len(drafting) < window or not plain:
-            return False
-        return _per_token(drafting) > _per_token(plain)
-
     def learn(self, request_ids: list[str], ks: list[int], drafted: list[int],
-              accepted: list[int | None], draft_s: float, verify_s: float,
-              round_s: float | None = None, emitted: int = 0) -> None:
+              accepted: list[int | None], draft_s: float, verify_s: float) -> None:
         """Feed one step's measured costs and outcomes (``accepted[b]`` is ``None`` for a row that
-        failed; ``round_s``: the whole round, choice included, which emitted ``emitted`` tokens).
-        Acceptance is counted over the drafts proposed; how often a drafter proposes anything
-        when asked is counted apart (an n-gram table without a match proposes nothing). The
-        warm-up steps teach nothing."""
-        before, drafting = tuple(self.history), any(ks)
-        self.history.append(drafting)
-        if self.steps <= self.warmup:
-            return
-        # On the clock a round counts after two of its own kind: a drafting round after plain
-        # ones first catches up, a plain one after drafting ones runs with the draft's data in
-        # the CPU's caches (slower than a plain engine's steps).
-        if round_s is not None and emitted > 0 and before == (drafting, drafting):
-            arms = self.realized.setdefault(bucket(len(ks)), {})
-            arms.setdefault(drafting, deque(maxlen=16)).append((round_s, emitted))
+        failed). Acceptance is counted over the drafts proposed; how often a drafter proposes
+        anything when asked is counted apart (an n-gram table without a match proposes nothing)."""
         self.costs.record_verify(len(ks), 1 + max(drafted, default=0), verify_s)
-        if before[-1:] == (True,):   # else the drafter caught up on the plain steps' tokens
-            self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
+        self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
         for rid, k, d, a in zip(request_ids, ks, drafted, accepted, strict=True):
             if a is not None and k > 0:
                 self.accepted += a

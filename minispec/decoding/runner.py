@@ -117,7 +117,6 @@ class SpeculativeRunner:
                 drafts its cap: which random numbers a round draws depends on ``k``, and a ``k``
                 chosen from the clock and the batch would make its tokens depend on them.
         """
-        start = time.perf_counter()
         ks = caps if policy is None else policy.choose(
             [(s.request_id, s.stats.accepted, s.stats.tested) for s in seqs], caps,
             fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in seqs])
@@ -130,8 +129,7 @@ class SpeculativeRunner:
         if policy is not None:        # a round's cost beyond drafting: verify, rollback, emit
             policy.learn([s.request_id for s in seqs], ks, [p.depth for p in proposals],
                          [None if v is None else v.num_accepted for v in verdicts],
-                         t1 - t0, time.perf_counter() - t1, time.perf_counter() - start,
-                         sum(map(len, emitted)))
+                         t1 - t0, time.perf_counter() - t1)
         return emitted
 
     # ------------------------------------------------------------------ 1. draft
