@@ -40,13 +40,10 @@ class PagedPlan(ForwardPlan):
 
     Attributes: block_tables — (B, max_blocks) the blocks each row reads, in position order
     (rows with fewer blocks are padded with block 0, maybe another sequence's: those columns have
-    key position -1, so attention masks them and zeroes them in its gathered copy); gather —
-    (B * S,) the pool index of key position s of row b at ``b * S + s``, read off the block
-    tables once for every layer.
+    key position -1, so attention masks them and zeroes them in its gathered copy).
     """
 
     block_tables: torch.Tensor | None = None
-    gather: torch.Tensor | None = None
 
 
 class PagedKVCache(KVCache):
@@ -169,10 +166,7 @@ class PagedKVCache(KVCache):
         tables = [self.blocks.block_table(s)[:max_blocks] for s in slots]
         tables = [t + [0] * (max_blocks - len(t)) for t in tables]  # pad short rows with block 0
         block_tables = torch.tensor(tables, dtype=torch.long, device=self.device)
-        s = torch.arange(key_positions.shape[1], device=self.device)  # (S,) key positions
-        bs = self.block_size
-        gather = (block_tables[:, s // bs] * bs + s % bs).reshape(-1)  # (B * S,) slot mapping
-        return PagedPlan(slots, new_lengths, key_positions, dst, src, block_tables, gather)
+        return PagedPlan(slots, new_lengths, key_positions, dst, src, block_tables)
 
     def update(self, layer: int, plan: PagedPlan, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +175,8 @@ class PagedKVCache(KVCache):
         out = []
         for pool, new in ((self.k[layer], k), (self.v[layer], v)):
             self._write(pool, plan, new)  # the writes go through the pool view
-            flat = pool.view(-1, *pool.shape[2:])  # (num_blocks * block_size, n_kv, hd)
-            # one read of exactly the S keys of each row, in position order: a fresh copy
-            out.append(flat.index_select(0, plan.gather).view(B, S, *pool.shape[2:]))
+            gathered = pool[plan.block_tables]  # (B, max_blocks, block_size, n_kv, hd)
+            # (B, max_blocks*block_size, n_kv, hd): each row's blocks laid end to end
+            gathered = gathered.reshape(B, -1, *pool.shape[2:])
+            out.append(gathered[:, :S])  # (B, S, n_kv, hd), in position order
         return out[0], out[1]
