@@ -12,14 +12,20 @@ For each batch size it runs the same greedy prompts through
 and reports generated tokens per second, mean tokens per target forward (per request, and per
 batched target forward of the engine), and whether the greedy tokens equal plain single-request
 ``minispec.generate``. Every mode runs ``--repeats`` times, interleaved, and keeps its best time
-(the machine is shared: the best of a few runs is the least disturbed). Results go to
-``<out>/engine.json`` and ``<out>/engine.png``.
+(the machine is shared: the best of a few runs is the least disturbed), or with ``--statistic
+median`` its median run (steadier for comparing policies: a best-of-2 moved by 5-10 % between runs
+of the same code on the 2-core VM). ``--controls`` adds, per drafter, the default engine with a
+policy that never drafts: what the drafter's machinery costs without speculation, so that a loss
+of the default can be told apart from it. Results go to ``<out>/engine.json`` and
+``<out>/engine.png``.
 
 Examples::
 
     python benchmarks/engine.py --quick              # small run; random models if none are shipped
     python benchmarks/engine.py --threads 2          # the full table on the shipped pair
     python benchmarks/engine.py --model smollm2-135m-instruct --eagle --batch-sizes 1 4 16 --skip-hf
+    python benchmarks/engine.py --threads 1 --clock cpu --batch-sizes 16 32 --skip-hf \
+        --repeats 3 --statistic median --controls      # is the default's loss the policy's?
 
 Not a test: timings depend on the machine and its load.
 """
@@ -37,6 +43,7 @@ from pathlib import Path
 import torch
 
 import minispec as ms
+from minispec.decoding.goodput import GoodputK
 from minispec.serving.engine import Engine
 
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
@@ -69,7 +76,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also draft with the model's EAGLE head (<model>-eagle in the zoo)")
     parser.add_argument("--drafters", nargs="+", default=["draft", "ngram"],
                         choices=["draft", "ngram"], help="which other drafters to run")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per mode, best kept")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved")
+    parser.add_argument("--statistic", choices=["best", "median"], default="best",
+                        help="which of a mode's runs is kept (median: the middle by tokens/s)")
+    parser.add_argument("--controls", action="store_true",
+                        help="also each drafter's engine with a policy that never drafts")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall time, or this process's CPU time (steadier on a shared machine)")
     parser.add_argument("--quick", action="store_true",
@@ -132,8 +143,18 @@ def make_prompts(n: int, length: int, tokenizer, vocab: int) -> list[list[int]]:
 CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def run_engine(target, prompts, batch, args, **kwargs) -> dict:
+class NeverDrafts(GoodputK):
+    """A control policy: the default engine's drafter and policy calls, with k = 0 every step."""
+
+    def choose(self, requests, caps, fixed=None) -> list[int]:
+        self.steps += 1
+        return [0] * len(caps)
+
+
+def run_engine(target, prompts, batch, args, control: bool = False, **kwargs) -> dict:
     engine = Engine(target, k=args.k, max_batch_size=batch, kv_cache=args.kv_cache, **kwargs)
+    if control:
+        engine.policy = NeverDrafts(args.k)
     clock = CLOCK[args.clock]
     start = clock()
     results = engine.generate(prompts, progress=False, max_new_tokens=args.max_new_tokens,
@@ -189,6 +210,13 @@ def run_hf_static(hf, prompts, batch, args, eos) -> dict:
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, outputs=outputs)
 
 
+def kept(results: list[dict], statistic: str) -> dict:
+    """The run a mode reports: its fastest, or its median by tokens per second (the lower middle
+    of an even count)."""
+    ordered = sorted(results, key=lambda r: r["tokens_per_s"])
+    return ordered[-1] if statistic == "best" else ordered[(len(ordered) - 1) // 2]
+
+
 def _mean(values) -> float:
     values = [v for v in values if v == v]
     return sum(values) / len(values) if values else float("nan")
@@ -225,18 +253,18 @@ def main(argv=None) -> None:
         for name, spec in drafters.items():
             runs[f"{name} k={args.k}"] = dict(drafter=spec, adaptive=False)
             runs[f"{name} default"] = dict(drafter=spec)
-        modes: dict[str, dict] = {}
+            if args.controls:
+                runs[f"{name} never"] = dict(drafter=spec, control=True)
+        results: dict[str, list[dict]] = {}
         for _ in range(args.repeats):        # interleaved, so a disturbance hits every mode alike
             for name, kwargs in runs.items():
-                result = run_engine(target, prompts, batch, args, **kwargs)
-                if name not in modes or result["tokens_per_s"] > modes[name]["tokens_per_s"]:
-                    modes[name] = result
+                results.setdefault(name, []).append(
+                    run_engine(target, prompts, batch, args, **kwargs))
             if hf is not None:
                 for name, run in (("hf-continuous", run_hf_continuous),
                                   ("hf-static", run_hf_static)):
-                    result = run(hf, prompts, batch, args, eos)
-                    if name not in modes or result["tokens_per_s"] > modes[name]["tokens_per_s"]:
-                        modes[name] = result
+                    results.setdefault(name, []).append(run(hf, prompts, batch, args, eos))
+        modes = {name: kept(rs, args.statistic) for name, rs in results.items()}
         for result in modes.values():
             outputs = result.pop("outputs")
             result["same_as_generate"] = sum(o == r for o, r in
@@ -271,7 +299,9 @@ def print_row(batch: int, modes: dict) -> None:
 
 def print_table(rows: list[dict], drafters: list[str], k: int) -> None:
     """The summary: each drafter's fixed-k and default engine as multiples of the plain engine."""
-    head = "".join(f"{d + ' k=' + str(k):>12}{d + ' default':>16}" for d in drafters)
+    never = any(f"{d} never" in row["modes"] for row in rows for d in drafters)
+    head = "".join(f"{d + ' k=' + str(k):>12}{d + ' default':>16}"
+                   + (f"{d + ' never':>14}" if never else "") for d in drafters)
     print(f"\n{'B':>3}{'plain tok/s':>13}{head}{'hf-static':>11}{'same':>6}")
     for row in rows:
         modes, plain = row["modes"], row["modes"]["engine"]["tokens_per_s"]
@@ -281,13 +311,16 @@ def print_table(rows: list[dict], drafters: list[str], k: int) -> None:
             mean_k = f" ({default['mean_k']:.2f})" if default.get("mean_k") is not None else ""
             cells += (f"{fixed['tokens_per_s'] / plain:>11.2f}x"
                       f"{default['tokens_per_s'] / plain:>8.2f}x{mean_k:>7}")
+            if f"{d} never" in modes:                 # the --controls column
+                cells += f"{modes[f'{d} never']['tokens_per_s'] / plain:>13.2f}x"
         hf = modes.get("hf-static")
         vs_hf = f"{plain / hf['tokens_per_s']:.2f}x" if hf else "-"
         same = min(r["same_as_generate"] for r in modes.values())
         print(f"{row['batch_size']:>3}{plain:>13.0f}{cells}{vs_hf:>11}{same:>6.0%}")
     print("(each drafter x the plain engine; default: goodput k, mean k chosen in brackets; "
-          "hf-static: the plain engine x transformers' static batched generate; same: the least "
-          "share of outputs equal to ms.generate)")
+          "never: the default engine with a policy that never drafts; hf-static: the plain engine "
+          "x transformers' static batched generate; same: the least share of outputs equal to "
+          "ms.generate)")
 
 
 def plot(rows: list[dict], path: Path, label: str) -> None:
