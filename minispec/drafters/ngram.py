@@ -15,6 +15,7 @@ per request).
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from itertools import islice
 
@@ -96,8 +97,7 @@ class NGramDrafter:
             ctx = tuple(history[-n:])
             row = self.counts.get(ctx)
             if row:
-                order = sorted(row, key=lambda t: (row[t], self.last_seen[(ctx, t)]), reverse=True)
-                return order[:b]
+                return heapq.nlargest(b, row, key=lambda t: (row[t], self.last_seen[(ctx, t)]))
         return []
 
     def predict(self, k: int) -> list[int]:
