@@ -43,10 +43,10 @@ def every_other(vocab_size: int) -> torch.Tensor:
     return torch.arange(0, vocab_size, 2)
 
 
-def random_head(target, vocab=None, seed=7) -> EagleHead:
+def random_head(target, vocab=None, seed=7, layout="minispec") -> EagleHead:
     """A randomly initialised head bound to ``target`` (weights scaled so its logits are peaked)."""
     torch.manual_seed(seed)
-    head = EagleHead(target.config, vocab).bind(target).eval()
+    head = EagleHead(target.config, vocab, layout=layout).bind(target).eval()
     with torch.no_grad():
         for param in head.parameters():
             if param.ndim > 1:
@@ -75,7 +75,8 @@ def target():
 @pytest.fixture(scope="module")
 def heads(target):
     return {"full": random_head(target),
-            "reduced": random_head(target, every_other(target.config.vocab_size))}
+            "reduced": random_head(target, every_other(target.config.vocab_size)),
+            "eagle1": random_head(target, layout="eagle1")}
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +140,7 @@ class Spy:
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("vocab", ["full", "reduced"])
+@pytest.mark.parametrize("vocab", ["full", "reduced", "eagle1"])
 def test_greedy_output_is_the_targets_with_a_random_head(target, heads, baselines, vocab, k):
     head = heads[vocab]
     for prompt, base in zip(PROMPTS, baselines, strict=True):
@@ -184,11 +185,12 @@ def test_a_packed_head_drafts_as_the_eager_one(tmp_path):
         assert [r.drafts for r in b.rounds] == [r.drafts for r in a.rounds]
 
 
+@pytest.mark.parametrize("layout", ["full", "eagle1"])
 @pytest.mark.parametrize("driver", ["single", "engine"])
-def test_drafts_equal_an_uncached_reference(target, heads, driver):
+def test_drafts_equal_an_uncached_reference(target, heads, driver, layout):
     """Round by round, the cached (batched) drafts are the reference drafts of the committed
     context."""
-    head = heads["full"]
+    head = heads[layout]
     if driver == "single":
         spy = Spy(EagleDrafter(head))
         for prompt in PROMPTS[:4]:
@@ -207,13 +209,14 @@ def test_drafts_equal_an_uncached_reference(target, heads, driver):
 
 @pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=1.0, top_k=3),
                                     dict(temperature=0.8, top_p=0.8)], ids=["t1", "top_k", "top_p"])
-@pytest.mark.parametrize("vocab", ["full", "reduced"])
+@pytest.mark.parametrize("vocab", ["full", "reduced", "eagle1"])
 def test_sampled_output_has_the_targets_law(vocab, params):
     """The first two of three tokens (k = 2: a round drafts d_1 from the target's features and d_2
     from the head's own) follow the target's exact law; with V' = {0, 2, 4}, q is zero on 1 and 3,
     which only the residual can produce."""
     target = tiny_llama(vocab=5, seed=3, scale=0.5)
-    head = random_head(target, None if vocab == "full" else every_other(5), seed=4)
+    head = random_head(target, every_other(5) if vocab == "reduced" else None, seed=4,
+                       layout="eagle1" if vocab == "eagle1" else "minispec")
     params = ms.SamplingParams(**params)
     prompt = [1, 2, 3, 1, 2]
     law = exact_two_token_law(target, prompt, params)
@@ -308,7 +311,7 @@ def test_the_check_fails_when_rejected_drafts_features_are_passed(target, heads)
 
 
 @pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
-@pytest.mark.parametrize("vocab", ["full", "reduced"])
+@pytest.mark.parametrize("vocab", ["full", "reduced", "eagle1"])
 def test_engine_greedy_equals_single_sequence_decoding(target, heads, baselines, vocab, kv_cache):
     head = heads[vocab]
     engine = Engine(target, drafter=EagleDrafter(head), k=3, max_batch_size=4, kv_cache=kv_cache,
@@ -378,7 +381,7 @@ def test_adaptive_engine_rows_that_skip_drafting(target, heads, baselines):
 # ---------------------------------------------------------------------- 5. files and errors
 
 
-@pytest.mark.parametrize("vocab", ["full", "reduced"])
+@pytest.mark.parametrize("vocab", ["full", "reduced", "eagle1"])
 def test_save_then_load_gives_the_same_drafts(target, heads, vocab, tmp_path):
     head = heads[vocab]
     exact = load_drafter(save_head(head, tmp_path / "fp32", dtype=torch.float32), target)
@@ -438,3 +441,18 @@ def test_a_drafter_bound_to_another_target_is_refused(target, heads):
 def test_a_bad_draft_vocabulary_is_refused(target, vocab):
     with pytest.raises(ValueError, match="vocab"):
         EagleHead(target.config, torch.tensor(vocab, dtype=torch.long))
+
+
+def test_the_eagle1_layout_has_no_fc_bias_no_input_norm_and_no_final_norm(target, heads):
+    """The checkpoint layout vLLM and SGLang read (tests/test_export.py checks the whole forward
+    against transformers' decoder layer)."""
+    head = heads["eagle1"]
+    names = set(head.state_dict())
+    assert "fc.bias" not in names and not any("input_layernorm" in n for n in names)
+    assert {"fc.bias", "layer.input_layernorm.weight"} <= set(heads["full"].state_dict())
+    ids, features = torch.tensor([[3, 4, 5]]), torch.randn(1, 3, target.config.hidden_size)
+    logits, feature = head(ids, features, torch.arange(3)[None])
+    torch.testing.assert_close(logits, feature @ target.output_weight.T)   # LM head, no norm
+    assert not torch.allclose(feature, target.norm(feature), atol=1e-2)
+    with pytest.raises(ValueError, match="layout"):
+        EagleHead(target.config, layout="eagle3")

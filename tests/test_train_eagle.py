@@ -76,6 +76,27 @@ def test_recipe_runs_end_to_end_and_resumes(toy_corpus, tmp_path, one_thread):
     assert "heldout_answers_top1" in facts["training"]["curve"][-1]
 
 
+
+def test_the_eagle1_recipe_trains_a_head_vllm_and_sglang_load(toy_corpus, tmp_path, one_thread):
+    """``--layout eagle1``: the full vocabulary, a head that drafts exactly, and files that
+    ``minispec.tools.export`` turns into their checkpoint (tests/test_export.py checks that
+    layout)."""
+    from minispec.tools import export
+
+    head_dir = train_eagle.main([*tiny_args(tmp_path / "run", toy_corpus), "--steps", "2",
+                                 "--layout", "eagle1"])
+    saved = json.loads((head_dir / "eagle_config.json").read_text())
+    assert saved["layout"] == "eagle1"
+    assert saved["draft_vocab_size"] == saved["target_config"]["vocab_size"]      # the full one
+    target, tok = ms.load("shakespeare-target")
+    drafter = ms.load_drafter(head_dir, target)
+    assert drafter.model.layout == "eagle1" and drafter.model.fc.bias is None
+    prompt = tok.encode("ROMEO:")
+    out = ms.speculative_generate(target, drafter, prompt, 16, k=3)
+    assert out.tokens == ms.generate(target, prompt, 16).tokens
+    exported = export.export_head(head_dir, tmp_path / "vllm")
+    assert (exported / "model.safetensors").is_file() and (exported / "config.json").is_file()
+
 def test_vocabulary_covers_what_it_claims():
     chunks = [eagle_data.Chunk("x", torch.zeros(10, dtype=torch.long), torch.zeros(10, 4),
                                torch.tensor([5, 5, 5, 5, 5, 5, 3, 3, 3, 9]))]

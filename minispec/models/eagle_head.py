@@ -28,6 +28,13 @@ SmolLM2-135M the full head is 28 M of 135 M parameters, a fifth of a target step
 Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding, norm
 and LM head are the target's, bound with
 [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
+
+Two layouts. ``"minispec"`` (above, the shipped head) normalises twice: the layer's input norm and
+the target's final norm on ``f'_t``. ``"eagle1"`` is the layout of EAGLE-1's checkpoints, which
+vLLM's and SGLang's EAGLE loaders read: ``fc`` has no bias, the layer reads ``fc``'s output
+without its input norm, and the layer's output goes to the full LM head as it is (no final norm:
+the head learns to output normed-looking features itself). A head trained in that layout can be
+served there ([`minispec.tools.export`][minispec.tools.export]).
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ from minispec.models.llama import (
 
 __all__ = ["EagleHead", "load_head", "save_head"]
 
+LAYOUTS = ("minispec", "eagle1")
+
 #: The target's shape a head is made for: ``bind`` refuses a target that differs in one of them.
 SHAPE = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
@@ -66,17 +75,21 @@ class EagleHead(nn.Module):
             layer of it (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV
             cache).
         vocab: the draft vocabulary ``V'`` as sorted token ids, or ``None`` for the full one.
+        layout: ``"minispec"`` or ``"eagle1"`` (the module docstring says how they differ).
     """
 
-    def __init__(self, config: ModelConfig, vocab: torch.Tensor | None = None) -> None:
+    def __init__(self, config: ModelConfig, vocab: torch.Tensor | None = None,
+                 layout: str = "minispec") -> None:
         super().__init__()
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
         self.config = dataclasses.replace(config, num_hidden_layers=1)
-        d = config.hidden_size
-        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.layout = layout
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=layout == "minispec")
         self.layer = Block(self.config, layer_idx=0)
-        if vocab is None:
-            vocab = torch.arange(config.vocab_size)
-        vocab = torch.as_tensor(vocab, dtype=torch.long)
+        if layout == "eagle1":
+            self.layer.input_layernorm = nn.Identity()     # the layer reads fc's output as it is
+        vocab = torch.as_tensor(range(config.vocab_size) if vocab is None else vocab).long()
         if (vocab.ndim != 1 or vocab.numel() == 0 or vocab.min() < 0
                 or vocab.max() >= config.vocab_size):
             raise ValueError(f"vocab must be 1-D token ids in [0, {config.vocab_size})")
@@ -119,7 +132,8 @@ class EagleHead(nn.Module):
         d = self.config.hidden_size
         self.fc.weight.zero_()
         self.fc.weight[:, d:] = torch.eye(d)
-        self.fc.bias.zero_()
+        if self.fc.bias is not None:
+            self.fc.bias.zero_()
         return self
 
     @property
@@ -172,7 +186,7 @@ class EagleHead(nn.Module):
         h = self.layer(h, cos, sin, mask, cache, plan, drop)
         if cache is not None:
             cache.commit(plan)
-        feature = target.norm(h)                                                # (B, T, D)
+        feature = target.norm(h) if self.layout == "minispec" else h            # (B, T, D)
         return self.logits(feature), feature
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
@@ -224,7 +238,7 @@ def save_head(head: EagleHead, directory: str | Path, *, dtype: torch.dtype = to
                for name, t in head.state_dict().items()}
     save_file(tensors, str(directory / WEIGHTS))
     config = {"target_config": dataclasses.asdict(head.config) | {"num_hidden_layers": None},
-              "draft_vocab_size": head.draft_vocab_size, **(extra or {})}
+              "draft_vocab_size": head.draft_vocab_size, "layout": head.layout, **(extra or {})}
     (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return directory
 
@@ -243,11 +257,11 @@ def load_head(directory: str | Path, target: Llama) -> EagleHead:
     missing = [f for f in (WEIGHTS, CONFIG) if not (directory / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{directory} holds no EAGLE head: {', '.join(missing)} missing")
-    saved = json.loads((directory / CONFIG).read_text())["target_config"]
+    saved = json.loads((directory / CONFIG).read_text())
     tensors = load_file(str(directory / WEIGHTS))
-    shape = {k: saved[k] for k in (*SHAPE, "intermediate_size")}
+    shape = {k: saved["target_config"][k] for k in (*SHAPE, "intermediate_size")}
     config = dataclasses.replace(target.config, **shape)
-    head = EagleHead(config, vocab=tensors["vocab"])
+    head = EagleHead(config, vocab=tensors["vocab"], layout=saved.get("layout", "minispec"))
     head.bind(target)                                   # raises on a target of another shape
     head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v
                           for k, v in tensors.items()})

@@ -12,7 +12,8 @@ continues with ``--resume``):
 1. ``data.pt``   -- the target's answers to the prompt set, plus Shakespeare and stdlib code, turned
    into features (`minispec.tools.eagle_data`); 5 % of the chunks are held out;
 2. the draft vocabulary ``V'``: the most frequent greedy tokens covering ``--coverage`` of
-   positions;
+   positions (the full vocabulary with ``--layout eagle1``, the layout vLLM and SGLang serve:
+   `minispec.tools.export`);
 3. training, in one cosine learning-rate schedule spanning ``--steps`` or ``--time-budget`` minutes;
    a checkpoint ``ckpt.pt`` every two minutes (and the head so far in ``head-latest/``);
 4. ``head/``     -- the head
@@ -46,7 +47,7 @@ from tqdm import tqdm
 
 from minispec.drafters.eagle import EagleDrafter
 from minispec.models import packed
-from minispec.models.eagle_head import EagleHead, save_head
+from minispec.models.eagle_head import LAYOUTS, EagleHead, save_head
 from minispec.models.loader import load
 from minispec.tools import eagle_data
 from minispec.zoo import smollm2
@@ -315,6 +316,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--answer-weight", type=float, default=None,
                    help="draw a chunk from the target's answers with this probability (default: "
                         "every chunk equally likely)")
+    p.add_argument("--layout", choices=LAYOUTS, default="minispec",
+                   help="'eagle1': the layout vLLM and SGLang load (no fc bias, no input or final "
+                        "norm, full vocabulary; export with python -m minispec.tools.export)")
     p.add_argument("--init", choices=("last-layer", "random"), default="last-layer",
                    help="start the head's layer from the target's last layer, or from random "
                         "weights")
@@ -336,9 +340,11 @@ def main(argv=None) -> Path:
     target.requires_grad_(False)                              # eager: the head trains through it
     vocab, coverage_curve = eagle_data.choose_vocab(data["train"], args.coverage,
                                                     target.config.vocab_size)
-    print(f"draft vocabulary: {vocab.numel()} tokens cover {args.coverage:.0%} of the target's "
-          f"greedy tokens in {len(data['train'])} training chunks")
-    head = EagleHead(target.config, vocab=vocab).bind(target)
+    if args.layout == "eagle1":         # vLLM and SGLang draft EAGLE-1 heads over the full head
+        vocab = torch.arange(target.config.vocab_size)
+    print(f"draft vocabulary: {vocab.numel()} tokens ({args.layout} layout), from "
+          f"{len(data['train'])} training chunks")
+    head = EagleHead(target.config, vocab=vocab, layout=args.layout).bind(target)
     if args.init == "last-layer":
         head.init_from_target()
     ckpt = args.out / "ckpt.pt"
