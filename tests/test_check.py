@@ -233,6 +233,37 @@ def test_chi_square_critical_values_match_scipy():
             assert abs(ours - theirs) < 1e-6 * theirs, (df, alpha)
 
 
+
+def test_law_test_is_scipys_pooled_chi_square_and_zero_for_impossible_outcomes():
+    """``laws.law_test`` (lessons 03 and 09): scipy's Pearson test on the pooled cells, the TV
+    distance, and p = 0 when an outcome of probability 0 was observed; ``tv_tolerance`` holds."""
+    stats = pytest.importorskip("scipy.stats")
+    from minispec.check.laws import law_test, tv_tolerance
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        V = int(torch.randint(3, 30, (), generator=g))
+        law = torch.softmax(3 * torch.randn(V, generator=g), 0)
+        law[0] = 0.0
+        law = law / law.sum()
+        n = int(torch.randint(50, 3000, (), generator=g))
+        counts = torch.bincount(torch.multinomial(law, n, replacement=True, generator=g),
+                                minlength=V)
+        expected = n * law.double() / law.double().sum()
+        big, small = expected >= 5, (expected < 5) & (law > 0)
+        observed = torch.cat([counts[big].double(), counts[small].sum()[None].double()])
+        wanted = torch.cat([expected[big], expected[small].sum()[None]])
+        keep = wanted > 0
+        if keep.sum() < 2:
+            continue
+        reference = stats.chisquare(observed[keep].numpy(), wanted[keep].numpy()).pvalue
+        pvalue, tv = law_test(counts, law)
+        assert abs(pvalue - reference) < 1e-9, trial
+        assert tv == pytest.approx(0.5 * float((counts / n - law).abs().sum()), abs=1e-6)
+        assert tv < tv_tolerance(law, n)
+        counts[0] += 1                                       # an impossible outcome, once
+        assert law_test(counts, law)[0] == 0.0
+
 def test_hoeffding_bound_holds():
     n, beta, alpha = 400, 0.3, 1e-3
     g = torch.Generator().manual_seed(0)
