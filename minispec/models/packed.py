@@ -43,10 +43,10 @@ given: an earlier one on a quieter AMD EPYC (Zen 3), and three loaded ones on an
 | r(4) (5 tokens), eager / fast  | 1.74-1.78 / 1.32  | 1.65-1.74 / 1.12-1.20           |
 | r(8) (9 tokens), eager / fast  | not recorded      | 2.23-2.33 / 1.32-1.34           |
 
-The goals of issue 12 are not met cleanly. The packed one-token step is 1.5-1.8x the roofline
-(goal 1.5x); under load it is even slower than eager's (the bandwidth probe is shared too, so
-the roofline grows and every ratio flatters). r(4) is 1.12-1.32 (goal 1.2): met in the loaded
-runs, missed in the earlier one; verification is much cheaper than eager's, not free. What limits:
+So packing buys cheap verification, not a fast step. The packed one-token step is 1.5-1.8x the
+roofline; under load it is even slower than eager's (the bandwidth probe is shared too, so the
+roofline grows and every ratio flatters). r(4) is 1.12-1.32: much cheaper than eager's 1.65-1.78,
+not free. What limits:
 
 * oneDNN's kernel for one row streams no faster than the BLAS's GEMV (loaded run): on one 85 MB
   matrix (2304 x 9216, ``minispec.tools.costs.matmul_ms``) one row takes 5.6 ms packed against
