@@ -20,7 +20,7 @@ import base64
 import io
 import re
 
-_MARKER = re.compile(r"^<!-- minispec-plot: (\w+) -->\s*$", re.MULTILINE)
+_MARKER = re.compile(r"^<!-- minispec-plot: (\w+) -->[ \t]*$", re.MULTILINE)
 _WIDTH_IN, _DPI = 8.4, 100  # about 840 px natural width (tight bounding box)
 
 

@@ -181,6 +181,8 @@
       }
     });
     this.text.scrollTop = this.text.scrollHeight;        // the newest tokens in view
+    // text above the box: its top line fades out instead of showing half cut
+    this.text.classList.toggle("ms-round__text--more", this.text.scrollTop > 0);
   };
 
   Widget.prototype.renderCards = function (step, round) {
