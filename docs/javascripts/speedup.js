@@ -169,7 +169,7 @@
     var s = this.state;
     // Drawn at the width it is shown at, so that its text stays legible on a phone.
     var W = Math.max(320, Math.min(640, this.chart.clientWidth || 640));
-    var H = W < 500 ? 240 : 300, left = 48, right = 12, top = 16, bottom = 40;
+    var H = W < 500 ? 240 : 300, left = 62, right = 12, top = 16, bottom = 40;
     var ks = [];
     for (var k = 1; k <= K_MAX; k++) ks.push(k);
     var curve = ks.map(function (k) { return speedup(s.alpha, k, s.c, s.r); });
@@ -193,6 +193,9 @@
       }
     });
     root.appendChild(svg("text", { x: (left + W - right) / 2, y: H - 6, "text-anchor": "middle", class: "ms-svg-axis" }, "k, drafts per round"));
+    var mid = (top + H - bottom) / 2;     // the y axis' name, turned to run along it
+    root.appendChild(svg("text", { x: 14, y: mid, "text-anchor": "middle", class: "ms-svg-axis",
+      transform: "rotate(-90 14 " + mid + ")" }, "speedup over plain"));
     var path = function (values, attrs) {
       var d = values.map(function (v, i) { return (i ? "L" : "M") + x(ks[i]).toFixed(1) + " " + y(v).toFixed(1); }).join(" ");
       root.appendChild(svg("path", Object.assign({ d: d, fill: "none" }, attrs)));
