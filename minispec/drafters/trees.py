@@ -34,13 +34,14 @@ own guessed features) and takes the target's features of the accepted path only.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import SamplingParams, probs_for_rows, sample
+from minispec.core.sampling import probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.tree import TreeProposal, tree_size
 from minispec.drafters.base import Drafter, ModelDrafter, common_prefix
@@ -123,45 +124,29 @@ class LevelTreeDrafter(SingleTreeDrafter):
     @torch.inference_mode()
     def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
         """A tree after ``seq.context`` with ``branching[t]`` children per node at depth ``t``."""
-        context = seq.context
         root = self._start(seq)
         self.storage = {}
-        parents, tokens, paths = [-1], [context[-1]], [[]]
-        draws: list[list[tuple[int, Tensor | None]]] = [[]]
         if root is None:                             # nothing to draft from yet: the root alone
-            return TreeProposal.build(parents, tokens, draws)
+            return grow_tree(seq.context[-1], (), None, None)
         logits, start = root                         # (1, V); cache positions held
-        frontier = [0]
-        for depth, b in enumerate(branching, start=1):
-            children = []
-            for node, row in zip(frontier, logits, strict=True):
-                for token, q in self._choose(seq, row, context + paths[node], b):
-                    same = [c for c, _ in draws[node] if tokens[c] == token]
-                    child = same[0] if same else len(tokens)
-                    if not same:
-                        parents.append(node)
-                        tokens.append(token)
-                        paths.append(paths[node] + [token])
-                        draws.append([])
-                        children.append(child)
-                    draws[node].append((child, q))
-            frontier = children
-            if depth < len(branching):               # depth t is fed at position start + t - 1
-                logits = self._feed_level(frontier, parents, tokens, start, start + depth - 1)
-        return TreeProposal.build(parents, tokens, draws)
+        rows = {0: logits[0]}                        # node -> the drafter's logits there (V,)
+        return grow_tree(seq.context[-1], branching, [],
+                         lambda node, path, b: self._choose(seq, rows[node], path, b),
+                         functools.partial(self._feed_level, rows, start))
 
-    def _choose(self, seq: Sequence, logits: Tensor, context: list[int], b: int):
-        """``b`` children of a node: greedy top-b (q None), else b i.i.d. draws from q."""
-        sp: SamplingParams = seq.sampling
-        if sp.greedy:
-            return [(int(t), None) for t in logits.topk(b).indices]
-        q = probs_for_rows(logits[None], [sp], [context])[0]                              # (V,)
-        return [(int(sample(q, seq.generator)), q) for _ in range(b)]
+    def _choose(self, seq: Sequence, logits: Tensor, path: list[int], b: int):
+        """``b`` children of the node at ``path`` (below the root): greedy top-b (q None), else b
+        i.i.d. draws from q; each as ``(token, q, its path)``."""
+        if seq.sampling.greedy:
+            return [(int(t), None, path + [int(t)]) for t in logits.topk(b).indices]
+        q = probs_for_rows(logits[None], [seq.sampling], [seq.context + path])[0]       # (V,)
+        return [(t, q, path + [t]) for t in [int(sample(q, seq.generator)) for _ in range(b)]]
 
-    def _feed_level(self, frontier: list[int], parents: list[int], tokens: list[int],
-                    start: int, position: int) -> Tensor:
-        """Feed one depth of nodes at RoPE ``position``; each sees the committed ``start``
-        positions and its fed ancestors. The drafter's logits at each node: ``(F, V)``."""
+    def _feed_level(self, rows: dict[int, Tensor], start: int, frontier: list[int],
+                    parents: list[int], tokens: list[int], depth: int) -> None:
+        """Feed the nodes of ``depth`` at RoPE position ``start + depth - 1``; each sees the
+        committed ``start`` positions and its fed ancestors. The drafter's logits at each node
+        ``(V,)`` go to ``rows``."""
         first = start + len(self.storage)
         self.storage.update({node: first + i for i, node in enumerate(frontier)})
         width = len(self.storage)                    # tree positions start .. start + width - 1
@@ -174,7 +159,9 @@ class LevelTreeDrafter(SingleTreeDrafter):
         storage = torch.arange(first, first + len(frontier), device=device)[None]  # (1, F)
         tree = TreeAttention(storage, torch.tensor([start], device=device), mask.to(device))
         self.forwards += 1
-        return self._forward_level(frontier, parents, tokens, [position] * len(frontier), tree)
+        positions = [start + depth - 1] * len(frontier)
+        rows.update(zip(frontier, self._forward_level(frontier, parents, tokens, positions, tree),
+                        strict=True))                # (F, V)
 
     def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
         """Sync the cache with ``seq.context``: the root's logits ``(1, V)`` and the cache
@@ -329,8 +316,8 @@ class NGramTreeDrafter(SingleTreeDrafter):
         g = self.ngram
         g.propose(seq.context, 0)                      # ingest the accepted tokens, predict nothing
         tail = list(g.history)[-(g.max_order - 1):]    # a node's state: the history it continues
-        return grow_tree(seq.context[-1], branching, tail,
-                         lambda path, b: [(t, path + [t]) for t in g.continuations(path, b)])
+        return grow_tree(seq.context[-1], branching, tail, lambda _, path, b: [
+            (t, None, path + [t]) for t in g.continuations(path, b)])
 
     def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
         """Nothing to do: the table syncs with the context on the next call."""
@@ -357,37 +344,47 @@ class SuffixTreeDrafter(SingleTreeDrafter):
         s = self.suffix
         match = s.match(seq.context)
 
-        def children(node: tuple[list, list[int], float], b: int):
-            ends, path, prob = node                  # occurrences, path, path probability
+        def children(_: int, state: tuple[list, list[int], float], b: int):
+            ends, path, prob = state                 # occurrences, path, path probability
             options = match.following(ends, path)
             total = sum(len(e) for _, e in options)
             for token, kept in options[:b]:
                 if prob * len(kept) / total < s.min_prob:
                     break                            # options are most frequent first
-                yield token, (kept, path + [token], prob * len(kept) / total)
+                yield token, None, (kept, path + [token], prob * len(kept) / total)
 
         depth = s.draft_limit(match.length, len(branching))
         return grow_tree(seq.context[-1], branching[:depth], (match.ends, [], 1.0), children)
 
 
 def grow_tree(root: int, branching: tuple[int, ...], state: Any,
-              children: Callable[[Any, int], Any]) -> TreeProposal:
-    """The tree of a deterministic drafter (one-hot ``q``), breadth-first: ``children(state, b)``
-    gives up to ``b`` pairs ``(token, its state)`` below a node in state ``state``; the root
-    (token ``root``) has state ``state``."""
+              children: Callable[[int, Any, int], Any],
+              fed: Callable[[list[int], list[int], list[int], int], None] | None = None
+              ) -> TreeProposal:
+    """A tree, breadth-first: ``children(node, state, b)`` gives up to ``b`` triples ``(token, q,
+    its state)`` below node ``node`` in state ``state`` (``q``: the distribution ``token`` was
+    drawn from, ``None`` for a deterministic drafter's one-hot); the root (token ``root``) has
+    state ``state``. Equal draws below one node share a child node, each draw kept (module
+    docstring). After every depth ``t`` but the last, ``fed(frontier, parents, tokens, t)`` is
+    told the new nodes (a cached drafter scores them)."""
     parents, tokens, draws, states = [-1], [root], [[]], [state]
     frontier = [0]
-    for b in branching:
+    for depth, b in enumerate(branching, start=1):
         level = []
         for node in frontier:
-            for token, child_state in children(states[node], b):
-                draws[node].append((len(tokens), None))
-                level.append(len(tokens))
-                parents.append(node)
-                tokens.append(token)
-                draws.append([])
-                states.append(child_state)
+            for token, q, child_state in children(node, states[node], b):
+                same = [c for c, _ in draws[node] if tokens[c] == token]
+                child = same[0] if same else len(tokens)
+                if not same:
+                    level.append(child)
+                    parents.append(node)
+                    tokens.append(token)
+                    draws.append([])
+                    states.append(child_state)
+                draws[node].append((child, q))
         frontier = level
+        if fed is not None and depth < len(branching):
+            fed(frontier, parents, tokens, depth)
     return TreeProposal.build(parents, tokens, draws)
 
 
