@@ -106,6 +106,12 @@ class Drafter:
     def release(self, seq: Sequence) -> None:
         """Forget ``seq`` (finished or aborted)."""
 
+    def _truncate(self, seq: Sequence, keep: int) -> None:
+        """Roll ``seq``'s rows of the draft cache back to ``keep`` positions (if it holds more)."""
+        if seq.draft_len > keep:
+            self.cache.truncate_to(seq.draft_slot, keep)
+            seq.draft_len = keep
+
 
 def check_compatible(target: ModelConfig, draft: ModelConfig) -> None:
     """Raise ``ValueError`` unless the draft model can share the target's token ids.
@@ -174,22 +180,19 @@ class PerRequestDrafter(Drafter):
         self.forwards = 0
 
     def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        drafts = []
-        for seq, k in zip(seqs, ks, strict=True):
-            if k == 0:
-                drafts.append(Draft(torch.zeros(0, dtype=torch.long)))
-                continue
+        drafts = [Draft(torch.zeros(0, dtype=torch.long)) for _ in seqs]     # k = 0: nothing
+        for b, (seq, k) in enumerate(zip(seqs, ks, strict=True)):
             try:
-                drafter = self.instances.get(seq.request_id) or self.make()
-                self.instances[seq.request_id] = drafter
-                before = getattr(drafter, "forwards", 0)        # a user's drafter may not count
-                draft = drafter.propose(seq.context, k, seq.sampling, seq.generator)
-                seq.stats.draft_forwards += getattr(drafter, "forwards", 0) - before
-                drafts.append(Draft(draft.tokens[:k],
-                                    None if draft.probs is None else draft.probs[:k]))
+                if k > 0:
+                    drafter = self.instances.get(seq.request_id) or self.make()
+                    self.instances[seq.request_id] = drafter
+                    before = getattr(drafter, "forwards", 0)    # a user's drafter may not count
+                    draft = drafter.propose(seq.context, k, seq.sampling, seq.generator)
+                    seq.stats.draft_forwards += getattr(drafter, "forwards", 0) - before
+                    drafts[b] = Draft(draft.tokens[:k],
+                                      None if draft.probs is None else draft.probs[:k])
             except Exception as error:            # this request's drafter is broken: it alone fails
                 seq.fail(error)
-                drafts.append(Draft(torch.zeros(0, dtype=torch.long)))
         return drafts
 
     def release(self, seq: Sequence) -> None:
@@ -269,10 +272,7 @@ class ModelDrafter(Drafter):
                 paths: list[list[int]]) -> None:
         """Roll each row's draft cache back to ``n + a``: the context plus the accepted drafts."""
         for seq, a in zip(seqs, num_accepted, strict=True):
-            keep = seq.num_tokens + a
-            if seq.draft_len > keep:
-                self.cache.truncate_to(seq.draft_slot, keep)
-                seq.draft_len = keep
+            self._truncate(seq, seq.num_tokens + a)
 
     # ------------------------------------------------------------------ one context, no loop
 

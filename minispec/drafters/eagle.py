@@ -86,9 +86,7 @@ class EagleDrafter(Drafter):
         for seq, start, h in zip(seqs, starts, hidden, strict=True):
             if start == 0:
                 self.pending[seq.request_id] = h
-                if seq.draft_len:
-                    self.cache.truncate_to(seq.draft_slot, 0)
-                    seq.draft_len = 0
+                self._truncate(seq, 0)
             else:
                 self.pending[seq.request_id] = torch.cat([self.pending[seq.request_id], h])
 
@@ -96,10 +94,7 @@ class EagleDrafter(Drafter):
                 paths: list[list[int]]) -> None:
         """Drop the round's speculative pairs; keep the real features of the accepted positions."""
         for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
-            keep = seq.num_tokens - 1               # real pairs: j = 0..n-2
-            if seq.draft_len > keep:
-                self.cache.truncate_to(seq.draft_slot, keep)
-                seq.draft_len = keep
+            self._truncate(seq, seq.num_tokens - 1)         # real pairs: j = 0..n-2
             kept = self.pending.get(seq.request_id, h[:0])     # unfed when the row drafted nothing
             self.pending[seq.request_id] = torch.cat([kept, h[: a + 1]])        # (m + a + 1, D)
 
@@ -141,8 +136,7 @@ class EagleDrafter(Drafter):
         for seq in seqs:
             f = self.pending.get(seq.request_id)
             if f is not None and len(f) == 0 and seq.draft_len > 0:   # a retried round: re-feed
-                seq.draft_len -= 1                                     # the last real pair
-                self.cache.truncate_to(seq.draft_slot, seq.draft_len)
+                self._truncate(seq, seq.draft_len - 1)                 # the last real pair
                 f = self.last_fed[seq.request_id]
             n_pairs = seq.num_tokens - 1
             if f is None or seq.draft_len + len(f) != n_pairs:
