@@ -263,9 +263,8 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
             if goodput[K, R] > best[0]:
                 best = (goodput[K, R], K, R)
     _, K, R = best
-    ks = [0] * B
-    for b in order[:R]:
-        ks[b] = min(K, caps[b])
+    drafting = set(order[:R])
+    ks = [min(K, caps[b]) if b in drafting else 0 for b in range(B)]
     return KChoice(B, ks, list(alphas), goodput, list(rates))
 
 

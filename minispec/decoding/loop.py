@@ -156,8 +156,11 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
            eos_token_id, max_seq_len, branching) -> tuple[SpeculativeRunner, Sequence]:
     """Validate the call, make the caches, the sequence and the runner, prefill the target."""
     drafter, branching, extra = as_drafter_for(drafter, k, branching)
-    seq = _request(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop,
-                   stop_token_ids, eos_token_id, max_seq_len)
+    check_k(k, drafter is not None)                 # the request: the checks add_request makes
+    seq = make_sequence("0", target, prompt, sampling, max_new_tokens=max_new_tokens,
+                        max_seq_len=context_limit(target, drafter, max_seq_len),
+                        k=0 if drafter is None else k, tokenizer=tokenizer,
+                        stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
     cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
     seq.slot = cache.allocate()
     if keeps_cache(drafter):                                 # a draft model's or a head's cache
@@ -170,16 +173,6 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
     else:
         runner.prefill([seq])        # all but the last prompt token; each round feeds the last one
     return runner, seq
-
-
-def _request(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
-             eos_token_id, max_seq_len) -> Sequence:
-    """The validated request (the checks ``Engine.add_request`` makes too)."""
-    check_k(k, drafter is not None)
-    return make_sequence("0", target, prompt, sampling, max_new_tokens=max_new_tokens,
-                         max_seq_len=context_limit(target, drafter, max_seq_len),
-                         k=0 if drafter is None else k, tokenizer=tokenizer,
-                         stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
 
 
 def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: SamplingParams | None, *,

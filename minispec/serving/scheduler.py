@@ -83,10 +83,8 @@ class KVCacheSpace:
         self.draft_cache = draft_cache
 
     def _pairs(self, seq: Sequence) -> list[tuple[object, int]]:
-        pairs = [(self.target_cache, seq.slot)]
-        if self.draft_cache is not None:
-            pairs.append((self.draft_cache, seq.draft_slot))
-        return pairs
+        pairs = ((self.target_cache, seq.slot), (self.draft_cache, seq.draft_slot))
+        return [(cache, slot) for cache, slot in pairs if cache is not None]
 
     def _caches(self) -> list:
         return [c for c in (self.target_cache, self.draft_cache) if c is not None]
