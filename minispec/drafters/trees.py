@@ -41,14 +41,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import probs_for_rows, sample
+from minispec.core.sampling import SamplingParams, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.tree import TreeProposal, tree_size
 from minispec.drafters.base import Drafter, ModelDrafter, common_prefix
 from minispec.drafters.eagle import EagleDrafter, full_vocab
 from minispec.drafters.ngram import NGramDrafter
 from minispec.drafters.suffix import SuffixDrafter
-from minispec.models.kv_cache import ContiguousKVCache, cache_args_for_model
+from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama, TreeAttention
 
 __all__ = ["EagleTreeDrafter", "LevelTreeDrafter", "NGramTreeDrafter", "SuffixTreeDrafter",
@@ -114,9 +114,8 @@ class LevelTreeDrafter(SingleTreeDrafter):
 
     def __init__(self, model, max_seq_len: int, max_nodes: int) -> None:
         self.model = model
-        args = cache_args_for_model(model, max_seq_len)
-        args["max_seq_len"] += max_nodes            # tree nodes are stored past the context
-        self.cache = ContiguousKVCache(num_slots=1, **args)
+        # tree nodes are stored past the context: room for max_nodes more
+        self.cache = ContiguousKVCache.for_model(model, 1, max_seq_len, extra=max_nodes)
         self.slot = self.cache.allocate()
         self.storage: dict[int, int] = {}
         self.forwards = 0
@@ -248,35 +247,26 @@ class EagleTreeDrafter(LevelTreeDrafter):
     def __init__(self, head, max_seq_len: int, max_nodes: int) -> None:
         super().__init__(head.model if isinstance(head, EagleDrafter) else head, max_seq_len,
                          max_nodes)
-        self.pending: Tensor | None = None          # (m, D) real features not fed yet
+        self.chain = EagleDrafter(self.model)       # keeps and feeds the real pairs, in our cache
+        self.chain.attach(self.cache)
+        self.probe = Sequence("tree", [0], SamplingParams())   # the request, as the chain sees it
+        self.probe.draft_slot = self.slot           # probe.draft_len: the real pairs held
         self.features: dict[int, Tensor] = {}       # created node -> the head's feature (D,)
 
     def observe_tree_prefill(self, start: int, hidden: Tensor) -> None:
         """The target's features of the prefilled positions ``start..``: ``(T, D)``."""
-        if start == 0 or self.pending is None:
-            self.cache.truncate_to(self.slot, 0)
-            self.pending = hidden
-        else:
-            self.pending = torch.cat([self.pending, hidden])
+        self.chain.observe_prefill([self.probe], [start], [hidden])
 
     def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
-        """Feed the pending real pairs; the root's logits come from the last one."""
-        held, n = self.cache.length(self.slot), seq.num_tokens
-        f = self.pending if self.pending is not None else self.model.fc.weight.new_zeros(
-            0, self.model.config.hidden_size)      # a one-token prompt: no prefill, no pair
-        if held + len(f) != n - 1:
-            raise RuntimeError(f"the head holds {held} pairs and {len(f)} pending features, but "
-                               f"the context has {n - 1} (was the prefill observed?)")
-        if n < 2:                                    # no pair yet: nothing to draft from
+        """Feed the pending real pairs (the chain's catch-up forward); the root's logits come from
+        the last one."""
+        if seq.num_tokens < 2:                       # no pair yet: nothing to draft from
             return None
-        device = self.model.device
-        ids = torch.tensor([seq.context[held + 1:]], device=device)
-        positions = torch.arange(held, n - 1, device=device)[None]
-        logits, feature = self.model(ids, f[None], positions, self.cache, [self.slot])
+        self.probe.prompt, self.probe.generated = seq.prompt, seq.generated
+        logits, feature = self.chain._catch_up([self.probe])                    # (1, V'), (1, D)
         self.forwards += 1
-        self.pending = f[:0]
-        self.features = {0: feature[0, -1]}
-        return full_vocab(self.model, logits[0, -1:]), n - 1
+        self.features = {0: feature[0]}
+        return full_vocab(self.model, logits), seq.num_tokens - 1
 
     def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
         device = self.model.device
@@ -294,7 +284,7 @@ class EagleTreeDrafter(LevelTreeDrafter):
             raise ValueError(f"expected {len(path) + 1} feature rows (root + accepted), "
                              f"got {len(hidden)}")
         self.cache.truncate_to(self.slot, self.cache.length(self.slot) - len(self.storage))
-        self.pending = torch.cat([self.pending, hidden]) if self.pending is not None else hidden
+        self.chain.observe([self.probe], [len(path)], [hidden], [path])
         self.storage, self.features = {}, {}
 
 
