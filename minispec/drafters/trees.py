@@ -158,8 +158,9 @@ class LevelTreeDrafter(SingleTreeDrafter):
         storage = torch.arange(first, first + len(frontier), device=device)[None]  # (1, F)
         tree = TreeAttention(storage, torch.tensor([start], device=device), mask.to(device))
         self.forwards += 1
-        positions = [start + depth - 1] * len(frontier)
-        rows.update(zip(frontier, self._forward_level(frontier, parents, tokens, positions, tree),
+        ids = torch.tensor([[tokens[node] for node in frontier]], device=device)       # (1, F)
+        positions = torch.full_like(ids, start + depth - 1)                            # (1, F)
+        rows.update(zip(frontier, self._forward_level(frontier, parents, ids, positions, tree),
                         strict=True))                # (F, V)
 
     def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
@@ -167,9 +168,10 @@ class LevelTreeDrafter(SingleTreeDrafter):
         positions now held (or None: no tree this round)."""
         raise NotImplementedError
 
-    def _forward_level(self, frontier: list[int], parents: list[int], tokens: list[int],
-                       positions: list[int], tree: TreeAttention) -> Tensor:
-        """Score the frontier nodes (one forward with ``tree``): logits ``(F, V)``."""
+    def _forward_level(self, frontier: list[int], parents: list[int], ids: Tensor,
+                       positions: Tensor, tree: TreeAttention) -> Tensor:
+        """Score the frontier nodes, ``ids`` ``(1, F)`` at ``positions`` ``(1, F)`` (one forward
+        with ``tree``): logits ``(F, V)``."""
         raise NotImplementedError
 
 
@@ -199,20 +201,15 @@ class TreeModelDrafter(LevelTreeDrafter):
         context, n = seq.context, seq.num_tokens
         common = common_prefix(self.fed, context, limit=n - 1)
         self.cache.truncate_to(self.slot, common)
-        logits = self._forward(context[common:], list(range(common, n)), None)[-1:]     # (1, V)
+        device = self.model.device
+        logits = self.model(torch.tensor([context[common:]], device=device),
+                            torch.arange(common, n, device=device)[None], self.cache, [self.slot])
         self.forwards += 1
         self.fed = list(context)
-        return logits, n
+        return logits[0, -1:], n                                                         # (1, V)
 
-    def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
-        return self._forward([tokens[node] for node in frontier], positions, tree)
-
-    def _forward(self, ids: list[int], positions: list[int], tree: TreeAttention | None) -> Tensor:
-        device = self.model.device
-        logits = self.model(torch.tensor([ids], device=device),
-                            torch.tensor([positions], device=device),
-                            self.cache, [self.slot], tree=tree)                          # (1, T, V)
-        return logits[0]
+    def _forward_level(self, frontier, parents, ids, positions, tree) -> Tensor:
+        return self.model(ids, positions, self.cache, [self.slot], tree=tree)[0]        # (F, V)
 
     def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
         """Keep the context plus the fed nodes of the accepted ``path`` (depth-first node ids)."""
@@ -268,12 +265,10 @@ class EagleTreeDrafter(LevelTreeDrafter):
         self.features = {0: feature[0]}
         return full_vocab(self.model, logits), seq.num_tokens - 1
 
-    def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
-        device = self.model.device
-        ids = torch.tensor([[tokens[node] for node in frontier]], device=device)
+    def _forward_level(self, frontier, parents, ids, positions, tree) -> Tensor:
         parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
-        logits, feature = self.model(ids, parent, torch.tensor([positions], device=device),
-                                     self.cache, [self.slot], tree=tree)  # (1, F, V'), (1, F, D)
+        logits, feature = self.model(ids, parent, positions, self.cache, [self.slot],
+                                     tree=tree)                          # (1, F, V'), (1, F, D)
         self.features.update(zip(frontier, feature[0], strict=True))
         return full_vocab(self.model, logits[0])                              # (F, V)
 
