@@ -36,7 +36,7 @@ from torch import Tensor
 
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
-from minispec.drafters.base import Drafter, as_drafts, choose_drafts, draft_rows, mark_fed
+from minispec.drafters.base import Drafter, as_drafts, choose_drafts
 from minispec.models.eagle_head import EagleHead, load_head
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
@@ -162,11 +162,7 @@ class EagleDrafter(Drafter):
         """One head forward; row r feeds ``ids[r]`` with the last ``len(ids[r])`` columns of
         ``features[r]`` (left-padded to a common width). Returns the last column's logits and
         feature."""
-        tokens, pos = draft_rows(seqs, ids, features.shape[1], self.model.device)     # (R, T) each
-        logits, feature = self.model(tokens, features, pos, self.cache,
-                                     [s.draft_slot for s in seqs])       # (R, T, V'), (R, T, D)
-        self.forwards += 1
-        mark_fed(seqs, ids)
+        logits, feature = self._feed(seqs, ids, features)               # (R, T, V'), (R, T, D)
         return logits[:, -1], feature[:, -1]
 
     def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
