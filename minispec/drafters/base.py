@@ -62,12 +62,14 @@ class Drafter:
             states; a feature head (EAGLE) needs them, other drafters do not.
         model: a model whose KV cache the decoding loop makes and hands over with ``attach``
             (a draft model, an EAGLE head); ``None`` for a drafter without one.
+        cache: that cache, once attached (``None`` before).
         max_seq_len: longest context the drafter can draft for (``None``: no limit of its own).
         forwards: drafter forwards so far (batched; lazy prefills included).
     """
 
     wants_hidden: bool = False
     model: Any = None
+    cache: KVCache | None = None
     max_seq_len: int | None = None
     forwards: int = 0
 
@@ -195,7 +197,6 @@ class PerRequestDrafter(Drafter):
     def __init__(self, make: Callable[[], Any]) -> None:
         self.make = make
         self.instances: dict[str, Any] = {}
-        self.forwards = 0
 
     def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         drafts = [Draft(torch.zeros(0, dtype=torch.long)) for _ in seqs]     # k = 0: nothing
@@ -239,8 +240,6 @@ class ModelDrafter(Drafter):
         self.model = model
         self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
                                model.config.max_position_embeddings)
-        self.cache: KVCache | None = None
-        self.forwards = 0
         self._probe: Sequence | None = None      # the state of ``propose``
 
     def attach(self, cache: KVCache) -> None:

@@ -38,7 +38,6 @@ from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
 from minispec.drafters.base import Drafter, as_drafts, choose_drafts
 from minispec.models.eagle_head import EagleHead, load_head
-from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
 from minispec.models.packed import is_fast
 
@@ -59,8 +58,6 @@ class EagleDrafter(Drafter):
         self.model = head                       # shapes the draft cache, like a draft model
         self.max_seq_len = min(max_seq_len or head.config.max_position_embeddings,
                                head.config.max_position_embeddings)
-        self.cache: KVCache | None = None
-        self.forwards = 0
         self.pending: dict[str, Tensor] = {}    # request -> (m, D) real features not yet fed
         self.last_fed: dict[str, Tensor] = {}   # request -> (1, D) the last one fed (for a retry)
 

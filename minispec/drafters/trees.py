@@ -118,7 +118,6 @@ class LevelTreeDrafter(SingleTreeDrafter):
         self.cache = ContiguousKVCache.for_model(model, 1, max_seq_len, extra=max_nodes)
         self.slot = self.cache.allocate()
         self.storage: dict[int, int] = {}
-        self.forwards = 0
 
     @torch.inference_mode()
     def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
@@ -294,7 +293,6 @@ class NGramTreeDrafter(SingleTreeDrafter):
 
     def __init__(self, ngram: NGramDrafter | None = None) -> None:
         self.ngram = ngram or NGramDrafter()
-        self.forwards = 0
 
     def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
         """A tree after ``seq.context``; a node with no known continuation gets no children."""
@@ -322,7 +320,6 @@ class SuffixTreeDrafter(SingleTreeDrafter):
 
     def __init__(self, suffix: SuffixDrafter | None = None) -> None:
         self.suffix = suffix or SuffixDrafter()
-        self.forwards = 0
 
     def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
         """A tree after ``seq.context``; a node with no continuation gets no children."""
@@ -391,7 +388,6 @@ class TreeDrafter(Drafter):
         self.max_seq_len = None if source is None else source.max_seq_len
         self.instances: dict[str, SingleTreeDrafter] = {}
         self.proposals: dict[str, TreeProposal] = {}
-        self.forwards = 0
 
     def check_target(self, target: Llama) -> None:
         if self.source is not None:
