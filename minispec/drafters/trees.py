@@ -125,7 +125,7 @@ class LevelTreeDrafter(SingleTreeDrafter):
         root = self._start(seq)
         self.storage = {}
         if root is None:                             # nothing to draft from yet: the root alone
-            return grow_tree(seq.context[-1], (), None, None)
+            return TreeProposal.chain(seq.context[-1], [])
         logits, start = root                         # (1, V); cache positions held
         rows = {0: logits[0]}                        # node -> the drafter's logits there (V,)
         return grow_tree(seq.context[-1], branching, [],
