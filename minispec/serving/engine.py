@@ -35,7 +35,6 @@ from minispec.decoding.goodput import GoodputK, KChoice, StepCosts
 from minispec.decoding.loop import (
     GenerationResult,
     as_drafter_for,
-    check_k,
     context_limit,
     make_sequence,
 )
@@ -138,7 +137,6 @@ class Engine:
                                   num_blocks, max_batch_size, max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
         drafter, self.branching, extra = as_drafter_for(spec, k, branching, copy_per_request=True)
-        check_k(k, drafter is not None)
         self.target, self.device, self.tokenizer = target, target.device, tokenizer
         self.k = k if drafter is not None else 0
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
