@@ -19,11 +19,11 @@ PACKAGE = Path(minispec.__file__).parent
 READ = ("core", "zoo", "models", "drafters", "decoding", "serving")
 MAX_FUNCTION = 50
 
-#: Code lines the reading layers may hold. The goal is 3,600; the layers hold 3,955 (suffix and
+#: Code lines the reading layers may hold. The goal is 3,600; the layers hold 3,954 (suffix and
 #: hybrid drafting, 263, and the hostile-input checks came after the goal was set). This ceiling
 #: is a ratchet: the count may fall, and a change that adds code must pay for it elsewhere or
 #: raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_955
+MAX_CODE_LINES = 3_954
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:
