@@ -383,11 +383,9 @@ class TreeProposal:
             stack.extend(reversed(children[node]))
         new = {old: i for i, old in enumerate(order)}
         tree = DraftTree([tokens[o] for o in order], [-1] + [new[parents[o]] for o in order[1:]])
-        for leaf in (i for i, o in enumerate(order) if not children[o] and i > 0):
-            path, node = [], leaf
-            while node != 0:
-                path.insert(0, node)
-                node = tree.parents[node]
-            tree.draft_nodes.append(path)
+        paths = [[]]                                  # each node's path from the root
+        for i in range(1, len(order)):                # a parent comes before its children
+            paths.append(paths[tree.parents[i]] + [i])
+        tree.draft_nodes = [paths[i] for i, o in enumerate(order) if not children[o] and i > 0]
         remapped = [[(new[c], q) for c, q in draws[o]] for o in order]
         return cls(tree, remapped, order)

@@ -144,7 +144,7 @@ class StepCosts:
     def _average(self, key: object, old: float | None, new: float) -> float:
         """The moving average after ``new``; the second measurement replaces the first."""
         self.samples[key] = self.samples.get(key, 0) + 1
-        return new if self.samples[key] <= 2 else _ema(old, new, self.smoothing)
+        return new if self.samples[key] <= 2 else (1 - self.smoothing) * old + self.smoothing * new
 
     def verify_seconds(self, rows: int, tokens: int) -> float | None:
         """A ``rows`` x ``tokens`` verify forward: measured, else on the line through the measured
@@ -263,14 +263,9 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
             if goodput[K, R] > best[0]:
                 best = (goodput[K, R], K, R)
     _, K, R = best
-    ks = [0] * B
-    for b in order[:R]:
-        ks[b] = min(K, caps[b])
+    drafting = set(order[:R])
+    ks = [min(K, caps[b]) if b in drafting else 0 for b in range(B)]
     return KChoice(B, ks, list(alphas), goodput, list(rates))
-
-
-def _ema(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
 
 
 def _line_through(points: list[tuple[int, float]], x: int) -> float:

@@ -155,9 +155,11 @@ def speculative_generate(
 def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
            eos_token_id, max_seq_len, branching) -> tuple[SpeculativeRunner, Sequence]:
     """Validate the call, make the caches, the sequence and the runner, prefill the target."""
-    drafter, branching, extra = as_drafter_for(drafter, k, branching)
-    seq = _request(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop,
-                   stop_token_ids, eos_token_id, max_seq_len)
+    drafter, branching, extra = as_drafter_for(drafter, k, branching)     # k checked there too
+    seq = make_sequence("0", target, prompt, sampling, max_new_tokens=max_new_tokens,
+                        max_seq_len=context_limit(target, drafter, max_seq_len),
+                        k=0 if drafter is None else k, tokenizer=tokenizer,
+                        stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
     cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
     seq.slot = cache.allocate()
     if keeps_cache(drafter):                                 # a draft model's or a head's cache
@@ -170,16 +172,6 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
     else:
         runner.prefill([seq])        # all but the last prompt token; each round feeds the last one
     return runner, seq
-
-
-def _request(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
-             eos_token_id, max_seq_len) -> Sequence:
-    """The validated request (the checks ``Engine.add_request`` makes too)."""
-    check_k(k, drafter is not None)
-    return make_sequence("0", target, prompt, sampling, max_new_tokens=max_new_tokens,
-                         max_seq_len=context_limit(target, drafter, max_seq_len),
-                         k=0 if drafter is None else k, tokenizer=tokenizer,
-                         stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
 
 
 def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: SamplingParams | None, *,
@@ -203,7 +195,8 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
 
 def as_drafter_for(spec: Any, k: Any, branching: Any, copy_per_request: bool = False
                    ) -> tuple[Drafter | None, tuple[int, ...] | None, int]:
-    """What a user passes as a drafter, for chains or (with ``branching``) trees of depth ``k``.
+    """What a user passes as a drafter, for chains or (with ``branching``) trees of depth ``k``;
+    ``k`` is checked here ([`check_k`][minispec.decoding.loop.check_k]) for both loops.
 
     Returns:
         The [`Drafter`][minispec.drafters.base.Drafter] (``None``: plain decoding), the checked
@@ -211,7 +204,9 @@ def as_drafter_for(spec: Any, k: Any, branching: Any, copy_per_request: bool = F
         ``k + 1`` (a tree is stored past the context before it is compacted).
     """
     if branching is None:
-        return as_drafter(spec, copy_per_request), None, 0
+        drafter = as_drafter(spec, copy_per_request)
+        check_k(k, drafter is not None)
+        return drafter, None, 0
     if spec is None:
         raise ValueError("branching needs a drafter")
     check_k(k, True)

@@ -45,7 +45,7 @@ from minispec.models.llama import Llama, ModelConfig
 
 __all__ = ["DRAFTERS", "Draft", "Drafter", "ModelDrafter", "NGramDrafter", "PerRequestDrafter",
            "PromptLookupDrafter", "as_drafter", "as_drafts", "check_compatible", "choose_drafts",
-           "common_prefix", "draft_rows", "keeps_cache", "mark_fed"]
+           "common_prefix", "keeps_cache"]
 
 #: Deterministic drafters made by name, one per request.
 DRAFTERS: dict[str, Callable[[], Any]] = {"ngram": NGramDrafter,
@@ -62,12 +62,14 @@ class Drafter:
             states; a feature head (EAGLE) needs them, other drafters do not.
         model: a model whose KV cache the decoding loop makes and hands over with ``attach``
             (a draft model, an EAGLE head); ``None`` for a drafter without one.
+        cache: that cache, once attached (``None`` before).
         max_seq_len: longest context the drafter can draft for (``None``: no limit of its own).
         forwards: drafter forwards so far (batched; lazy prefills included).
     """
 
     wants_hidden: bool = False
     model: Any = None
+    cache: KVCache | None = None
     max_seq_len: int | None = None
     forwards: int = 0
 
@@ -105,6 +107,30 @@ class Drafter:
 
     def release(self, seq: Sequence) -> None:
         """Forget ``seq`` (finished or aborted)."""
+
+    def _feed(self, seqs: list[Sequence], feeds: list[list[int]], *inputs: Tensor) -> Any:
+        """One forward of ``model`` over the draft cache: row ``r`` feeds ``feeds[r]`` at the
+        positions after the ``seq.draft_len`` its cache holds, left-padded to the longest feed with
+        token 0 at position -1 (never written, never attended to); ``inputs`` go between the ids
+        and the positions (an EAGLE head's features ``(R, T, D)``). Then each row's cache holds its
+        feed, and the row has one draft forward more. Returns the model's outputs."""
+        width, device = max(len(f) for f in feeds), self.model.device
+        ids = [[0] * (width - len(f)) + f for f in feeds]                                 # (R, T)
+        pos = [[-1] * (width - len(f)) + list(range(s.draft_len, s.draft_len + len(f)))
+               for s, f in zip(seqs, feeds, strict=True)]                                 # (R, T)
+        out = self.model(torch.tensor(ids, device=device), *inputs,
+                         torch.tensor(pos, device=device), self.cache, [s.draft_slot for s in seqs])
+        self.forwards += 1
+        for seq, f in zip(seqs, feeds, strict=True):
+            seq.draft_len += len(f)
+            seq.stats.draft_forwards += 1
+        return out
+
+    def _truncate(self, seq: Sequence, keep: int) -> None:
+        """Roll ``seq``'s rows of the draft cache back to ``keep`` positions (if it holds more)."""
+        if seq.draft_len > keep:
+            self.cache.truncate_to(seq.draft_slot, keep)
+            seq.draft_len = keep
 
 
 def check_compatible(target: ModelConfig, draft: ModelConfig) -> None:
@@ -171,25 +197,21 @@ class PerRequestDrafter(Drafter):
     def __init__(self, make: Callable[[], Any]) -> None:
         self.make = make
         self.instances: dict[str, Any] = {}
-        self.forwards = 0
 
     def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        drafts = []
-        for seq, k in zip(seqs, ks, strict=True):
-            if k == 0:
-                drafts.append(Draft(torch.zeros(0, dtype=torch.long)))
-                continue
+        drafts = [Draft(torch.zeros(0, dtype=torch.long)) for _ in seqs]     # k = 0: nothing
+        for b, (seq, k) in enumerate(zip(seqs, ks, strict=True)):
             try:
-                drafter = self.instances.get(seq.request_id) or self.make()
-                self.instances[seq.request_id] = drafter
-                before = getattr(drafter, "forwards", 0)        # a user's drafter may not count
-                draft = drafter.propose(seq.context, k, seq.sampling, seq.generator)
-                seq.stats.draft_forwards += getattr(drafter, "forwards", 0) - before
-                drafts.append(Draft(draft.tokens[:k],
-                                    None if draft.probs is None else draft.probs[:k]))
+                if k > 0:
+                    drafter = self.instances.get(seq.request_id) or self.make()
+                    self.instances[seq.request_id] = drafter
+                    before = getattr(drafter, "forwards", 0)    # a user's drafter may not count
+                    draft = drafter.propose(seq.context, k, seq.sampling, seq.generator)
+                    seq.stats.draft_forwards += getattr(drafter, "forwards", 0) - before
+                    drafts[b] = Draft(draft.tokens[:k],
+                                      None if draft.probs is None else draft.probs[:k])
             except Exception as error:            # this request's drafter is broken: it alone fails
                 seq.fail(error)
-                drafts.append(Draft(torch.zeros(0, dtype=torch.long)))
         return drafts
 
     def release(self, seq: Sequence) -> None:
@@ -218,8 +240,6 @@ class ModelDrafter(Drafter):
         self.model = model
         self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
                                model.config.max_position_embeddings)
-        self.cache: KVCache | None = None
-        self.forwards = 0
         self._probe: Sequence | None = None      # the state of ``propose``
 
     def attach(self, cache: KVCache) -> None:
@@ -257,22 +277,14 @@ class ModelDrafter(Drafter):
         return as_drafts(tokens, probs, self.model.device)
 
     def _forward(self, seqs: list[Sequence], feeds: list[list[int]]) -> Tensor:
-        """Feed each row's tokens (left-padded with position -1); logits after the last
-        ``(R, V)``."""
-        ids, pos = draft_rows(seqs, feeds, max(len(f) for f in feeds), self.model.device)
-        logits = self.model(ids, pos, self.cache, [s.draft_slot for s in seqs])      # (R, T, V)
-        self.forwards += 1
-        mark_fed(seqs, feeds)
-        return logits[:, -1]
+        """Feed each row's tokens (``_feed``); logits after the last ``(R, V)``."""
+        return self._feed(seqs, feeds)[:, -1]                                  # (R, T, V) -> (R, V)
 
     def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
                 paths: list[list[int]]) -> None:
         """Roll each row's draft cache back to ``n + a``: the context plus the accepted drafts."""
         for seq, a in zip(seqs, num_accepted, strict=True):
-            keep = seq.num_tokens + a
-            if seq.draft_len > keep:
-                self.cache.truncate_to(seq.draft_slot, keep)
-                seq.draft_len = keep
+            self._truncate(seq, seq.num_tokens + a)
 
     # ------------------------------------------------------------------ one context, no loop
 
@@ -351,24 +363,6 @@ def as_drafts(tokens: list[list[int]], probs: list[list[Tensor]], device: torch.
     """Each row's draft tokens and their ``q`` rows (none: one-hot ``q``) as a ``Draft``."""
     return [Draft(torch.tensor(t, dtype=torch.long, device=device), torch.stack(p) if p else None)
             for t, p in zip(tokens, probs, strict=True)]
-
-
-def draft_rows(seqs: list[Sequence], feeds: list[list[int]], width: int,
-               device: torch.device) -> tuple[Tensor, Tensor]:
-    """One draft-cache forward's ``(ids, positions)``, each ``(R, width)``: row ``r`` feeds
-    ``feeds[r]`` at the positions after the ``seq.draft_len`` its cache holds, left-padded with
-    token 0 at position -1 (never written, never attended to)."""
-    ids = [[0] * (width - len(f)) + f for f in feeds]
-    pos = [[-1] * (width - len(f)) + list(range(s.draft_len, s.draft_len + len(f)))
-           for s, f in zip(seqs, feeds, strict=True)]
-    return torch.tensor(ids, device=device), torch.tensor(pos, device=device)
-
-
-def mark_fed(seqs: list[Sequence], feeds: list[list[int]]) -> None:
-    """After a draft-cache forward: each row's cache holds its feed, and one draft forward more."""
-    for seq, f in zip(seqs, feeds, strict=True):
-        seq.draft_len += len(f)
-        seq.stats.draft_forwards += 1
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:

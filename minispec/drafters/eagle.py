@@ -36,9 +36,8 @@ from torch import Tensor
 
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
-from minispec.drafters.base import Drafter, as_drafts, choose_drafts, draft_rows, mark_fed
+from minispec.drafters.base import Drafter, as_drafts, choose_drafts
 from minispec.models.eagle_head import EagleHead, load_head
-from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
 from minispec.models.packed import is_fast
 
@@ -59,8 +58,6 @@ class EagleDrafter(Drafter):
         self.model = head                       # shapes the draft cache, like a draft model
         self.max_seq_len = min(max_seq_len or head.config.max_position_embeddings,
                                head.config.max_position_embeddings)
-        self.cache: KVCache | None = None
-        self.forwards = 0
         self.pending: dict[str, Tensor] = {}    # request -> (m, D) real features not yet fed
         self.last_fed: dict[str, Tensor] = {}   # request -> (1, D) the last one fed (for a retry)
 
@@ -86,9 +83,7 @@ class EagleDrafter(Drafter):
         for seq, start, h in zip(seqs, starts, hidden, strict=True):
             if start == 0:
                 self.pending[seq.request_id] = h
-                if seq.draft_len:
-                    self.cache.truncate_to(seq.draft_slot, 0)
-                    seq.draft_len = 0
+                self._truncate(seq, 0)
             else:
                 self.pending[seq.request_id] = torch.cat([self.pending[seq.request_id], h])
 
@@ -96,10 +91,7 @@ class EagleDrafter(Drafter):
                 paths: list[list[int]]) -> None:
         """Drop the round's speculative pairs; keep the real features of the accepted positions."""
         for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
-            keep = seq.num_tokens - 1               # real pairs: j = 0..n-2
-            if seq.draft_len > keep:
-                self.cache.truncate_to(seq.draft_slot, keep)
-                seq.draft_len = keep
+            self._truncate(seq, seq.num_tokens - 1)         # real pairs: j = 0..n-2
             kept = self.pending.get(seq.request_id, h[:0])     # unfed when the row drafted nothing
             self.pending[seq.request_id] = torch.cat([kept, h[: a + 1]])        # (m + a + 1, D)
 
@@ -141,8 +133,7 @@ class EagleDrafter(Drafter):
         for seq in seqs:
             f = self.pending.get(seq.request_id)
             if f is not None and len(f) == 0 and seq.draft_len > 0:   # a retried round: re-feed
-                seq.draft_len -= 1                                     # the last real pair
-                self.cache.truncate_to(seq.draft_slot, seq.draft_len)
+                self._truncate(seq, seq.draft_len - 1)                 # the last real pair
                 f = self.last_fed[seq.request_id]
             n_pairs = seq.num_tokens - 1
             if f is None or seq.draft_len + len(f) != n_pairs:
@@ -168,11 +159,7 @@ class EagleDrafter(Drafter):
         """One head forward; row r feeds ``ids[r]`` with the last ``len(ids[r])`` columns of
         ``features[r]`` (left-padded to a common width). Returns the last column's logits and
         feature."""
-        tokens, pos = draft_rows(seqs, ids, features.shape[1], self.model.device)     # (R, T) each
-        logits, feature = self.model(tokens, features, pos, self.cache,
-                                     [s.draft_slot for s in seqs])       # (R, T, V'), (R, T, D)
-        self.forwards += 1
-        mark_fed(seqs, ids)
+        logits, feature = self._feed(seqs, ids, features)               # (R, T, V'), (R, T, D)
         return logits[:, -1], feature[:, -1]
 
     def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],

@@ -34,6 +34,7 @@ own guessed features) and takes the target's features of the accepted path only.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +48,7 @@ from minispec.drafters.base import Drafter, ModelDrafter, common_prefix
 from minispec.drafters.eagle import EagleDrafter, full_vocab
 from minispec.drafters.ngram import NGramDrafter
 from minispec.drafters.suffix import SuffixDrafter
-from minispec.models.kv_cache import ContiguousKVCache, cache_args_for_model
+from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama, TreeAttention
 
 __all__ = ["EagleTreeDrafter", "LevelTreeDrafter", "NGramTreeDrafter", "SuffixTreeDrafter",
@@ -113,55 +114,37 @@ class LevelTreeDrafter(SingleTreeDrafter):
 
     def __init__(self, model, max_seq_len: int, max_nodes: int) -> None:
         self.model = model
-        args = cache_args_for_model(model, max_seq_len)
-        args["max_seq_len"] += max_nodes            # tree nodes are stored past the context
-        self.cache = ContiguousKVCache(num_slots=1, **args)
+        # tree nodes are stored past the context: room for max_nodes more
+        self.cache = ContiguousKVCache.for_model(model, 1, max_seq_len, extra=max_nodes)
         self.slot = self.cache.allocate()
         self.storage: dict[int, int] = {}
-        self.forwards = 0
 
     @torch.inference_mode()
     def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
         """A tree after ``seq.context`` with ``branching[t]`` children per node at depth ``t``."""
-        context = seq.context
         root = self._start(seq)
         self.storage = {}
-        parents, tokens, paths = [-1], [context[-1]], [[]]
-        draws: list[list[tuple[int, Tensor | None]]] = [[]]
         if root is None:                             # nothing to draft from yet: the root alone
-            return TreeProposal.build(parents, tokens, draws)
+            return TreeProposal.chain(seq.context[-1], [])
         logits, start = root                         # (1, V); cache positions held
-        frontier = [0]
-        for depth, b in enumerate(branching, start=1):
-            children = []
-            for node, row in zip(frontier, logits, strict=True):
-                for token, q in self._choose(seq, row, context + paths[node], b):
-                    same = [c for c, _ in draws[node] if tokens[c] == token]
-                    child = same[0] if same else len(tokens)
-                    if not same:
-                        parents.append(node)
-                        tokens.append(token)
-                        paths.append(paths[node] + [token])
-                        draws.append([])
-                        children.append(child)
-                    draws[node].append((child, q))
-            frontier = children
-            if depth < len(branching):               # depth t is fed at position start + t - 1
-                logits = self._feed_level(frontier, parents, tokens, start, start + depth - 1)
-        return TreeProposal.build(parents, tokens, draws)
+        rows = {0: logits[0]}                        # node -> the drafter's logits there (V,)
+        return grow_tree(seq.context[-1], branching, [],
+                         lambda node, path, b: self._choose(seq, rows[node], path, b),
+                         functools.partial(self._feed_level, rows, start))
 
-    def _choose(self, seq: Sequence, logits: Tensor, context: list[int], b: int):
-        """``b`` children of a node: greedy top-b (q None), else b i.i.d. draws from q."""
-        sp: SamplingParams = seq.sampling
-        if sp.greedy:
-            return [(int(t), None) for t in logits.topk(b).indices]
-        q = probs_for_rows(logits[None], [sp], [context])[0]                              # (V,)
-        return [(int(sample(q, seq.generator)), q) for _ in range(b)]
+    def _choose(self, seq: Sequence, logits: Tensor, path: list[int], b: int):
+        """``b`` children of the node at ``path`` (below the root): greedy top-b (q None), else b
+        i.i.d. draws from q; each as ``(token, q, its path)``."""
+        if seq.sampling.greedy:
+            return [(int(t), None, path + [int(t)]) for t in logits.topk(b).indices]
+        q = probs_for_rows(logits[None], [seq.sampling], [seq.context + path])[0]       # (V,)
+        return [(t, q, path + [t]) for t in [int(sample(q, seq.generator)) for _ in range(b)]]
 
-    def _feed_level(self, frontier: list[int], parents: list[int], tokens: list[int],
-                    start: int, position: int) -> Tensor:
-        """Feed one depth of nodes at RoPE ``position``; each sees the committed ``start``
-        positions and its fed ancestors. The drafter's logits at each node: ``(F, V)``."""
+    def _feed_level(self, rows: dict[int, Tensor], start: int, frontier: list[int],
+                    parents: list[int], tokens: list[int], depth: int) -> None:
+        """Feed the nodes of ``depth`` at RoPE position ``start + depth - 1``; each sees the
+        committed ``start`` positions and its fed ancestors. The drafter's logits at each node
+        ``(V,)`` go to ``rows``."""
         first = start + len(self.storage)
         self.storage.update({node: first + i for i, node in enumerate(frontier)})
         width = len(self.storage)                    # tree positions start .. start + width - 1
@@ -174,16 +157,20 @@ class LevelTreeDrafter(SingleTreeDrafter):
         storage = torch.arange(first, first + len(frontier), device=device)[None]  # (1, F)
         tree = TreeAttention(storage, torch.tensor([start], device=device), mask.to(device))
         self.forwards += 1
-        return self._forward_level(frontier, parents, tokens, [position] * len(frontier), tree)
+        ids = torch.tensor([[tokens[node] for node in frontier]], device=device)       # (1, F)
+        positions = torch.full_like(ids, start + depth - 1)                            # (1, F)
+        rows.update(zip(frontier, self._forward_level(frontier, parents, ids, positions, tree),
+                        strict=True))                # (F, V)
 
     def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
         """Sync the cache with ``seq.context``: the root's logits ``(1, V)`` and the cache
         positions now held (or None: no tree this round)."""
         raise NotImplementedError
 
-    def _forward_level(self, frontier: list[int], parents: list[int], tokens: list[int],
-                       positions: list[int], tree: TreeAttention) -> Tensor:
-        """Score the frontier nodes (one forward with ``tree``): logits ``(F, V)``."""
+    def _forward_level(self, frontier: list[int], parents: list[int], ids: Tensor,
+                       positions: Tensor, tree: TreeAttention) -> Tensor:
+        """Score the frontier nodes, ``ids`` ``(1, F)`` at ``positions`` ``(1, F)`` (one forward
+        with ``tree``): logits ``(F, V)``."""
         raise NotImplementedError
 
 
@@ -213,20 +200,15 @@ class TreeModelDrafter(LevelTreeDrafter):
         context, n = seq.context, seq.num_tokens
         common = common_prefix(self.fed, context, limit=n - 1)
         self.cache.truncate_to(self.slot, common)
-        logits = self._forward(context[common:], list(range(common, n)), None)[-1:]     # (1, V)
+        device = self.model.device
+        logits = self.model(torch.tensor([context[common:]], device=device),
+                            torch.arange(common, n, device=device)[None], self.cache, [self.slot])
         self.forwards += 1
         self.fed = list(context)
-        return logits, n
+        return logits[0, -1:], n                                                         # (1, V)
 
-    def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
-        return self._forward([tokens[node] for node in frontier], positions, tree)
-
-    def _forward(self, ids: list[int], positions: list[int], tree: TreeAttention | None) -> Tensor:
-        device = self.model.device
-        logits = self.model(torch.tensor([ids], device=device),
-                            torch.tensor([positions], device=device),
-                            self.cache, [self.slot], tree=tree)                          # (1, T, V)
-        return logits[0]
+    def _forward_level(self, frontier, parents, ids, positions, tree) -> Tensor:
+        return self.model(ids, positions, self.cache, [self.slot], tree=tree)[0]        # (F, V)
 
     def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
         """Keep the context plus the fed nodes of the accepted ``path`` (depth-first node ids)."""
@@ -261,42 +243,31 @@ class EagleTreeDrafter(LevelTreeDrafter):
     def __init__(self, head, max_seq_len: int, max_nodes: int) -> None:
         super().__init__(head.model if isinstance(head, EagleDrafter) else head, max_seq_len,
                          max_nodes)
-        self.pending: Tensor | None = None          # (m, D) real features not fed yet
+        self.chain = EagleDrafter(self.model)       # keeps and feeds the real pairs, in our cache
+        self.chain.attach(self.cache)
+        self.probe = Sequence("tree", [0], SamplingParams())   # the request, as the chain sees it
+        self.probe.draft_slot = self.slot           # probe.draft_len: the real pairs held
         self.features: dict[int, Tensor] = {}       # created node -> the head's feature (D,)
 
     def observe_tree_prefill(self, start: int, hidden: Tensor) -> None:
         """The target's features of the prefilled positions ``start..``: ``(T, D)``."""
-        if start == 0 or self.pending is None:
-            self.cache.truncate_to(self.slot, 0)
-            self.pending = hidden
-        else:
-            self.pending = torch.cat([self.pending, hidden])
+        self.chain.observe_prefill([self.probe], [start], [hidden])
 
     def _start(self, seq: Sequence) -> tuple[Tensor, int] | None:
-        """Feed the pending real pairs; the root's logits come from the last one."""
-        held, n = self.cache.length(self.slot), seq.num_tokens
-        f = self.pending if self.pending is not None else self.model.fc.weight.new_zeros(
-            0, self.model.config.hidden_size)      # a one-token prompt: no prefill, no pair
-        if held + len(f) != n - 1:
-            raise RuntimeError(f"the head holds {held} pairs and {len(f)} pending features, but "
-                               f"the context has {n - 1} (was the prefill observed?)")
-        if n < 2:                                    # no pair yet: nothing to draft from
+        """Feed the pending real pairs (the chain's catch-up forward); the root's logits come from
+        the last one."""
+        if seq.num_tokens < 2:                       # no pair yet: nothing to draft from
             return None
-        device = self.model.device
-        ids = torch.tensor([seq.context[held + 1:]], device=device)
-        positions = torch.arange(held, n - 1, device=device)[None]
-        logits, feature = self.model(ids, f[None], positions, self.cache, [self.slot])
+        self.probe.prompt, self.probe.generated = seq.prompt, seq.generated
+        logits, feature = self.chain._catch_up([self.probe])                    # (1, V'), (1, D)
         self.forwards += 1
-        self.pending = f[:0]
-        self.features = {0: feature[0, -1]}
-        return full_vocab(self.model, logits[0, -1:]), n - 1
+        self.features = {0: feature[0]}
+        return full_vocab(self.model, logits), seq.num_tokens - 1
 
-    def _forward_level(self, frontier, parents, tokens, positions, tree) -> Tensor:
-        device = self.model.device
-        ids = torch.tensor([[tokens[node] for node in frontier]], device=device)
+    def _forward_level(self, frontier, parents, ids, positions, tree) -> Tensor:
         parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
-        logits, feature = self.model(ids, parent, torch.tensor([positions], device=device),
-                                     self.cache, [self.slot], tree=tree)  # (1, F, V'), (1, F, D)
+        logits, feature = self.model(ids, parent, positions, self.cache, [self.slot],
+                                     tree=tree)                          # (1, F, V'), (1, F, D)
         self.features.update(zip(frontier, feature[0], strict=True))
         return full_vocab(self.model, logits[0])                              # (F, V)
 
@@ -307,7 +278,7 @@ class EagleTreeDrafter(LevelTreeDrafter):
             raise ValueError(f"expected {len(path) + 1} feature rows (root + accepted), "
                              f"got {len(hidden)}")
         self.cache.truncate_to(self.slot, self.cache.length(self.slot) - len(self.storage))
-        self.pending = torch.cat([self.pending, hidden]) if self.pending is not None else hidden
+        self.chain.observe([self.probe], [len(path)], [hidden], [path])
         self.storage, self.features = {}, {}
 
 
@@ -322,15 +293,14 @@ class NGramTreeDrafter(SingleTreeDrafter):
 
     def __init__(self, ngram: NGramDrafter | None = None) -> None:
         self.ngram = ngram or NGramDrafter()
-        self.forwards = 0
 
     def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
         """A tree after ``seq.context``; a node with no known continuation gets no children."""
         g = self.ngram
         g.propose(seq.context, 0)                      # ingest the accepted tokens, predict nothing
         tail = list(g.history)[-(g.max_order - 1):]    # a node's state: the history it continues
-        return grow_tree(seq.context[-1], branching, tail,
-                         lambda path, b: [(t, path + [t]) for t in g.continuations(path, b)])
+        return grow_tree(seq.context[-1], branching, tail, lambda _, path, b: [
+            (t, None, path + [t]) for t in g.continuations(path, b)])
 
     def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
         """Nothing to do: the table syncs with the context on the next call."""
@@ -350,44 +320,53 @@ class SuffixTreeDrafter(SingleTreeDrafter):
 
     def __init__(self, suffix: SuffixDrafter | None = None) -> None:
         self.suffix = suffix or SuffixDrafter()
-        self.forwards = 0
 
     def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
         """A tree after ``seq.context``; a node with no continuation gets no children."""
         s = self.suffix
         match = s.match(seq.context)
 
-        def children(node: tuple[list, list[int], float], b: int):
-            ends, path, prob = node                  # occurrences, path, path probability
+        def children(_: int, state: tuple[list, list[int], float], b: int):
+            ends, path, prob = state                 # occurrences, path, path probability
             options = match.following(ends, path)
             total = sum(len(e) for _, e in options)
             for token, kept in options[:b]:
                 if prob * len(kept) / total < s.min_prob:
                     break                            # options are most frequent first
-                yield token, (kept, path + [token], prob * len(kept) / total)
+                yield token, None, (kept, path + [token], prob * len(kept) / total)
 
         depth = s.draft_limit(match.length, len(branching))
         return grow_tree(seq.context[-1], branching[:depth], (match.ends, [], 1.0), children)
 
 
 def grow_tree(root: int, branching: tuple[int, ...], state: Any,
-              children: Callable[[Any, int], Any]) -> TreeProposal:
-    """The tree of a deterministic drafter (one-hot ``q``), breadth-first: ``children(state, b)``
-    gives up to ``b`` pairs ``(token, its state)`` below a node in state ``state``; the root
-    (token ``root``) has state ``state``."""
+              children: Callable[[int, Any, int], Any],
+              fed: Callable[[list[int], list[int], list[int], int], None] | None = None
+              ) -> TreeProposal:
+    """A tree, breadth-first: ``children(node, state, b)`` gives up to ``b`` triples ``(token, q,
+    its state)`` below node ``node`` in state ``state`` (``q``: the distribution ``token`` was
+    drawn from, ``None`` for a deterministic drafter's one-hot); the root (token ``root``) has
+    state ``state``. Equal draws below one node share a child node, each draw kept (module
+    docstring). After every depth ``t`` but the last, ``fed(frontier, parents, tokens, t)`` is
+    told the new nodes (a cached drafter scores them)."""
     parents, tokens, draws, states = [-1], [root], [[]], [state]
     frontier = [0]
-    for b in branching:
+    for depth, b in enumerate(branching, start=1):
         level = []
         for node in frontier:
-            for token, child_state in children(states[node], b):
-                draws[node].append((len(tokens), None))
-                level.append(len(tokens))
-                parents.append(node)
-                tokens.append(token)
-                draws.append([])
-                states.append(child_state)
+            for token, q, child_state in children(node, states[node], b):
+                same = [c for c, _ in draws[node] if tokens[c] == token]
+                child = same[0] if same else len(tokens)
+                if not same:
+                    level.append(child)
+                    parents.append(node)
+                    tokens.append(token)
+                    draws.append([])
+                    states.append(child_state)
+                draws[node].append((child, q))
         frontier = level
+        if fed is not None and depth < len(branching):
+            fed(frontier, parents, tokens, depth)
     return TreeProposal.build(parents, tokens, draws)
 
 
@@ -409,7 +388,6 @@ class TreeDrafter(Drafter):
         self.max_seq_len = None if source is None else source.max_seq_len
         self.instances: dict[str, SingleTreeDrafter] = {}
         self.proposals: dict[str, TreeProposal] = {}
-        self.forwards = 0
 
     def check_target(self, target: Llama) -> None:
         if self.source is not None:

@@ -91,11 +91,9 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
     dtype = _pick_dtype(dtype, config_dict, device)
     files = weight_files(directory)
     model = checked_meta_model(config, read_headers(files))
-    weights: dict[str, torch.Tensor] = {}  # every name, shape and dtype is checked: now read
-    for path in files:
-        weights.update(read_weights_file(path))
-    state = hf_to_minispec(weights, config)
-    state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
+    # every name, shape and dtype is checked: now read, file by file
+    state = {name: t.to(device=device, dtype=dtype) for path in files
+             for name, t in hf_to_minispec(read_weights_file(path), config).items()}
     model.load_state_dict(state, strict=True, assign=True)
     # the RoPE tables are not in the checkpoint: compute them for real on the target device
     cos, sin = rope_tables(config)
@@ -320,8 +318,8 @@ def hf_to_minispec(weights: dict[str, torch.Tensor],
                    config: ModelConfig) -> dict[str, torch.Tensor]:
     """Rename Hugging Face weight names to ``Llama``'s (see ``minispec_name``), dropping the
     others."""
-    renamed = {name: minispec_name(name, config) for name in weights}
-    return {ours: weights[name] for name, ours in renamed.items() if ours is not None}
+    return {ours: t for name, t in weights.items()
+            if (ours := minispec_name(name, config)) is not None}
 
 
 def load_tokenizer(directory: Path) -> Any:

@@ -35,7 +35,6 @@ from minispec.decoding.goodput import GoodputK, KChoice, StepCosts
 from minispec.decoding.loop import (
     GenerationResult,
     as_drafter_for,
-    check_k,
     context_limit,
     make_sequence,
 )
@@ -134,23 +133,19 @@ class Engine:
                  tokenizer: Any = None, adaptive: bool | None = None,
                  max_num_batched_tokens: int | None = None,
                  branching: Seq[int] | None = None) -> None:
-        spec = _check_engine_args(draft, drafter, adaptive, branching, kv_cache, num_blocks,
-                                  max_num_batched_tokens)
+        spec = _check_engine_args(draft, drafter, adaptive, branching, kv_cache, block_size,
+                                  num_blocks, max_batch_size, max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
         drafter, self.branching, extra = as_drafter_for(spec, k, branching, copy_per_request=True)
-        if keeps_cache(drafter):                        # a fresh one: the engine owns its cache
-            drafter = drafter.clone()
-        check_k(k, drafter is not None)
-        _check_pool(kv_cache, block_size, num_blocks, max_batch_size)
         self.target, self.device, self.tokenizer = target, target.device, tokenizer
         self.k = k if drafter is not None else 0
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
         make = _cache_factory(kv_cache, max_batch_size, self.max_seq_len, block_size, num_blocks,
                               extra)
         self.target_cache = make(target)
-        self.draft_cache = None
-        if keeps_cache(drafter):                        # a draft model's or a head's cache
-            self.draft_cache = make(drafter.model)
+        self.draft_cache = make(drafter.model) if keeps_cache(drafter) else None
+        if self.draft_cache is not None:                # a draft model's or a head's cache:
+            drafter = drafter.clone()                   # a fresh drafter, the engine owns it
             drafter.attach(self.draft_cache)
         space = KVCacheSpace(self.target_cache, self.draft_cache)
         watermark = max(1, space.num_blocks() // 100) if kv_cache == "paged" else 0
@@ -369,12 +364,11 @@ class Engine:
         Raises:
             ValueError: for any bad prompt; then no request of this call is left behind.
         """
-        queue: deque[StepOutput] = deque()
-        ids = self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id,
-                            queue)
+        ids, queue = self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop,
+                                   eos_token_id)
         disable = not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
         with tqdm(total=len(ids), disable=disable, desc="requests", unit="req") as bar:
-            for out in self._drive(ids, queue):
+            for out in self._drive(ids, queue, keep_results=True):
                 bar.update(out.finished)
         return [self._results.pop(rid) for rid in ids]
 
@@ -389,18 +383,15 @@ class Engine:
         (``step()``, another stream, ``generate``). Leaving it early (``break``, or closing it)
         aborts its unfinished requests and frees their slots.
         """
-        queue: deque[StepOutput] = deque()
-        ids = self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id,
-                            queue)
-        try:
-            yield from self._drive(ids, queue)
-        finally:
-            for rid in ids:
-                self._results.pop(rid, None)
+        ids, queue = self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop,
+                                   eos_token_id)
+        yield from self._drive(ids, queue, keep_results=False)
 
-    def _drive(self, ids: list[str], queue: deque[StepOutput]) -> Iterator[StepOutput]:
+    def _drive(self, ids: list[str], queue: deque[StepOutput], keep_results: bool
+               ) -> Iterator[StepOutput]:
         """Step the engine until every request in ``ids`` has finished, yielding their outputs;
-        on an early exit, abort the unfinished ones."""
+        on an early exit, abort the unfinished ones. Their results are dropped at the end unless
+        ``keep_results`` (``generate`` returns them)."""
         open_ids = set(ids)
         try:
             while open_ids:
@@ -412,14 +403,21 @@ class Engine:
                 if open_ids:
                     self._step()
         finally:
-            for rid in ids:
-                if rid in self._sequences:
-                    self.abort(rid)
-                self._owners.pop(rid, None)
+            self._close(ids, keep_results)
 
-    def _add_all(self, prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id,
-                 queue: deque[StepOutput]) -> list[str]:
-        """Queue every prompt, or none: on a bad one, the ones queued already are aborted."""
+    def _close(self, ids: list[str], keep_results: bool = False) -> None:
+        """Abort the unfinished requests of ``ids``; no stream owns them any more."""
+        for rid in ids:
+            if rid in self._sequences:
+                self.abort(rid)
+            self._owners.pop(rid, None)
+            if not keep_results:
+                self._results.pop(rid, None)
+
+    def _add_all(self, prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id
+                 ) -> tuple[list[str], deque[StepOutput]]:
+        """Queue every prompt, or none: on a bad one, the ones queued already are aborted. The ids
+        and the queue their outputs go to."""
         if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a list of prompts (token ids, strings or chat "
                              f"messages), got {type(prompts).__name__}; "
@@ -429,18 +427,15 @@ class Engine:
         if len(samplings) != len(prompts):
             raise ValueError(f"{len(samplings)} SamplingParams for {len(prompts)} prompts")
         ids: list[str] = []
+        queue: deque[StepOutput] = deque()
         try:
             for prompt, sp in zip(prompts, samplings, strict=True):
                 ids.append(self._add(prompt, sp, None, max_new_tokens, stop_token_ids, stop,
                                      eos_token_id, owner=queue))
         except Exception:
-            for rid in ids:
-                if rid in self._sequences:
-                    self.abort(rid)
-                self._owners.pop(rid, None)
-                self._results.pop(rid, None)
+            self._close(ids)
             raise
-        return ids
+        return ids, queue
 
     def _new_id(self) -> str:
         """The next automatic request id not already in use."""
@@ -452,9 +447,10 @@ class Engine:
 # ---------------------------------------------------------------------- helpers
 
 
-def _check_engine_args(draft, drafter, adaptive, branching, kv_cache, num_blocks,
-                       max_num_batched_tokens) -> Any:
-    """``ValueError`` for arguments that contradict each other; the drafter spec to use."""
+def _check_engine_args(draft, drafter, adaptive, branching, kv_cache, block_size, num_blocks,
+                       max_batch_size, max_num_batched_tokens) -> Any:
+    """``ValueError`` with a clear message for arguments that contradict each other or an
+    inconsistent cache configuration; the drafter spec to use."""
     checks = [
         (draft is not None and drafter is not None,
          "give either a draft model (draft=) or a drafter (drafter=), not both"),
@@ -467,16 +463,6 @@ def _check_engine_args(draft, drafter, adaptive, branching, kv_cache, num_blocks
          "adaptive=True plans chains; give branching= or adaptive=True, not both"),
         (kv_cache == "contiguous" and num_blocks is not None,
          "num_blocks sizes the paged pool; a contiguous cache has one slot per request"),
-    ]
-    for failed, message in checks:
-        if failed:
-            raise ValueError(message)
-    return draft if draft is not None else drafter
-
-
-def _check_pool(kv_cache: str, block_size: Any, num_blocks: Any, max_batch_size: Any) -> None:
-    """``ValueError`` with a clear message for an inconsistent cache configuration."""
-    checks = [
         (kv_cache not in ("paged", "contiguous"),
          f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}"),
         (not _positive_int(block_size),
@@ -489,6 +475,7 @@ def _check_pool(kv_cache: str, block_size: Any, num_blocks: Any, max_batch_size:
     for failed, message in checks:
         if failed:
             raise ValueError(message)
+    return draft if draft is not None else drafter
 
 
 def _positive_int(x: Any) -> bool:

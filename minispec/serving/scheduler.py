@@ -83,25 +83,19 @@ class KVCacheSpace:
         self.draft_cache = draft_cache
 
     def _pairs(self, seq: Sequence) -> list[tuple[object, int]]:
-        pairs = [(self.target_cache, seq.slot)]
-        if self.draft_cache is not None:
-            pairs.append((self.draft_cache, seq.draft_slot))
-        return pairs
+        pairs = ((self.target_cache, seq.slot), (self.draft_cache, seq.draft_slot))
+        return [(cache, slot) for cache, slot in pairs if cache is not None]
 
     def _caches(self) -> list:
         return [c for c in (self.target_cache, self.draft_cache) if c is not None]
 
     def num_blocks(self) -> int:
         """Blocks in the smallest pool (a contiguous cache counts one block per slot)."""
-        return min(getattr(c, "num_blocks", None) or c.table.num_slots for c in self._caches())
+        return min(_blocks(c) for c in self._caches())
 
     def can_fit(self, num_positions: int) -> bool:
-        for cache in self._caches():
-            total_blocks = getattr(cache, "num_blocks", None) or cache.table.num_slots
-            if (num_positions > cache.max_seq_len
-                    or -(-num_positions // cache.block_size) > total_blocks):
-                return False
-        return True
+        return all(num_positions <= c.max_seq_len
+                   and -(-num_positions // c.block_size) <= _blocks(c) for c in self._caches())
 
     def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
         return all(cache.can_allocate(num_positions)
@@ -127,6 +121,11 @@ class KVCacheSpace:
             if slot is not None:
                 cache.free(slot)
         seq.slot = seq.draft_slot = None
+
+
+def _blocks(cache) -> int:
+    """Blocks in ``cache``'s pool (a contiguous cache counts one block per slot)."""
+    return getattr(cache, "num_blocks", None) or cache.table.num_slots
 
 
 @dataclass
