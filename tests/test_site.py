@@ -394,7 +394,14 @@ def _open_and_inspect(browser, base_url: str, path: str, shot: Path,
         page.wait_for_function("() => document.body.hasAttribute('data-math')", timeout=60_000)
         page.evaluate("() => document.fonts.ready.then(() => true)")
         page.wait_for_load_state("networkidle")
+        # Folded helper code (docs/javascripts/fold.js) is checked as a reader who opens it sees
+        # it, then folded again for the screenshot, as the page is first shown.
+        page.evaluate("() => document.querySelectorAll('details.ms-fold')"
+                      ".forEach((d) => { d.open = true; })")
         report = page.evaluate(_INSPECT_JS)
+        report["folded"] = page.evaluate("() => document.querySelectorAll('details.ms-fold')"
+                                         ".forEach((d) => { d.open = false; }) || "
+                                         "document.querySelectorAll('details.ms-fold').length")
         page.screenshot(path=str(shot), full_page=True)
     finally:
         context.close()
@@ -511,6 +518,9 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
                    needs_images=needs_images)
         except AssertionError as exc:
             failures.append(str(exc))
+        if ("celltag_hide-input" in (site / path).read_text(encoding="utf-8")
+                and not report["folded"]):
+            failures.append(f"{name} page: cells tagged hide-input are shown unfolded")
         if name.startswith("api-"):
             continue
         # The same page on a phone: nothing may push the page wider than the screen.
