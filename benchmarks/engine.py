@@ -16,7 +16,11 @@ batched target forward of the engine), and whether the greedy tokens equal plain
 median`` its median run (steadier for comparing policies: a best-of-2 moved by 5-10 % between runs
 of the same code on the 2-core VM). ``--controls`` adds, per drafter, the default engine with a
 policy that never drafts: what the drafter's machinery costs without speculation, so that a loss
-of the default can be told apart from it. Results go to ``<out>/engine.json`` and
+of the default can be told apart from it. ``--warm`` first serves every engine (and transformers)
+an untimed wave of as many other prompts: a server's steady state, in which what the default's
+policy learns once per engine (the step costs at each batch size, the pooled acceptance, its
+re-check schedule) is already paid for; without it each cell times a fresh engine, which charges
+a whole server life's exploration to one short run. Results go to ``<out>/engine.json`` and
 ``<out>/engine.png``.
 
 Examples::
@@ -79,6 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved")
     parser.add_argument("--statistic", choices=["best", "median"], default="best",
                         help="which of a mode's runs is kept (median: the middle by tokens/s)")
+    parser.add_argument("--warm", action="store_true",
+                        help="time a second wave: every engine first serves other prompts, untimed")
     parser.add_argument("--controls", action="store_true",
                         help="also each drafter's engine with a policy that never drafts")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -130,13 +136,16 @@ def load_models(use_random: bool, quick: bool, tmp: Path, model: str | None = No
     return target, draft, None, target_dir, "random models (shipped shape)"
 
 
-def make_prompts(n: int, length: int, tokenizer, vocab: int) -> list[list[int]]:
-    """``n`` prompts of about ``length`` tokens: held-out text when a tokenizer is at hand."""
+def make_prompts(n: int, length: int, tokenizer, vocab: int, other: bool = False
+                 ) -> list[list[int]]:
+    """``n`` prompts of about ``length`` tokens: held-out text when a tokenizer is at hand;
+    ``other``: a second set that shares no prompt with the first (the warm-up wave)."""
     if tokenizer is not None and SNIPPET.exists():
         ids = tokenizer.encode(SNIPPET.read_text())
         step = max(1, (len(ids) - 2 * length) // max(1, n))
-        return [ids[i * step: i * step + length + (i % 5)] for i in range(n)]
-    g = torch.Generator().manual_seed(0)
+        start = step // 2 if other else 0
+        return [ids[start + i * step: start + i * step + length + (i % 5)] for i in range(n)]
+    g = torch.Generator().manual_seed(int(other))
     return [torch.randint(2, vocab, (length + i % 5,), generator=g).tolist() for i in range(n)]
 
 
@@ -151,22 +160,26 @@ class NeverDrafts(GoodputK):
         return [0] * len(caps)
 
 
-def run_engine(target, prompts, batch, args, control: bool = False, **kwargs) -> dict:
+def run_engine(target, prompts, batch, args, control: bool = False, warm=None, **kwargs) -> dict:
     engine = Engine(target, k=args.k, max_batch_size=batch, kv_cache=args.kv_cache, **kwargs)
     if control:
         engine.policy = NeverDrafts(args.k)
+    if warm:
+        engine.generate(warm, progress=False, max_new_tokens=args.max_new_tokens, eos_token_id=[])
+    choices_before, forwards_before = len(engine.k_choices), engine.target_forwards  # warm wave
     clock = CLOCK[args.clock]
     start = clock()
     results = engine.generate(prompts, progress=False, max_new_tokens=args.max_new_tokens,
                               eos_token_id=[])
     seconds = clock() - start
     tokens = sum(len(r.tokens) for r in results)
-    chosen = [k for choice in engine.k_choices for k in choice.ks]
+    chosen = [k for choice in list(engine.k_choices)[choices_before:] for k in choice.ks]
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
                 mean_k=sum(chosen) / len(chosen) if chosen else None,
                 tokens_per_target_forward=sum(r.stats.tokens_per_target_forward
                                               for r in results) / len(results),
-                tokens_per_batched_forward=tokens / max(1, engine.target_forwards),
+                tokens_per_batched_forward=tokens / max(1, engine.target_forwards
+                                                       - forwards_before),
                 acceptance=_mean([r.stats.acceptance_rate for r in results]),
                 outputs=[r.tokens for r in results])
 
@@ -240,12 +253,16 @@ def main(argv=None) -> None:
         drafters["eagle"] = ms.load_drafter(f"{args.model}-eagle", target)
     eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else None
     print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; "
-          f"{args.max_new_tokens} new tokens; {args.clock} clock, best of {args.repeats}")
+          f"{args.max_new_tokens} new tokens; {args.clock} clock, "
+          f"{args.statistic} of {args.repeats}"
+          f"{'; warm engines (second wave timed)' if args.warm else '; fresh engines'}")
 
     rows = []
     for batch in args.batch_sizes:
-        prompts = make_prompts(max(4, args.requests_per_batch * batch), args.prompt_tokens, tok,
-                               target.config.vocab_size)
+        n = max(4, args.requests_per_batch * batch)
+        prompts = make_prompts(n, args.prompt_tokens, tok, target.config.vocab_size)
+        warm = (make_prompts(n, args.prompt_tokens, tok, target.config.vocab_size, other=True)
+                if args.warm else None)
         reference = [ms.generate(target, p, max_new_tokens=args.max_new_tokens,
                                  eos_token_id=[]).tokens
                      for p in prompts]
@@ -259,10 +276,12 @@ def main(argv=None) -> None:
         for _ in range(args.repeats):        # interleaved, so a disturbance hits every mode alike
             for name, kwargs in runs.items():
                 results.setdefault(name, []).append(
-                    run_engine(target, prompts, batch, args, **kwargs))
+                    run_engine(target, prompts, batch, args, warm=warm, **kwargs))
             if hf is not None:
                 for name, run in (("hf-continuous", run_hf_continuous),
                                   ("hf-static", run_hf_static)):
+                    if warm:
+                        run(hf, warm, batch, args, eos)
                     results.setdefault(name, []).append(run(hf, prompts, batch, args, eos))
         modes = {name: kept(rs, args.statistic) for name, rs in results.items()}
         for result in modes.values():

@@ -399,9 +399,10 @@ def _open_and_inspect(browser, base_url: str, path: str, shot: Path,
         page.evaluate("() => document.querySelectorAll('details.ms-fold')"
                       ".forEach((d) => { d.open = true; })")
         report = page.evaluate(_INSPECT_JS)
-        report["folded"] = page.evaluate("() => document.querySelectorAll('details.ms-fold')"
-                                         ".forEach((d) => { d.open = false; }) || "
-                                         "document.querySelectorAll('details.ms-fold').length")
+        page.evaluate("() => document.querySelectorAll('details.ms-fold')"
+                      ".forEach((d) => { d.open = false; })")
+        report["folded"] = page.evaluate(
+            "() => document.querySelectorAll('details.ms-fold').length")
         page.screenshot(path=str(shot), full_page=True)
     finally:
         context.close()

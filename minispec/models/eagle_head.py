@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from minispec.models import packed
@@ -230,8 +231,6 @@ def save_head(head: EagleHead, directory: str | Path, *, dtype: torch.dtype = to
         dtype: storage type of the float weights (float16 halves the size; loading casts back).
         extra: more JSON-able facts for ``eagle_config.json`` (data, steps, measured alpha).
     """
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
@@ -243,6 +242,20 @@ def save_head(head: EagleHead, directory: str | Path, *, dtype: torch.dtype = to
     return directory
 
 
+def read_head(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The saved configuration and tensors of a head written by
+    [`save_head`][minispec.models.eagle_head.save_head], as stored (no model is built).
+
+    Raises:
+        FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.
+    """
+    directory = Path(directory)
+    missing = [f for f in (WEIGHTS, CONFIG) if not (directory / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{directory} holds no EAGLE head: {', '.join(missing)} missing")
+    return json.loads((directory / CONFIG).read_text()), load_file(str(directory / WEIGHTS))
+
+
 def load_head(directory: str | Path, target: Llama) -> EagleHead:
     """A head saved by [`save_head`][minispec.models.eagle_head.save_head], bound to ``target`` on
     its device and dtype.
@@ -251,14 +264,7 @@ def load_head(directory: str | Path, target: Llama) -> EagleHead:
         FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.
         ValueError: the head was made for a target of another shape (hidden size, vocabulary...).
     """
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    missing = [f for f in (WEIGHTS, CONFIG) if not (directory / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{directory} holds no EAGLE head: {', '.join(missing)} missing")
-    saved = json.loads((directory / CONFIG).read_text())
-    tensors = load_file(str(directory / WEIGHTS))
+    saved, tensors = read_head(directory)
     shape = {k: saved["target_config"][k] for k in (*SHAPE, "intermediate_size")}
     config = dataclasses.replace(target.config, **shape)
     head = EagleHead(config, vocab=tensors["vocab"], layout=saved.get("layout", "minispec"))

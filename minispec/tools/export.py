@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from minispec.models.eagle_head import CONFIG, WEIGHTS
+from minispec.models.eagle_head import read_head
 
 __all__ = ["LLAMA_FIELDS", "export_head", "main"]
 
@@ -78,12 +78,10 @@ def export_head(head_dir: str | Path, out_dir: str | Path, *,
         ValueError: the head is not in the ``"eagle1"`` layout, or drafts over a reduced
             vocabulary (both engines draft over the target's full LM head).
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    head_dir, out_dir = Path(head_dir), Path(out_dir)
-    if not (head_dir / WEIGHTS).is_file() or not (head_dir / CONFIG).is_file():
-        raise FileNotFoundError(f"{head_dir} holds no EAGLE head ({WEIGHTS}, {CONFIG})")
-    saved = json.loads((head_dir / CONFIG).read_text())
+    saved, tensors = read_head(head_dir)
+    out_dir = Path(out_dir)
     target_config = saved["target_config"]
     layout = saved.get("layout", "minispec")
     if layout != "eagle1":
@@ -93,7 +91,7 @@ def export_head(head_dir: str | Path, out_dir: str | Path, *,
         raise ValueError(f"this head drafts over {saved['draft_vocab_size']} of "
                          f"{target_config['vocab_size']} tokens; vLLM's and SGLang's EAGLE-1 "
                          "heads draft over the target's full LM head")
-    tensors = exported_tensors(load_file(str(head_dir / WEIGHTS)))
+    tensors = exported_tensors(tensors)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({name: t.to(dtype) for name, t in tensors.items()},
               str(out_dir / "model.safetensors"), metadata={"format": "pt"})
