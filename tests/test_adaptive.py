@@ -4,12 +4,14 @@ that is always wrong and rises to the cap for one that is always right and free;
 request keeps its fixed ``k``, so its tokens do not depend on the clock."""
 
 import copy
+import time
 
 import pytest
 import torch
 from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
+from minispec.decoding.goodput import GoodputK
 from minispec.drafters.base import Draft
 
 
@@ -78,3 +80,48 @@ def test_the_loop_and_the_engine_use_one_policy():
     from minispec.serving import engine
     assert loop.GoodputK is goodput.GoodputK is engine.GoodputK
     assert not hasattr(ms, "AdaptiveK") and not hasattr(decoding, "adaptive")
+
+
+class SlowCatchUp(ms.ModelDrafter):
+    """A draft model whose catch-up forward (a lagging cache fed several tokens a row) takes
+    50 ms more; its draft steps (one or two tokens a row) take their usual time."""
+
+    def _forward(self, seqs, feeds):
+        if max(map(len, feeds)) > 4:
+            time.sleep(0.05)
+        return super()._forward(seqs, feeds)
+
+    def clone(self):
+        return SlowCatchUp(self.model, self.max_seq_len)
+
+
+class PlainThenFull(GoodputK):
+    """Plain rounds for the first 10 steps, then every row drafts its cap; keeps what it learns."""
+
+    def __init__(self, k_max):
+        super().__init__(k_max)
+        self.draft_seconds = []
+
+    def choose(self, requests, caps, fixed=None):
+        self.steps += 1
+        return [0] * len(caps) if self.steps <= 10 else caps
+
+    def learn(self, request_ids, ks, drafted, accepted, draft_s, verify_s):
+        if any(ks):
+            self.draft_seconds.append(draft_s)
+        super().learn(request_ids, ks, drafted, accepted, draft_s, verify_s)
+
+
+def test_a_catch_up_prefill_is_not_priced_as_a_draft_step(target):
+    """After plain rounds a draft model's cache lags the context by every token since; feeding it
+    is a cost of having stopped, paid once, not a cost of each draft step: the policy plans with
+    draft steps, so the runner reports the catch-up apart (``Drafter.catch_up_seconds``)."""
+    engine = ms.Engine(target, drafter=SlowCatchUp(copy.deepcopy(target)), k=2, max_batch_size=2)
+    engine.policy = PlainThenFull(2)
+    prompts = [[1, 5, 9, 2, 7], [3, 1, 4]]
+    results = engine.generate(prompts, progress=False, max_new_tokens=24)
+    assert [r.tokens for r in results] == [ms.generate(target, p, 24).tokens for p in prompts]
+    assert engine.drafter.catch_up_seconds >= 0.05                 # the 10-token catch-up ran
+    first = engine.policy.draft_seconds[0]                         # the round that caught up
+    assert first < 0.05, engine.policy.draft_seconds               # ... priced without it
+    assert engine.costs.draft_seconds(2) < 0.05

@@ -28,7 +28,7 @@ def test_memory_bound_verify_drafts_the_most():
     assert choice.ks == [4]
     best = max(choice.goodput.values())
     # drafting's extra seconds (four draft steps here) are charged 1 + margin times
-    assert best == pytest.approx(expected_tokens(0.9, 4) / (1.0 + 1.1 * 4 * 0.02))
+    assert best == pytest.approx(expected_tokens(0.9, 4) / (1.0 + 1.3 * 4 * 0.02))
     unmargined = choose_ks([0.9], [4], 4, costs_with(lambda t: 1.0, 0.02, rows=1), margin=0.0)
     assert max(unmargined.goodput.values()) == pytest.approx(expected_tokens(0.9, 4) / 1.08)
 

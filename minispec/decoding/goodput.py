@@ -16,13 +16,18 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   nothing is spent on calibration). After that a bucket with only its plain step measured borrows
   the ratio of a wide to a plain step from the nearest bucket that has both, so the engine drafts
   at a new batch size only when the plan says it pays, instead of paying a full-``k`` step at every
-  bucket to find out;
+  bucket to find out. A draft step's seconds leave out a lagging draft cache's catch-up
+  (``Drafter.catch_up_seconds``: after plain rounds a draft model feeds every token since, once):
+  counted as draft steps, catch-ups had priced a draft step at batch size 16 at 18-22 ms
+  against about 2, and a batch-size-1 engine that had paused stopped drafting for good;
 * [`alpha_estimates`][minispec.decoding.goodput.alpha_estimates] gives each request's acceptance
   estimate: its own accepted / tested drafts, shrunk towards the pooled acceptance of all requests
-  (a Beta prior), so a new request starts from what the engine has seen, plus one standard
-  deviation of optimism (an upper confidence bound): a request that stopped drafting on an
-  unlucky start gets to try again as the bonus outweighs the evidence, and one with a long record
-  is judged on it;
+  (a Beta prior), so a new request starts from what the engine has seen, plus ``1 / B`` standard
+  deviations of optimism at batch size ``B`` (an upper confidence bound): a request that stopped
+  drafting on an unlucky start gets to try again as the bonus outweighs the evidence, and one
+  with a long record is judged on it. The bonus shrinks with the batch because one request
+  learns from a draft while every row pays for the wider verify it brings (one standard
+  deviation for all made a wave of 16 new requests draft, and lose, at batch size 16);
 * [`choose_ks`][minispec.decoding.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
   every ``R``, the plan "the ``R`` requests with the highest acceptance draft ``K`` tokens, the
   others none" with the most expected tokens per second::
@@ -34,11 +39,14 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   draft model; an n-gram table without a match proposes nothing, and that row yields one token)
   and ``P_any = 1 - prod_{top R} (1 - P_b)`` the chance that the verify is wider than a plain step.
   ``K = 0`` is plain decoding, so the choice never predicts less than the plain engine. What
-  drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 10 %): the inputs are
-  moving averages of wall time and acceptance estimates with a standard deviation of optimism
-  added, and plans that won by 5-9 % on paper at batch sizes 8 to 32 lost about 5 % per step in
-  ``benchmarks/engine.py``. Charging the extra cost (not the whole step) keeps cheap bets: at
-  batch size 1 a drafter that proposes nothing costs a plain step, so trying it costs little.
+  drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 30 %). Drafting costs
+  more than the step it is planned in: requests that accept drafts run ahead of the others, so
+  the batch refills through more and smaller prefill forwards (and a draft model catches each
+  newcomer up), and a run ends in a tail of small steps. None of that is in the step's seconds:
+  at batch size 16 on the shipped pair, one-draft plans predicted to gain 3 % per step lost
+  about 15 % end to end (``benchmarks/engine.py --warm``); with a 10 % margin the default drafted
+  there, with 30 % it does not, and at batch size 1 it still does. Charging the extra cost (not
+  the whole step) keeps cheap bets: a drafter that proposes nothing costs a plain step.
 
 The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
 (``Engine.k_choices``).
@@ -152,13 +160,18 @@ class StepCosts:
         of the two widths at the nearest bucket that has a line (the smaller on a tie: the ratio
         grows with the batch, so a borrowed one errs towards trying to draft, and the step that
         tries measures the truth), else ``None``; never more than a wider forward of the bucket
-        was measured to cost."""
+        was measured to cost, nor than the line through two or more wider ones gives: an engine
+        that drafts at every step never measures its plain step again, and a stale plain step
+        priced as high as a two-token one (measured: 7.36 against 7.38 ms at batch size 16, where
+        the line through the widths 2 and 5 gives 6.0) makes every one-draft plan look free."""
         rows = bucket(rows)
-        wider = [s for (b, t), s in self.verify.items() if b == rows and t > tokens]
+        wider = [(t, s) for (b, t), s in self.verify.items() if b == rows and t > tokens]
         estimate = self._estimate(rows, tokens)
         if estimate is None or not wider:
             return estimate
-        return min(estimate, min(wider))            # never above a wider forward
+        if len(wider) >= 2:                         # nor above the line through the wider ones
+            estimate = min(estimate, _line_through(sorted(wider), tokens, floor=0.5))
+        return min(estimate, min(s for _, s in wider))
 
     def _estimate(self, rows: int, tokens: int) -> float | None:
         """``verify_seconds`` before its cap by the wider forwards."""
@@ -222,7 +235,7 @@ def alpha_estimates(accepted: list[int], tested: list[int], pooled: float, stren
 
 
 def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts,
-              margin: float = 0.10, proposal_rates: list[float] | None = None) -> KChoice | None:
+              margin: float = 0.30, proposal_rates: list[float] | None = None) -> KChoice | None:
     """The goodput-maximising plan (module docstring); ``None`` when a needed cost is unknown.
 
     Args:
@@ -268,14 +281,15 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     return KChoice(B, ks, list(alphas), goodput, list(rates))
 
 
-def _line_through(points: list[tuple[int, float]], x: int) -> float:
-    """Least-squares line through ``points`` evaluated at ``x`` (never below the smallest value)."""
+def _line_through(points: list[tuple[int, float]], x: int, floor: float = 1.0) -> float:
+    """Least-squares line through ``points`` evaluated at ``x`` (never below ``floor`` times the
+    smallest value)."""
     n = len(points)
     mx = sum(p for p, _ in points) / n
     my = sum(s for _, s in points) / n
     var = sum((p - mx) ** 2 for p, _ in points)
     slope = sum((p - mx) * (s - my) for p, s in points) / var if var else 0.0
-    return max(min(s for _, s in points), my + slope * (x - mx))
+    return max(floor * min(s for _, s in points), my + slope * (x - mx))
 
 
 class GoodputK:
@@ -309,7 +323,8 @@ class GoodputK:
         if not any(caps):
             return caps
         pooled = (self.accepted + 1) / (self.tested + 2)
-        alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled)
+        alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled,
+                                 optimism=1 / len(caps))    # one row learns, B rows pay the width
         choice = choose_ks(alphas, caps, self.k_max, self.costs,
                            proposal_rates=self.proposal_rates([r for r, _, _ in requests]))
         if choice is None:                        # explore: measure a plain step, then a full one

@@ -120,9 +120,12 @@ class SpeculativeRunner:
         ks = caps if policy is None else policy.choose(
             [(s.request_id, s.stats.accepted, s.stats.tested) for s in seqs], caps,
             fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in seqs])
+        lag = self.drafter.catch_up_seconds if self.drafter is not None else 0.0
         t0 = time.perf_counter()
         proposals = self.draft(seqs, ks)                          # 1. guesses, every row
         t1 = time.perf_counter()
+        if self.drafter is not None:       # a lagging draft cache's catch-up is not a draft step
+            t0 += self.drafter.catch_up_seconds - lag
         verdicts, hidden = self.verify(seqs, proposals)           # 2. one target forward
         self.rollback(seqs, proposals, verdicts, hidden)          # 3. keep the accepted paths
         emitted = self.emit(seqs, proposals, verdicts)            # 4. tokens out

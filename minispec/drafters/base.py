@@ -28,6 +28,7 @@ drafter, ``"ngram"``, a factory) into one of these, the same way for both loops.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +66,9 @@ class Drafter:
         cache: that cache, once attached (``None`` before).
         max_seq_len: longest context the drafter can draft for (``None``: no limit of its own).
         forwards: drafter forwards so far (batched; lazy prefills included).
+        catch_up_seconds: wall seconds spent so far feeding a draft cache that lagged behind the
+            context (a lazy prefill after plain rounds); the runner reports them apart from the
+            draft steps, whose cost the draft-length policy plans with.
     """
 
     wants_hidden: bool = False
@@ -72,6 +76,7 @@ class Drafter:
     cache: KVCache | None = None
     max_seq_len: int | None = None
     forwards: int = 0
+    catch_up_seconds: float = 0.0
 
     def attach(self, cache: KVCache) -> None:
         """Keep keys and values in ``cache`` (only called when ``model`` is set)."""
@@ -263,8 +268,10 @@ class ModelDrafter(Drafter):
         feeds = {b: seqs[b].context[seqs[b].draft_len:] for b in active}   # what each cache lacks
         long = [b for b in active if len(feeds[b]) > 2]       # lazy prefill (first use, preemption)
         if long:
+            start = time.perf_counter()
             self._forward([seqs[b] for b in long], [feeds[b][:-1] for b in long])
             feeds.update({b: feeds[b][-1:] for b in long})
+            self.catch_up_seconds += time.perf_counter() - start
         for j in range(max(ks, default=0)):
             rows = [b for b in active if ks[b] > j]
             logits = self._forward([seqs[b] for b in rows], [feeds[b] for b in rows])     # (R, V)
