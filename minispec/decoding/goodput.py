@@ -45,7 +45,8 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   newcomer up), and a run ends in a tail of small steps. None of that is in the step's seconds:
   at batch size 16 on the shipped pair, one-draft plans predicted to gain 3 % per step lost
   about 15 % end to end (``benchmarks/engine.py --warm``); with a 10 % margin the default drafted
-  there, with 30 % it does not, and at batch size 1 it still does. Charging the extra cost (not
+  there, with 30 % it does not, and n-gram drafting at batch size 1 still does (the draft model,
+  a marginal bet there on this CPU, not always). Charging the extra cost (not
   the whole step) keeps cheap bets: a drafter that proposes nothing costs a plain step.
 
 The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
