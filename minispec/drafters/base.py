@@ -90,7 +90,10 @@ class Drafter:
         """``ValueError`` if this drafter cannot draft for ``target`` (default: it can)."""
 
     def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        """Up to ``ks[b]`` guesses (a chain) after ``seqs[b].context`` for every row ``b``."""
+        """Up to ``ks[b]`` guesses (a chain) after ``seqs[b].context`` for every row ``b``.
+
+        The round calls it (or ``propose_trees``) every round, rows with ``ks[b] = 0`` and rounds
+        where no row drafts included, so a drafter may keep per-round bookkeeping here."""
         raise NotImplementedError(f"{type(self).__name__} does not propose chains")
 
     def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
