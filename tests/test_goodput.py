@@ -128,6 +128,35 @@ def test_alpha_estimates_shrink_towards_the_pool_with_optimism():
     assert bold_fresh - fresh > 0.15 > 0.05 > bold_seasoned - seasoned > 0
 
 
+def test_a_stale_plain_step_is_not_priced_above_the_line_through_wider_ones():
+    """An engine that drafts every step never measures its plain step again: a stale 7.36 ms
+    beside 7.38 ms for two tokens a row (measured at batch size 16) made one-draft plans look
+    free. The plain step is priced on the line through the wider forwards instead."""
+    costs = StepCosts.measured({(16, 1): 7.36, (16, 2): 7.38, (16, 5): 11.45})
+    line = 7.38 - (11.45 - 7.38) / 3                            # the line through T = 2 and 5
+    assert costs.verify_seconds(16, 1) == pytest.approx(line)
+    assert costs.verify_seconds(16, 2) == pytest.approx(7.38)   # one wider width: no line
+    fresh = StepCosts.measured({(16, 1): 5.0, (16, 2): 7.38, (16, 5): 11.45})
+    assert fresh.verify_seconds(16, 1) == pytest.approx(5.0)    # below the line: as measured
+
+
+def test_the_optimism_for_a_new_request_shrinks_with_the_batch():
+    """One request learns from a draft, but every row pays for the wider verify: the bonus of a
+    request with no record is ``1 / B`` standard deviations."""
+    costs = costs_with(lambda t: 1.0, 0.01, rows=1)
+    for rows in (2, 16):
+        for t in range(1, 6):
+            costs.record_verify(rows, t, 1.0)
+    bonus = {}
+    for B in (1, 2, 16):
+        policy = GoodputK(4)
+        policy.costs = costs
+        policy.choose([(str(b), 0, 0) for b in range(B)], [4] * B)
+        bonus[B] = policy.choices[-1].alphas[0] - 0.5           # the pooled prior starts at 0.5
+    sd = (0.25 / 5) ** 0.5                                      # Beta: 4 prior drafts, none seen
+    assert [bonus[B] for B in (1, 2, 16)] == pytest.approx([sd, sd / 2, sd / 16])
+
+
 @pytest.mark.parametrize("kind", ["model", "ngram"])
 def test_adaptive_engine_keeps_greedy_tokens_and_records_its_choices(kind):
     torch.manual_seed(0)
