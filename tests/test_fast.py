@@ -14,6 +14,7 @@ import torch
 from tinymodels import noisy_copy, tiny_llama
 
 import minispec as ms
+from minispec.models import packed
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.packed import PackedLinear, is_fast, make_eager, make_fast, packed_bytes
 from minispec.models.paged_cache import PagedKVCache
@@ -104,6 +105,36 @@ def test_packed_linear_matches_linear_for_any_rows():
         with torch.inference_mode():
             assert torch.allclose(packed(x), linear(x), atol=1e-5)
     assert packed.to_linear().weight is linear.weight
+
+
+@pytest.mark.parametrize("blas", [False, True])
+def test_either_one_row_kernel_gives_eager_logits(tiny, blas):
+    """A one-token step (one row per product) and a 5-token one, with each one-row kernel."""
+    fast = make_fast(copy.deepcopy(tiny.model), blas_one_row=blas)
+    assert all(m.blas_one_row is blas for m in fast.modules() if isinstance(m, PackedLinear))
+    for T in (1, 5):
+        ids, pos = torch.arange(1, T + 1)[None], torch.arange(T)[None]
+        with torch.inference_mode():
+            assert (fast(ids, pos) - tiny.model(ids, pos)).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("blas_faster", [False, True])
+def test_the_faster_one_row_kernel_is_kept(tiny, monkeypatch, blas_faster):
+    """``choose_one_row_kernel`` times both kernels; on a fake clock where a forward with the
+    faster one takes 1 s and the other 2 s, it names the faster and ``make_fast`` keeps it (no
+    real timing decides)."""
+    fast = make_fast(copy.deepcopy(tiny.model), blas_one_row=False)
+    now = [0.0]
+
+    def clock():                  # each reading advances by the duration of the current kernel
+        now[0] += 1.0 if fast.packed_head.blas_one_row == blas_faster else 2.0
+        return now[0]
+
+    monkeypatch.setattr(packed.time, "perf_counter", clock)
+    assert packed.choose_one_row_kernel(fast) is blas_faster
+    packed.make_eager(fast)
+    packed.make_fast(fast)                                   # make_fast keeps what it measured
+    assert {m.blas_one_row for m in fast.modules() if isinstance(m, PackedLinear)} == {blas_faster}
 
 
 def test_greedy_speculative_equals_greedy_under_the_fast_path():

@@ -213,6 +213,8 @@ class EagleHead(nn.Module):
         if not isinstance(self.fc, packed.PackedLinear):
             self.fc = packed.PackedLinear.from_linear(self.fc)
         self.packed_logits = packed.PackedLinear(self.head_weight)
+        head = self.target.packed_head           # one-row kernel: the fast target's timed choice
+        packed.set_one_row_kernel(self, head is not None and head.blas_one_row)
         return self
 
 

@@ -46,7 +46,15 @@ given: an earlier one on a quieter AMD EPYC (Zen 3), and three loaded ones on an
 So packing buys cheap verification, not a fast step. The packed one-token step is 1.5-1.8x the
 roofline; under load it is even slower than eager's (the bandwidth probe is shared too, so the
 roofline grows and every ratio flatters). r(4) is 1.12-1.32: much cheaper than eager's 1.65-1.78,
-not free. What limits:
+not free.
+
+Hence the one choice ``make_fast`` makes by measurement: which kernel multiplies a single row.
+``choose_one_row_kernel`` times a one-token forward with oneDNN's packed kernel and with the BLAS's
+GEMV on the unpacked (merged) weights, and keeps the faster; rows of two or more tokens always run
+packed. On the Xeon (quiet, 12 GB/s, roofline 44.5 ms; median of three interleaved rounds) the
+one-token step went from 68.7 ms packed to 55.9 ms (1.54x to 1.26x the roofline) while the 2-, 3-,
+5- and 9-token forwards stayed within 1.5 % (72.9, 76.7, 76.3, 83.5 ms). The ratio r(4) rises to
+1.36 because its denominator fell: every forward is as fast as before or faster. What limits:
 
 * oneDNN's kernel for one row streams no faster than the BLAS's GEMV (loaded run): on one 85 MB
   matrix (2304 x 9216, ``minispec.tools.costs.matmul_ms``) one row takes 5.6 ms packed against
@@ -66,6 +74,8 @@ On the shipped pair (19 MB, which fits in the cache) neither mode pays much for 
 from __future__ import annotations
 
 import copy
+import math
+import time
 import warnings
 
 import torch
@@ -104,7 +114,15 @@ class PackedLinear(nn.Module):
         weight: (N, K) the original weight; kept as the module's ``weight`` (same tensor, so a
             ``state_dict`` reads as before), and packed into ``self.packed``.
         bias: (N,) or None.
+
+    Attributes:
+        blas_one_row: multiply a single row (a one-token step) by the unpacked ``weight`` with
+            the BLAS's GEMV instead of oneDNN's packed kernel; ``make_fast`` times both on the
+            model and keeps the faster
+            ([`choose_one_row_kernel`][minispec.models.packed.choose_one_row_kernel]).
     """
+
+    blas_one_row = False
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -127,6 +145,8 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if torch.is_grad_enabled() and rows.requires_grad:
             y = _NoBackward.apply(rows, self.packed, self._bias)
+        elif rows.shape[0] == 1 and self.blas_one_row:
+            y = F.linear(rows, self.weight, self.bias)
         else:
             y = _packed_linear(rows, self.packed, self._bias)
         return y.view(*x.shape[:-1], self.out_features)  # (..., N)
@@ -177,7 +197,7 @@ def is_fast(model: Llama) -> bool:
     return model.packed_head is not None
 
 
-def make_fast(model: Llama) -> Llama:
+def make_fast(model: Llama, blas_one_row: bool | None = None) -> Llama:
     """Pack every projection and the LM head of ``model`` once, in place; returns ``model``.
 
     Every layer is packed by [`pack_block`][minispec.models.packed.pack_block]; the LM head gets a
@@ -188,6 +208,9 @@ def make_fast(model: Llama) -> Llama:
     Args:
         model: a ``minispec.models.llama.Llama`` on CPU, float32 (or bfloat16 where the CPU
             supports it).
+        blas_one_row: which kernel multiplies one row (``PackedLinear.blas_one_row``); ``None``:
+            the faster on this machine, timed once
+            ([`choose_one_row_kernel`][minispec.models.packed.choose_one_row_kernel]).
 
     Returns:
         The same model object, now fast (or still eager, with a warning).
@@ -203,7 +226,37 @@ def make_fast(model: Llama) -> Llama:
         pack_block(layer)
     # a plain tensor, not a parameter: the head adds no entry to state_dict() or parameters()
     model.packed_head = PackedLinear(model.output_weight.detach())     # tied: the embedding
+    set_one_row_kernel(model, choose_one_row_kernel(model) if blas_one_row is None
+                       else blas_one_row)
     return model
+
+
+def set_one_row_kernel(model: nn.Module, blas: bool) -> None:
+    """Every ``PackedLinear`` of ``model`` multiplies one row with the BLAS (``blas``) or oneDNN."""
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.blas_one_row = blas
+
+
+@torch.inference_mode()
+def choose_one_row_kernel(model: Llama, repeats: int = 3) -> bool:
+    """Time a one-token forward of ``model`` with each one-row kernel: whether the BLAS's is the
+    faster (``make_fast`` keeps the faster).
+
+    Which is faster depends on the CPU: on an Intel Xeon VM the BLAS's GEMV ran SmolLM2's
+    one-token step in 55.9 ms against 68.7 ms packed (rows of 2 to 9 tokens: the same within 1.5 %,
+    both packed), on an AMD EPYC the packed step was the faster one. Both kernels give the same
+    logits up to float rounding. Each forward is timed on the wall clock, alternating, and the
+    least of ``repeats`` counts (the least is what load on the machine disturbs least).
+    """
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)                   # (1, 1)
+    best = {False: math.inf, True: math.inf}
+    for blas in (False, True) * repeats:
+        set_one_row_kernel(model, blas)
+        start = time.perf_counter()
+        model(ids, torch.zeros_like(ids))
+        best[blas] = min(best[blas], time.perf_counter() - start)
+    return best[True] < best[False]
 
 
 def pack_block(layer: Block) -> Block:

@@ -219,6 +219,7 @@ class CostReport:
     draft: str | None = None
     dtype: str = "torch.float32"
     clock: str = "wall"
+    one_row: str = "oneDNN packed"
 
     @property
     def c(self) -> dict[str, float]:
@@ -272,7 +273,8 @@ def measure(target: str, draft: str | None = None, batches: Sequence[int] = (1, 
             modes[mode].draft[1] = ratio * modes[mode].verify[1, 1]
     return CostReport(target, torch.get_num_threads(), context, nbytes, bandwidth,
                       nbytes / bandwidth / 1e6, pack_s, modes, sorted(batches), max_k, draft,
-                      str(dtype), clock)
+                      str(dtype), clock,
+                      "BLAS GEMV" if fast.packed_head.blas_one_row else "oneDNN packed")
 
 
 def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> str:
@@ -284,7 +286,8 @@ def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> s
         f"{report.threads} thread(s); context {report.context} tokens; {report.clock} clock",
         f"read bandwidth {report.bandwidth_gbs:.1f} GB/s (median, probed between steps) -> "
         f"roofline step {report.roofline_ms:.1f} ms",
-        f"fast start-up: packing {report.pack_s:.2f} s (nothing compiled, nothing to cache)",
+        f"fast start-up: packing and choosing the one-row kernel {report.pack_s:.2f} s (nothing "
+        f"compiled, nothing to cache); one-row products (a one-token step): {report.one_row}",
     ]
     eager, fast = report.modes["eager"], report.modes["fast"]
     for batch in report.batches:
