@@ -107,34 +107,43 @@ def test_packed_linear_matches_linear_for_any_rows():
     assert packed.to_linear().weight is linear.weight
 
 
-@pytest.mark.parametrize("blas", [False, True])
-def test_either_one_row_kernel_gives_eager_logits(tiny, blas):
-    """A one-token step (one row per product) and a 5-token one, with each one-row kernel."""
-    fast = make_fast(copy.deepcopy(tiny.model), blas_one_row=blas)
-    assert all(m.blas_one_row is blas for m in fast.modules() if isinstance(m, PackedLinear))
-    for T in (1, 5):
+@pytest.mark.parametrize("blas_rows", [0, 1, 3])
+def test_either_kernel_gives_eager_logits(tiny, blas_rows):
+    """Forwards of 1, 3 and 5 tokens (as many rows per product) with the BLAS up to ``blas_rows``
+    rows and oneDNN's packed kernel above."""
+    fast = make_fast(copy.deepcopy(tiny.model), blas_rows=blas_rows)
+    assert {m.blas_rows for m in fast.modules() if isinstance(m, PackedLinear)} == {blas_rows}
+    for T in (1, 3, 5):
         ids, pos = torch.arange(1, T + 1)[None], torch.arange(T)[None]
         with torch.inference_mode():
             assert (fast(ids, pos) - tiny.model(ids, pos)).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("blas_faster", [False, True])
-def test_the_faster_one_row_kernel_is_kept(tiny, monkeypatch, blas_faster):
-    """``choose_one_row_kernel`` times both kernels; on a fake clock where a forward with the
-    faster one takes 1 s and the other 2 s, it names the faster and ``make_fast`` keeps it (no
-    real timing decides)."""
-    fast = make_fast(copy.deepcopy(tiny.model), blas_one_row=False)
-    now = [0.0]
+@pytest.mark.parametrize("faster_up_to", [0, 3, 8])
+def test_the_blas_runs_the_widths_where_it_is_faster(tiny, monkeypatch, faster_up_to):
+    """``choose_blas_rows`` times both kernels width by width. On a fake clock where a forward of
+    ``T`` tokens takes 1 s with the kernel that is faster at that width (the BLAS up to
+    ``faster_up_to`` rows) and 2 s with the other, it finds ``faster_up_to`` (capped at
+    ``most=8``), and ``make_fast`` keeps it: no real timing decides."""
+    fast = make_fast(copy.deepcopy(tiny.model), blas_rows=0)
+    now, width = [0.0], [0]
+    forward = fast.forward
 
-    def clock():                  # each reading advances by the duration of the current kernel
-        now[0] += 1.0 if fast.packed_head.blas_one_row == blas_faster else 2.0
+    def recording(ids, positions, *args, **kwargs):    # the width of the forward being timed
+        width[0] = ids.shape[1]
+        return forward(ids, positions, *args, **kwargs)
+
+    def clock():                  # each reading advances by the duration of the current forward
+        on_blas = width[0] <= fast.packed_head.blas_rows
+        now[0] += 1.0 if on_blas == (width[0] <= faster_up_to) else 2.0
         return now[0]
 
+    monkeypatch.setattr(fast, "forward", recording)
     monkeypatch.setattr(packed.time, "perf_counter", clock)
-    assert packed.choose_one_row_kernel(fast) is blas_faster
+    assert packed.choose_blas_rows(fast) == faster_up_to
     packed.make_eager(fast)
     packed.make_fast(fast)                                   # make_fast keeps what it measured
-    assert {m.blas_one_row for m in fast.modules() if isinstance(m, PackedLinear)} == {blas_faster}
+    assert {m.blas_rows for m in fast.modules() if isinstance(m, PackedLinear)} == {faster_up_to}
 
 
 def test_greedy_speculative_equals_greedy_under_the_fast_path():

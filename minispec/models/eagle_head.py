@@ -213,8 +213,8 @@ class EagleHead(nn.Module):
         if not isinstance(self.fc, packed.PackedLinear):
             self.fc = packed.PackedLinear.from_linear(self.fc)
         self.packed_logits = packed.PackedLinear(self.head_weight)
-        head = self.target.packed_head           # one-row kernel: the fast target's timed choice
-        packed.set_one_row_kernel(self, head is not None and head.blas_one_row)
+        head = self.target.packed_head           # the fast target's timed choice of kernels
+        packed.set_blas_rows(self, 0 if head is None else head.blas_rows)
         return self
 
 

@@ -48,13 +48,20 @@ roofline; under load it is even slower than eager's (the bandwidth probe is shar
 roofline grows and every ratio flatters). r(4) is 1.12-1.32: much cheaper than eager's 1.65-1.78,
 not free.
 
-Hence the one choice ``make_fast`` makes by measurement: which kernel multiplies a single row.
-``choose_one_row_kernel`` times a one-token forward with oneDNN's packed kernel and with the BLAS's
-GEMV on the unpacked (merged) weights, and keeps the faster; rows of two or more tokens always run
-packed. On the Xeon (quiet, 12 GB/s, roofline 44.5 ms; median of three interleaved rounds) the
-one-token step went from 68.7 ms packed to 55.9 ms (1.54x to 1.26x the roofline) while the 2-, 3-,
-5- and 9-token forwards stayed within 1.5 % (72.9, 76.7, 76.3, 83.5 ms). The ratio r(4) rises to
-1.36 because its denominator fell: every forward is as fast as before or faster. What limits:
+Hence the one choice ``make_fast`` makes by measurement: up to how many rows a product runs on
+the BLAS instead of oneDNN. ``choose_blas_rows`` times forwards of 1, 2, 3, ... tokens with each
+kernel, and stops at the first width where the packed kernel wins. On the Xeon, one loaded run
+(roofline 39.9 ms; CPU time, medians of 5 round-robin repeats), the BLAS won up to 3 rows:
+forwards of 1, 2 and 3 tokens took 65.7, 68.6 and 73.9 ms against 83.7, 88.5 and 88.5 ms packed
+(and 69.5, 78.0, 81.6 ms eager); from 4 tokens both run packed (5 tokens: 85.6-90.1 ms, eager
+122.0). r(4) then reads 1.30 against packing's 1.08 only because the step it divides by is 21 %
+shorter. What limits (a profile, ``torch.profiler``, self CPU time per forward, five forwards
+after a 64-token context, one thread): in a one-token step 47.8 of 60.8 ms are the BLAS's 121
+GEMVs, which stream the 538 MB at about 11.3 GB/s, the probe's bandwidth, so the step's excess
+over the roofline is the ~3,000 other calls (attention 1.1 ms, the rest 0.1-0.9 ms each); in a
+5-token forward 61.7 of 75.2 ms are oneDNN's 121 packed GEMMs, streaming at about 8.7 GB/s.
+So r(4) <= 1.1 needs a 5-row kernel that streams as fast as the one-row GEMV, and the one-token
+step's last 20 % is per-call overhead that only fusing (a compiler) removes:
 
 * oneDNN's kernel for one row streams no faster than the BLAS's GEMV (loaded run): on one 85 MB
   matrix (2304 x 9216, ``minispec.tools.costs.matmul_ms``) one row takes 5.6 ms packed against
@@ -116,13 +123,13 @@ class PackedLinear(nn.Module):
         bias: (N,) or None.
 
     Attributes:
-        blas_one_row: multiply a single row (a one-token step) by the unpacked ``weight`` with
-            the BLAS's GEMV instead of oneDNN's packed kernel; ``make_fast`` times both on the
-            model and keeps the faster
-            ([`choose_one_row_kernel`][minispec.models.packed.choose_one_row_kernel]).
+        blas_rows: a product of at most this many rows (a one-token step has one) runs on the
+            unpacked ``weight`` with the BLAS instead of oneDNN's packed kernel; ``make_fast``
+            times both on the model
+            ([`choose_blas_rows`][minispec.models.packed.choose_blas_rows]).
     """
 
-    blas_one_row = False
+    blas_rows = 0
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -145,7 +152,7 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if torch.is_grad_enabled() and rows.requires_grad:
             y = _NoBackward.apply(rows, self.packed, self._bias)
-        elif rows.shape[0] == 1 and self.blas_one_row:
+        elif rows.shape[0] <= self.blas_rows:
             y = F.linear(rows, self.weight, self.bias)
         else:
             y = _packed_linear(rows, self.packed, self._bias)
@@ -197,7 +204,7 @@ def is_fast(model: Llama) -> bool:
     return model.packed_head is not None
 
 
-def make_fast(model: Llama, blas_one_row: bool | None = None) -> Llama:
+def make_fast(model: Llama, blas_rows: int | None = None) -> Llama:
     """Pack every projection and the LM head of ``model`` once, in place; returns ``model``.
 
     Every layer is packed by [`pack_block`][minispec.models.packed.pack_block]; the LM head gets a
@@ -208,9 +215,9 @@ def make_fast(model: Llama, blas_one_row: bool | None = None) -> Llama:
     Args:
         model: a ``minispec.models.llama.Llama`` on CPU, float32 (or bfloat16 where the CPU
             supports it).
-        blas_one_row: which kernel multiplies one row (``PackedLinear.blas_one_row``); ``None``:
-            the faster on this machine, timed once
-            ([`choose_one_row_kernel`][minispec.models.packed.choose_one_row_kernel]).
+        blas_rows: products of at most this many rows run on the BLAS
+            (``PackedLinear.blas_rows``); ``None``: as many as are faster there on this machine,
+            timed once ([`choose_blas_rows`][minispec.models.packed.choose_blas_rows]).
 
     Returns:
         The same model object, now fast (or still eager, with a warning).
@@ -226,37 +233,41 @@ def make_fast(model: Llama, blas_one_row: bool | None = None) -> Llama:
         pack_block(layer)
     # a plain tensor, not a parameter: the head adds no entry to state_dict() or parameters()
     model.packed_head = PackedLinear(model.output_weight.detach())     # tied: the embedding
-    set_one_row_kernel(model, choose_one_row_kernel(model) if blas_one_row is None
-                       else blas_one_row)
+    set_blas_rows(model, choose_blas_rows(model) if blas_rows is None else blas_rows)
     return model
 
 
-def set_one_row_kernel(model: nn.Module, blas: bool) -> None:
-    """Every ``PackedLinear`` of ``model`` multiplies one row with the BLAS (``blas``) or oneDNN."""
+def set_blas_rows(model: nn.Module, rows: int) -> None:
+    """Every ``PackedLinear`` of ``model`` runs products of at most ``rows`` rows on the BLAS."""
     for module in model.modules():
         if isinstance(module, PackedLinear):
-            module.blas_one_row = blas
+            module.blas_rows = rows
 
 
 @torch.inference_mode()
-def choose_one_row_kernel(model: Llama, repeats: int = 3) -> bool:
-    """Time a one-token forward of ``model`` with each one-row kernel: whether the BLAS's is the
-    faster (``make_fast`` keeps the faster).
+def choose_blas_rows(model: Llama, most: int = 8, repeats: int = 3) -> int:
+    """Up to how many rows (at most ``most``) the BLAS multiplies faster than oneDNN's packed
+    kernel, timed on ``model``: forwards of 1, 2, ... tokens with each, until the packed one wins.
 
-    Which is faster depends on the CPU: on an Intel Xeon VM the BLAS's GEMV ran SmolLM2's
-    one-token step in 55.9 ms against 68.7 ms packed (rows of 2 to 9 tokens: the same within 1.5 %,
-    both packed), on an AMD EPYC the packed step was the faster one. Both kernels give the same
-    logits up to float rounding. Each forward is timed on the wall clock, alternating, and the
-    least of ``repeats`` counts (the least is what load on the machine disturbs least).
+    Which is faster depends on the CPU and the width (module docstring: the BLAS up to 3 rows on
+    an Intel Xeon; on an AMD EPYC, packing alone gave the faster one-token step). Both give the same
+    logits up to float rounding. Each forward is timed on the wall clock, the two kernels
+    alternating, and the least of ``repeats`` counts (the least is what load disturbs least).
     """
-    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)                   # (1, 1)
-    best = {False: math.inf, True: math.inf}
-    for blas in (False, True) * repeats:
-        set_one_row_kernel(model, blas)
-        start = time.perf_counter()
-        model(ids, torch.zeros_like(ids))
-        best[blas] = min(best[blas], time.perf_counter() - start)
-    return best[True] < best[False]
+    rows = 0
+    while rows < most:
+        ids = torch.zeros(1, rows + 1, dtype=torch.long, device=model.device)    # (1, rows + 1)
+        positions = torch.arange(rows + 1, device=model.device)[None]           # (1, rows + 1)
+        best = {rows: math.inf, rows + 1: math.inf}      # rows + 1: this width on the BLAS
+        for blas in (rows, rows + 1) * repeats:
+            set_blas_rows(model, blas)
+            start = time.perf_counter()
+            model(ids, positions)
+            best[blas] = min(best[blas], time.perf_counter() - start)
+        if best[rows + 1] >= best[rows]:
+            break
+        rows += 1
+    return rows
 
 
 def pack_block(layer: Block) -> Block:

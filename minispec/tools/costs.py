@@ -219,7 +219,7 @@ class CostReport:
     draft: str | None = None
     dtype: str = "torch.float32"
     clock: str = "wall"
-    one_row: str = "oneDNN packed"
+    blas_rows: int = 0
 
     @property
     def c(self) -> dict[str, float]:
@@ -273,12 +273,13 @@ def measure(target: str, draft: str | None = None, batches: Sequence[int] = (1, 
             modes[mode].draft[1] = ratio * modes[mode].verify[1, 1]
     return CostReport(target, torch.get_num_threads(), context, nbytes, bandwidth,
                       nbytes / bandwidth / 1e6, pack_s, modes, sorted(batches), max_k, draft,
-                      str(dtype), clock,
-                      "BLAS GEMV" if fast.packed_head.blas_one_row else "oneDNN packed")
+                      str(dtype), clock, fast.packed_head.blas_rows)
 
 
 def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> str:
     """The report as a plain-text table: eager and fast side by side."""
+    kernels = (f"products of 1-{report.blas_rows} rows run on the BLAS, wider ones packed"
+               if report.blas_rows else "every product runs packed")
     lines = [
         f"target {report.target} ({report.dtype.removeprefix('torch.')}"
         f"{'' if report.dtype == 'torch.float32' else ': a different model than float32'}): "
@@ -286,8 +287,8 @@ def format_report(report: CostReport, alphas: Sequence[float] = (0.6, 0.8)) -> s
         f"{report.threads} thread(s); context {report.context} tokens; {report.clock} clock",
         f"read bandwidth {report.bandwidth_gbs:.1f} GB/s (median, probed between steps) -> "
         f"roofline step {report.roofline_ms:.1f} ms",
-        f"fast start-up: packing and choosing the one-row kernel {report.pack_s:.2f} s (nothing "
-        f"compiled, nothing to cache); one-row products (a one-token step): {report.one_row}",
+        f"fast start-up: packing and timing the kernels {report.pack_s:.2f} s (nothing compiled, "
+        f"nothing to cache); {kernels}",
     ]
     eager, fast = report.modes["eager"], report.modes["fast"]
     for batch in report.batches:
