@@ -5,13 +5,13 @@
 what it costs to get there and what it buys, for one model (default: SmolLM2-135M-Instruct):
 
 1. **start-up**, cold and warm: ``--starts`` fresh processes in turn compile the whole forward
-   (``model.compile(dynamic=True, options={"freezing": True})``) and run forwards of 1 to
-   ``max_k + 1`` tokens through a KV cache, all sharing one inductor cache directory (``--cache``;
-   emptied first unless ``--keep-cache``), so the first start is cold and the later ones find what
-   torch keeps on disk. ``--threads`` sets torch's threads; ``--clock`` the step timer (``cpu``:
-   process CPU time, steadier on a shared machine; start-up is always wall time). Each start
-   reports its seconds and where the compiler spent them (``torch._dynamo.utils.compile_times``:
-   tracing, AOT, inductor's lowering and scheduling);
+   (``torch.compile(model.forward, dynamic=True)``, inductor's ``freezing`` on) and run forwards
+   of 1 to ``max_k + 1`` tokens through a KV cache, all sharing one inductor cache directory
+   (``--cache``; emptied first unless ``--keep-cache``), so the first start is cold and the later
+   ones find what torch keeps on disk. ``--threads`` sets torch's threads; ``--clock`` the step
+   timer (``cpu``: process CPU time, steadier on a shared machine; start-up is always wall time).
+   Each start reports its seconds and where the compiler spent them
+   (``torch._dynamo.utils.compile_times``: tracing, AOT, inductor's lowering, the C++ compile);
 2. **steps**: in the last start, forwards of 1 to ``max_k + 1`` tokens at batch 1, timed
    round-robin with the eager and the fast forward (``minispec.tools.costs.time_steps``: medians
    of ``--repeats``, after a warm-up), with the roofline from a bandwidth probe.
@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 
 #: Where a start's compile time goes: (label, ``compile_times`` key).
 PHASES = (("dynamo tracing", "bytecode_tracing"),
@@ -53,7 +54,8 @@ def one_start(target: str, max_k: int, repeats: int, clock: str) -> dict:
 
     compiled = costs.get_model(target)
     begin = time.perf_counter()
-    compiled.compile(dynamic=True, options={"freezing": True})
+    torch._inductor.config.freezing = True        # this process only: it is a child of main()
+    compiled.forward = torch.compile(compiled.forward, dynamic=True)
     costs.time_steps({"compiled": compiled}, 1, 64, max_k, 0, progress=False)   # compiles
     headers, values = compile_times(repr="csv", aggregate=True)
     metrics = dict(zip(headers, map(float, values), strict=True))
