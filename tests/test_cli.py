@@ -187,14 +187,16 @@ def test_bench_roofline_has_its_own_help(capsys):
 
 
 def test_bench_on_the_public_multitask_set(tmp_path, capsys):
-    """The multi-task set: every drafter (suffix and hybrid too), a row per category and an
-    overall row, outputs identical to greedy; sampled runs are reported without comparison."""
+    """The multi-task set: every drafter (suffix and hybrid too, the hybrid also with goodput k), a
+    row per category and an overall row, outputs identical to greedy; sampled runs are reported
+    without comparison."""
     _real_model_or_skip()
     quick = ["--prompt-set", "multitask", "--tasks", "qa,translation", "--max-new-tokens", "8",
              "--no-hf", "--out", str(tmp_path)]
     assert main(["bench", "--model", "smollm2-135m-instruct", *quick]) == 0
     out = capsys.readouterr().out
-    for method in ("minispec suffix k=4", "minispec hybrid k=4", "minispec eagle"):
+    for method in ("minispec suffix k=4", "minispec hybrid k=4", "minispec hybrid goodput k=auto",
+                   "minispec eagle"):
         assert method in out
     assert "overall" in out and "translation" in out and "all outputs identical" in out
     sampled = [*quick[:2], "--tasks", "qa", *quick[4:], "--temperature", "0.7"]

@@ -283,6 +283,7 @@ def bench_workloads(args: argparse.Namespace) -> int:
             drafters["eagle"] = (lambda: eagle, args.k_eagle)
             drafters["suffix"] = (ms.SuffixDrafter, args.k_ngram)
             drafters["hybrid"] = (lambda: ms.HybridDrafter(head=eagle), args.k_ngram)
+            drafters["hybrid goodput"] = (lambda: ms.HybridDrafter(head=eagle), "auto")
         except (FileNotFoundError, ValueError) as error:
             if args.head:                               # asked for explicitly: an error
                 print(f"minispec bench: {error}", file=sys.stderr)

@@ -187,6 +187,8 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         warmup: discarded repeats of the whole table before them.
         drafters: more minispec drafters, ``{name: (factory, k)}`` (e.g. an EAGLE head:
             ``{"eagle": (lambda: drafter, 2)}``); each shows as ``minispec <name> k=<k>``.
+            ``k="auto"``: the round's ``k`` is chosen by the goodput policy, up to ``k``
+            (``speculative_generate(..., adaptive=True)``).
         log: progress lines (``None``: silent).
         prompt_set: ``"tasks"`` (this module's) or ``"multitask"`` (the public set).
         temperature: ``0``: greedy, every output checked against minispec greedy; above 0:
@@ -232,10 +234,13 @@ def _minispec_methods(target: Llama, task: str, max_new_tokens: int, k: int,
         out = generate(target, ids, max_new_tokens, sampling(ids))
         return out.tokens, out.stats
 
-    def drafted(make, k=k):
+    def drafted(make, k_drafts=k):       # "auto": goodput k, up to the bench's k, each round
+        auto = k_drafts == "auto"
+
         def run_one(ids):
-            out = speculative_generate(target, make(), ids, max_new_tokens, k=k,
-                                       sampling=sampling(ids))
+            out = speculative_generate(target, make(), ids, max_new_tokens,
+                                       k=k if auto else k_drafts, sampling=sampling(ids),
+                                       adaptive=auto)
             return out.tokens, out.stats
         return run_one
 
