@@ -113,6 +113,8 @@ def test_either_kernel_gives_eager_logits(tiny, blas_rows):
     rows and oneDNN's packed kernel above."""
     fast = make_fast(copy.deepcopy(tiny.model), blas_rows=blas_rows)
     assert {m.blas_rows for m in fast.modules() if isinstance(m, PackedLinear)} == {blas_rows}
+    twin = copy.deepcopy(fast)                               # a copy repacks, same kernels
+    assert {m.blas_rows for m in twin.modules() if isinstance(m, PackedLinear)} == {blas_rows}
     for T in (1, 3, 5):
         ids, pos = torch.arange(1, T + 1)[None], torch.arange(T)[None]
         with torch.inference_mode():

@@ -161,7 +161,9 @@ class PackedLinear(nn.Module):
     def __deepcopy__(self, memo: dict) -> PackedLinear:
         """A copy packs its own copy of the weight (oneDNN's packed tensor has no storage to
         copy)."""
-        return PackedLinear(copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo))
+        twin = PackedLinear(copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo))
+        twin.blas_rows = self.blas_rows                  # and keeps the kernels timed for it
+        return twin
 
     def to_linear(self) -> nn.Linear:
         """An ``nn.Linear`` holding the same (unpacked) parameters."""
@@ -209,8 +211,10 @@ def make_fast(model: Llama, blas_rows: int | None = None) -> Llama:
 
     Every layer is packed by [`pack_block`][minispec.models.packed.pack_block]; the LM head gets a
     packed copy. Logits equal eager's up to float rounding, for any batch size and number of tokens.
-    Calling it twice is harmless. Where the fast path is unavailable (see ``unavailable_reason``) it
-    warns once and returns the model unchanged (eager).
+    Calling it twice is harmless: on a model that is already fast it does nothing, ``blas_rows``
+    included (``set_blas_rows`` changes the kernels of a fast model). Where the fast path is
+    unavailable (see ``unavailable_reason``) it warns once and returns the model unchanged
+    (eager).
 
     Args:
         model: a ``minispec.models.llama.Llama`` on CPU, float32 (or bfloat16 where the CPU
@@ -254,8 +258,7 @@ def choose_blas_rows(model: Llama, most: int = 8, repeats: int = 3) -> int:
     logits up to float rounding. Each forward is timed on the wall clock, the two kernels
     alternating, and the least of ``repeats`` counts (the least is what load disturbs least).
     """
-    rows = 0
-    while rows < most:
+    for rows in range(most):
         ids = torch.zeros(1, rows + 1, dtype=torch.long, device=model.device)    # (1, rows + 1)
         positions = torch.arange(rows + 1, device=model.device)[None]           # (1, rows + 1)
         best = {rows: math.inf, rows + 1: math.inf}      # rows + 1: this width on the BLAS
@@ -265,9 +268,8 @@ def choose_blas_rows(model: Llama, most: int = 8, repeats: int = 3) -> int:
             model(ids, positions)
             best[blas] = min(best[blas], time.perf_counter() - start)
         if best[rows + 1] >= best[rows]:
-            break
-        rows += 1
-    return rows
+            return rows
+    return most
 
 
 def pack_block(layer: Block) -> Block:
