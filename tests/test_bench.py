@@ -1,6 +1,7 @@
 """A fast smoke test of the benchmark code on a tiny random checkpoint (its own draft:
 alpha = 1)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -42,6 +43,8 @@ def test_ratios_and_counts(results):
     assert spec.acceptance_rate == 1.0                          # the draft is the target itself
     assert spec.tokens_per_round > 1
     assert "vs ms greedy" in bench.format_table(results)
+    alone = dataclasses.replace(base, vs_hf_greedy=float("nan"))   # as with --no-hf
+    assert "nan" not in bench.format_table([alone])
 
 
 def test_cost_model(tiny_gqa, results, tmp_path):

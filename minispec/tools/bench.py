@@ -351,7 +351,7 @@ def format_table(results: Sequence[MethodResult]) -> str:
     for r in results:
         lines.append(
             f"{r.prompt_set:<13} {r.name:<34} {r.seconds:7.3f} {r.tokens_per_s:7.0f} "
-            f"{r.vs_minispec_greedy:11.2f}x {r.vs_hf_greedy:11.2f}x "
+            f"{_ratio(r.vs_minispec_greedy)} {_ratio(r.vs_hf_greedy)} "
             f"{_fmt(r.acceptance_rate, 6, 3)} {_fmt(r.tokens_per_round, 7, 2)} "
             f"{_same(r.token_equal):>11}")
     return "\n".join(lines)
@@ -384,6 +384,11 @@ def overall(results: Sequence[MethodResult]) -> list[MethodResult]:
 
 def _fmt(x: float, width: int, digits: int) -> str:
     return f"{x:{width}.{digits}f}" if x == x else f"{'-':>{width}}"
+
+
+def _ratio(x: float) -> str:
+    """A speedup in 12 columns, ``-`` where its baseline did not run (e.g. ``--no-hf``)."""
+    return f"{x:11.2f}x" if x == x else f"{'-':>12}"
 
 
 # ------------------------------------------------------------------------------- cost model
