@@ -110,7 +110,8 @@ def run_one(target, drafter, ids: list[int], args, tree: bool = False) -> dict[s
         out = ms.generate(target, ids, args.max_new_tokens)
     else:
         out = ms.speculative_generate(target, drafter, ids, args.max_new_tokens, k=args.k,
-                                      branching=args.branching if tree else None)
+                                      branching=args.branching if tree else None,
+                                      adaptive=False)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     row = dict(tokens=out.tokens, new=len(out.tokens), forwards=out.stats.target_forwards,
                wall=wall, cpu=cpu)
@@ -123,7 +124,8 @@ def fill_store(target, prompts: dict[str, list[int]], args) -> SuffixStore:
     """A store holding one earlier greedy pass over every task (prompt and output)."""
     store = SuffixStore(max_tokens=65536)
     for ids in prompts.values():
-        ms.speculative_generate(target, SuffixDrafter(store), ids, args.max_new_tokens, k=args.k)
+        ms.speculative_generate(target, SuffixDrafter(store), ids, args.max_new_tokens, k=args.k,
+                                adaptive=False)
     return store
 
 
@@ -163,12 +165,13 @@ def calibrate(target, head, prompts: dict[str, list[int]], args) -> str:
     for ids in prompts.values():
         matches: list[int] = []
         out = ms.speculative_generate(target, RecordingSuffix(matches), ids, args.max_new_tokens,
-                                      k=args.k)
+                                      k=args.k, adaptive=False)
         drafted = [a for d, a in zip(out.stats.drafted_per_round, out.stats.accepted_per_round,
                                      strict=True) if d > 0]
         for m, a in zip(matches, drafted, strict=True):
             by_match[min(m, 6)].append(a)
-        out = ms.speculative_generate(target, head, ids, args.max_new_tokens, k=args.k)
+        out = ms.speculative_generate(target, head, ids, args.max_new_tokens, k=args.k,
+                                      adaptive=False)
         head_accepted += [a for d, a in zip(out.stats.drafted_per_round,
                                             out.stats.accepted_per_round, strict=True) if d > 0]
         draft_time, verify_time = (draft_time + out.stats.draft_time,

@@ -7,8 +7,9 @@ n-gram table drafts, since there is no draft model):
 
 * plain ``minispec.generate`` (the baseline: one target forward per token);
 * the chain: ``speculative_generate(k=depth)`` with the draft model and with n-gram drafting;
-* trees of the same depth (``minispec.decoding.tree_loop.decode_tree``) for each ``--branching``,
-  with the draft model and with the n-gram table; ``(1,)`` is the chain through the tree machinery.
+* trees of the same depth (``speculative_generate(k=depth, branching=...)``) for each
+  ``--branching``, with the draft model and with the n-gram table; ``(1,)`` is the chain
+  through the tree machinery.
 
 and prints, side by side: tokens per target forward, draft forwards per token, seconds per token
 (process CPU time, the median over ``--repeats`` interleaved runs: the machine is shared) and the
@@ -46,7 +47,6 @@ import time
 from pathlib import Path
 
 import torch
-from minispec.decoding.tree_loop import decode_tree
 
 import minispec as ms
 from minispec.decoding.loop import GenerationResult
@@ -91,11 +91,10 @@ def sampling(args) -> ms.SamplingParams:
 
 
 def tree_run(target, drafter, prompt, args, branching, depth=None) -> GenerationResult:
-    depth = depth or args.depth
-    seq = ms.Sequence.new("0", prompt, sampling(args), max_new_tokens=args.max_new_tokens,
-                          max_seq_len=target.config.max_position_embeddings,
-                          vocab_size=target.config.vocab_size, k=depth)
-    return GenerationResult.of(decode_tree(target, drafter, seq, depth, branching))
+    """A tree of ``branching`` and depth ``depth`` (default ``--depth``) each round, EOS ignored."""
+    return ms.speculative_generate(target, drafter, prompt, args.max_new_tokens,
+                                   k=depth or args.depth, sampling=sampling(args),
+                                   branching=branching, eos_token_id=[])
 
 
 def parse_spec(spec: str, depth: int) -> tuple[tuple[int, ...], int]:
@@ -121,7 +120,8 @@ def eagle_modes(target, head, args) -> dict:
     for k in args.chains:
         out[f"chain eagle k={k} [{k} fwd, {k} rows]"] = (
             lambda p, k=k: ms.speculative_generate(target, head, p, args.max_new_tokens, k=k,
-                                                   sampling=sampling(args), eos_token_id=[]))
+                                                   sampling=sampling(args), eos_token_id=[],
+                                                   adaptive=False))
     for spec in args.branching:
         branching, depth = parse_spec(spec, args.depth)
         name = (f"tree eagle {','.join(map(str, branching))} k={depth} "
@@ -138,10 +138,11 @@ def modes(target, draft, args) -> dict:
                                        eos_token_id=[]),
         "chain draft": lambda p: ms.speculative_generate(target, ms.ModelDrafter(draft), p,
                                                          args.max_new_tokens, k=args.depth,
-                                                         sampling=sampling(args), eos_token_id=[]),
+                                                         sampling=sampling(args), eos_token_id=[],
+                                                         adaptive=False),
         "chain ngram": lambda p: ms.speculative_generate(target, "ngram", p, args.max_new_tokens,
                                                          k=args.depth, sampling=sampling(args),
-                                                         eos_token_id=[]),
+                                                         eos_token_id=[], adaptive=False),
     }
     for spec in args.branching:
         branching = tuple(int(b) for b in spec.split(","))

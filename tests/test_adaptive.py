@@ -66,19 +66,36 @@ def test_k_follows_the_acceptance_and_the_cost(target, right):
 def test_a_seeded_sampled_request_keeps_its_k(target):
     draft = tiny_llama(seed=1, max_pos=200)
     sampling = ms.SamplingParams(temperature=1.0, seed=0)
-    fixed = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling)
-    chosen = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling,
-                                     adaptive=True)
+    fixed = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling,
+                                    adaptive=False)
+    chosen = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling)
     assert chosen.tokens == fixed.tokens
     assert chosen.stats.k_per_round == fixed.stats.k_per_round
 
 
+def test_goodput_k_is_the_loops_default_and_a_fixed_k_is_asked_for(target):
+    """As in the engine: with a chain drafter ``k`` is the upper bound unless ``adaptive=False``."""
+    prompt, n = [3, 1, 4, 1, 5], 80
+    plain = ms.generate(target, prompt, n)
+    wrong = OracleDrafter(prompt, plain.tokens, right=False)
+    default = ms.speculative_generate(target, wrong, prompt, n, k=4)
+    fixed = ms.speculative_generate(target, wrong, prompt, n, k=4, adaptive=False)
+    assert default.tokens == fixed.tokens == plain.tokens
+    assert set(fixed.stats.k_per_round[:-4]) == {4}             # shrunk only near the budget
+    assert 0 in default.stats.k_per_round                 # drafts that never pay: plain steps
+    assert sum(default.stats.drafted_per_round) < sum(fixed.stats.drafted_per_round) / 2
+
+
 def test_the_loop_and_the_engine_use_one_policy():
-    """Both drivers call the runner's round with a ``GoodputK``; no second policy exists."""
+    """Both drivers take their policy from one function (a ``GoodputK`` by default for chains);
+    no second policy exists."""
     import minispec.decoding as decoding
     from minispec.decoding import goodput, loop
     from minispec.serving import engine
-    assert loop.GoodputK is goodput.GoodputK is engine.GoodputK
+    assert loop.policy_for is goodput.policy_for is engine.policy_for
+    assert isinstance(goodput.policy_for(None, 4, chains=True), goodput.GoodputK)
+    assert goodput.policy_for(None, 4, chains=False) is goodput.policy_for(False, 4, True) is None
+    assert goodput.policy_for(None, 0, chains=True) is None               # no drafter
     assert not hasattr(ms, "AdaptiveK") and not hasattr(decoding, "adaptive")
 
 

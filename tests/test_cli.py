@@ -63,6 +63,18 @@ def test_generate_with_shipped_pair(flag, capsys):
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the shipped pair is not built in this checkout")
+@pytest.mark.parametrize("stream", [[], ["--stream"]])
+def test_generate_with_a_fixed_k_gives_the_same_greedy_text(stream, capsys, one_thread):
+    args = ["generate", "KING. What say you", "--ngram", "--max-new-tokens", "24", *stream]
+    assert main(args) == 0
+    chosen = capsys.readouterr().out
+    assert main([*args, "--fixed-k"]) == 0
+    fixed = capsys.readouterr().out
+    text = lambda out: out.split("\n\n[")[0].strip()          # noqa: E731  (before the stats line)
+    assert text(fixed) == text(chosen) and "[length] 24 tokens" in fixed
+
+
+@pytest.mark.skipif(not SHIPPED, reason="the shipped pair is not built in this checkout")
 @pytest.mark.parametrize("flag", ["--ngram", "--draft=shakespeare-draft"])
 def test_generate_streams_the_same_text(flag, capsys, one_thread):
     args = ["generate", "KING. What say you", flag, "--max-new-tokens", "24"]

@@ -226,8 +226,8 @@ def test_a_tree_too_large_is_refused_naming_branching(model):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"adaptive": 1}, "adaptive must be True or False"),
-    ({"adaptive": "yes"}, "adaptive must be True or False"),
+    ({"adaptive": 1}, "adaptive must be True, False or None"),
+    ({"adaptive": "yes"}, "adaptive must be True, False or None"),
     ({"adaptive": True, "drafter": None}, "needs a drafter"),
     ({"adaptive": True, "branching": (2, 1)}, "no branching"),
 ])

@@ -124,7 +124,7 @@ def test_the_heads_drafts_equal_an_uncached_reference(target, heads, driver):
         drafter = HybridDrafter(SuffixDrafter(), EagleDrafter(head), min_match=1)
         spy_on_head(drafter, rounds)
         for prompt in PROMPTS:
-            ms.speculative_generate(target, drafter, prompt, NEW, k=4)
+            ms.speculative_generate(target, drafter, prompt, NEW, k=4, adaptive=False)
     else:
         engine = Engine(target, drafter=HybridDrafter(SuffixDrafter(), EagleDrafter(head),
                                                       min_match=1),
@@ -149,7 +149,8 @@ def test_engine_equals_single_runs(target, heads, baselines, kv_cache):
     for prompt, base, result in zip(PROMPTS, baselines, results, strict=True):
         single = ms.speculative_generate(target, HybridDrafter(SuffixDrafter(),
                                                                EagleDrafter(heads["copy"]),
-                                                               min_match=1), prompt, NEW, k=3)
+                                                               min_match=1), prompt, NEW, k=3,
+                                            adaptive=False)
         assert result.tokens == single.tokens == base
         assert result.stats.accepted_per_round == single.stats.accepted_per_round
     assert engine.drafter.rounds["context"] > 0 and engine.drafter.rounds["head"] > 0

@@ -59,7 +59,8 @@ import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks"]
+__all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks",
+           "policy_for"]
 
 
 def bucket(rows: int) -> int:
@@ -378,3 +379,20 @@ class GoodputK:
     def forget(self, request_id: str) -> None:
         """Drop what is kept for a finished request."""
         self.asked.pop(request_id, None)
+
+
+def policy_for(adaptive: bool | None, k: int, chains: bool) -> GoodputK | None:
+    """Both drivers' draft-length policy: goodput ``k`` (``k`` the upper bound) by default for
+    chains of drafts; ``None`` (every round drafts ``k``) with ``adaptive=False``, without a
+    drafter (``k = 0``) or for trees, whose depth is fixed.
+
+    Raises:
+        ValueError: ``adaptive`` is not ``True``, ``False`` or ``None``, or ``adaptive=True`` has
+            no chain length to choose.
+    """
+    if adaptive is not None and not isinstance(adaptive, bool):
+        raise ValueError(f"adaptive must be True, False or None, got {adaptive!r}")
+    if adaptive and not (k > 0 and chains):
+        raise ValueError("adaptive=True chooses the length of a chain of drafts: it needs a "
+                         "drafter and no branching")
+    return GoodputK(k) if adaptive is not False and k > 0 and chains else None

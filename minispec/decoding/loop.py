@@ -3,7 +3,8 @@ Algorithm 1).
 
 The loop drives the same round as the [`Engine`][minispec.serving.engine.Engine] --
 [`SpeculativeRunner.round`][minispec.decoding.runner.SpeculativeRunner.round] on a batch of one,
-with the same draft-length policy when ``adaptive=True`` -- so the two cannot drift apart:
+with the same draft-length policy (goodput ``k``, the default for chains in both) -- so the two
+cannot drift apart:
 
 1. **draft**: the drafter guesses ``k`` tokens after the context (with the ``q`` of each);
 2. **verify**: one target forward scores ``[last, d_1..d_k]`` and the accept rule keeps a prefix of
@@ -27,7 +28,7 @@ from minispec.core.sampling import SamplingParams
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
-from minispec.decoding.goodput import GoodputK
+from minispec.decoding.goodput import policy_for
 from minispec.decoding.runner import SpeculativeRunner
 from minispec.drafters.base import Drafter, as_drafter, keeps_cache
 from minispec.drafters.trees import as_tree_drafter, check_branching
@@ -94,7 +95,7 @@ def speculative_generate(
     eos_token_id: int | Seq[int] | None = None,
     max_seq_len: int | None = None,
     branching: Seq[int] | None = None,
-    adaptive: bool = False,
+    adaptive: bool | None = None,
 ) -> GenerationResult:
     """Speculative decoding of one sequence (Leviathan et al. 2023, Algorithm 1).
 
@@ -123,9 +124,11 @@ def speculative_generate(
             of Algorithm 1.
         adaptive: choose each round's ``k`` in ``0..k`` with the engine's policy
             ([`GoodputK`][minispec.decoding.goodput.GoodputK]: the step costs this call measures
-            and the running acceptance), recorded in ``stats.k_per_round``; a seeded sampled
-            request keeps ``k``. ``False`` (the default here, unlike the ``Engine``): every round
-            drafts ``k``, the fixed gamma the theorems and the lessons are about.
+            and the running acceptance; ``k`` is the upper bound), recorded in
+            ``stats.k_per_round``. ``None`` (the default, as in the ``Engine``): adaptive for a
+            chain of drafts; a seeded sampled request keeps ``k``, so its tokens depend on its
+            seed only. ``False``: every round drafts ``k``, the fixed gamma the theorems are
+            about (the lessons that test them say so).
 
     Returns:
         A [`GenerationResult`][minispec.decoding.loop.GenerationResult]; greedy output is
@@ -135,14 +138,9 @@ def speculative_generate(
         ValueError: for a bad request or configuration (the same checks as ``Engine.add_request``),
             or NaN logits.
     """
-    if not isinstance(adaptive, bool):
-        raise ValueError(f"adaptive must be True or False, got {adaptive!r}")
-    if adaptive and (drafter is None or branching is not None):
-        raise ValueError("adaptive=True chooses the length of a chain of drafts: it needs a "
-                         "drafter and no branching")
     runner, seq = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling, tokenizer, stop,
                          stop_token_ids, eos_token_id, max_seq_len, branching)
-    policy = GoodputK(k) if adaptive else None
+    policy = policy_for(adaptive, k if drafter is not None else 0, branching is None)
     while not seq.is_finished:       # draft, verify, roll back, emit: the Engine's round, B = 1
         runner.round([seq], [seq.round_k(k)], policy)
     if runner.drafter is not None:

@@ -31,7 +31,7 @@ from minispec.core.sampling import SamplingParams
 from minispec.core.sequence import Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
-from minispec.decoding.goodput import GoodputK, KChoice, StepCosts
+from minispec.decoding.goodput import KChoice, StepCosts, policy_for
 from minispec.decoding.loop import (
     GenerationResult,
     as_drafter_for,
@@ -133,12 +133,13 @@ class Engine:
                  tokenizer: Any = None, adaptive: bool | None = None,
                  max_num_batched_tokens: int | None = None,
                  branching: Seq[int] | None = None) -> None:
-        spec = _check_engine_args(draft, drafter, adaptive, branching, kv_cache, block_size,
-                                  num_blocks, max_batch_size, max_num_batched_tokens)
+        spec = _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
+                                  max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
         drafter, self.branching, extra = as_drafter_for(spec, k, branching, copy_per_request=True)
         self.target, self.device, self.tokenizer = target, target.device, tokenizer
         self.k = k if drafter is not None else 0
+        self.policy = policy_for(adaptive, self.k, self.branching is None)  # goodput k or None
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
         make = _cache_factory(kv_cache, max_batch_size, self.max_seq_len, block_size, num_blocks,
                               extra)
@@ -151,9 +152,6 @@ class Engine:
         watermark = max(1, space.num_blocks() // 100) if kv_cache == "paged" else 0
         self.scheduler = Scheduler(space, max_batch_size, self.k, watermark, extra)
         self.runner = SpeculativeRunner(target, self.target_cache, drafter, self.branching)
-        if adaptive is None:                            # the default: goodput k for chains
-            adaptive = self.k > 0 and self.branching is None
-        self.policy = GoodputK(self.k) if adaptive else None
         self._ids = itertools.count()
         self._sequences: dict[str, Sequence] = {}       # unfinished requests
         self._owners: dict[str, deque[StepOutput]] = {}  # request -> its stream's output queue
@@ -447,8 +445,8 @@ class Engine:
 # ---------------------------------------------------------------------- helpers
 
 
-def _check_engine_args(draft, drafter, adaptive, branching, kv_cache, block_size, num_blocks,
-                       max_batch_size, max_num_batched_tokens) -> Any:
+def _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
+                       max_num_batched_tokens) -> Any:
     """``ValueError`` with a clear message for arguments that contradict each other or an
     inconsistent cache configuration; the drafter spec to use."""
     checks = [
@@ -457,10 +455,6 @@ def _check_engine_args(draft, drafter, adaptive, branching, kv_cache, block_size
         (max_num_batched_tokens is not None and not _positive_int(max_num_batched_tokens),
          "max_num_batched_tokens must be a positive integer or None, "
          f"got {max_num_batched_tokens!r}"),
-        (adaptive and draft is None and drafter is None,
-         "adaptive=True chooses the draft length: it needs a drafter"),
-        (adaptive and branching is not None,
-         "adaptive=True plans chains; give branching= or adaptive=True, not both"),
         (kv_cache == "contiguous" and num_blocks is not None,
          "num_blocks sizes the paged pool; a contiguous cache has one slot per request"),
         (kv_cache not in ("paged", "contiguous"),

@@ -121,7 +121,8 @@ def generate_command(args: argparse.Namespace) -> int:
         return _stream(target, drafter, prompt, sampling, tokenizer, args)
     out = ms.speculative_generate(target, drafter, prompt, args.max_new_tokens,
                                   k=args.k if drafter is not None else 0, sampling=sampling,
-                                  tokenizer=tokenizer)
+                                  tokenizer=tokenizer,
+                                  adaptive=False if args.fixed_k and drafter is not None else None)
     print(viz.trace(out, tokenizer) if args.trace else out.text)
     print(f"\n[{out.finish_reason}] {out.stats.summary()}")
     return 0
@@ -130,7 +131,8 @@ def generate_command(args: argparse.Namespace) -> int:
 def _stream(target, drafter, prompt, sampling, tokenizer, args) -> int:
     """Print the text as the engine accepts tokens (several per round when drafts are accepted)."""
     engine = ms.Engine(target, drafter=drafter, k=args.k if drafter is not None else 4,
-                       max_batch_size=1, tokenizer=tokenizer)
+                       max_batch_size=1, tokenizer=tokenizer,
+                       adaptive=False if args.fixed_k and drafter is not None else None)
     tokens, shown, last = [], "", None
     for last in engine.stream([prompt], sampling, max_new_tokens=args.max_new_tokens):
         if last.token is not None:
@@ -150,9 +152,9 @@ def demo_shipped_pair(max_new_tokens: int, k: int) -> int:
     runs = {
         "target alone": ms.generate(target, prompt, max_new_tokens, tokenizer=tokenizer),
         f"draft model, k={k}": ms.speculative_generate(target, draft, prompt, max_new_tokens, k=k,
-                                                       tokenizer=tokenizer),
+                                                       tokenizer=tokenizer, adaptive=False),
         f"n-gram, k={k}": ms.speculative_generate(target, ms.NGramDrafter(), prompt, max_new_tokens,
-                                                  k=k, tokenizer=tokenizer),
+                                                  k=k, tokenizer=tokenizer, adaptive=False),
     }
     base = runs["target alone"].tokens
     print(f"\nThe shipped pair, greedy, prompt {prompt!r}: the draft-model run, round by round "
@@ -179,10 +181,11 @@ def demo_real_model(name: str, max_new_tokens: int, k: int) -> int:
         messages = workloads.TASKS[task]
         runs = {"target alone": ms.generate(target, messages, max_new_tokens, tokenizer=tokenizer),
                 f"n-gram, k={k}": ms.speculative_generate(
-                    target, ms.NGramDrafter(), messages, max_new_tokens, k=k, tokenizer=tokenizer),
+                    target, ms.NGramDrafter(), messages, max_new_tokens, k=k, tokenizer=tokenizer,
+                    adaptive=False),
                 f"prompt lookup, k={k}": ms.speculative_generate(
                     target, ms.PromptLookupDrafter(), messages, max_new_tokens, k=k,
-                    tokenizer=tokenizer)}
+                    tokenizer=tokenizer, adaptive=False)}
         print(f"\n--- task {task!r}. User: {messages[-1]['content']}\n")
         print("Assistant (prompt lookup, round by round; key below it):")
         print(str(viz.trace(runs[f"prompt lookup, k={k}"], tokenizer)) + "\n")
@@ -414,7 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     drafters.add_argument("--eagle", nargs="?", const="smollm2-135m-instruct-eagle", metavar="HEAD",
                           help="draft with an EAGLE-style head on the target's features (a shipped "
                                "head's name or a directory; default smollm2-135m-instruct-eagle)")
-    gen.add_argument("-k", type=int, default=4, help="drafts per round, >= 1 (default 4)")
+    gen.add_argument("-k", type=int, default=4,
+                     help="most drafts per round, >= 1 (default 4); each round's length is chosen "
+                          "from measured costs unless --fixed-k")
+    gen.add_argument("--fixed-k", action="store_true",
+                     help="draft exactly k tokens every round (adaptive=False)")
     gen.add_argument("--stream", action="store_true",
                      help="print the text as tokens are accepted "
                           "(runs the engine with one request)")

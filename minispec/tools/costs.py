@@ -383,7 +383,8 @@ def measure_speedups(target: str, draft: str | None = None, new_tokens: int = 64
             return ms.generate(models[mode], prompt, new_tokens).tokens
         drafter = {"ngram": ms.NGramDrafter, "prompt_lookup": ms.PromptLookupDrafter,
                    "draft": lambda: ms.ModelDrafter(drafts[mode])}[method]()  # a fresh one
-        return ms.speculative_generate(models[mode], drafter, prompt, new_tokens, k=k).tokens
+        return ms.speculative_generate(models[mode], drafter, prompt, new_tokens, k=k,
+                                       adaptive=False).tokens
 
     base = [run("eager", "greedy", p) for p in prompts]
     times = {(mode, m): [] for mode in models for m in methods}

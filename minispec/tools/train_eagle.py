@@ -215,7 +215,7 @@ def evaluate(target, tokenizer, drafter, k: int = 4, max_new_tokens: int = 96) -
         row = {}
         for name, drafter_now in (("eagle", drafter), ("prompt_lookup", PromptLookupDrafter())):
             out = speculative_generate(target, drafter_now, messages, max_new_tokens, k=k,
-                                       tokenizer=tokenizer)
+                                       tokenizer=tokenizer, adaptive=False)
             if out.tokens != plain:
                 raise AssertionError(f"{name} on {task}: tokens differ from greedy decoding")
             row[name] = {"alpha": out.stats.acceptance_rate,
