@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["MIN_TEMPERATURE", "SamplingParams", "one_hot", "probs_for_rows", "probs_from_logits",
-           "sample"]
+__all__ = ["MIN_TEMPERATURE", "SamplingParams", "is_int", "one_hot", "probs_for_rows",
+           "probs_from_logits", "sample"]
 
 #: The smallest positive temperature: float32's smallest positive number, ``2**-149`` (about
 #: 1.4e-45). Logits are divided by ``T`` in float32, where a smaller ``T`` rounds to 0 (then
@@ -64,14 +64,14 @@ class SamplingParams:
                 self.temperature == 0 or self.temperature >= MIN_TEMPERATURE),
              f"0 (greedy) or a real number >= {MIN_TEMPERATURE:.6g} (the smallest positive "
              f"float32)"),
-            ("top_k", self.top_k, _is_int(self.top_k) and self.top_k >= 0, "an integer >= 0"),
+            ("top_k", self.top_k, is_int(self.top_k) and self.top_k >= 0, "an integer >= 0"),
             ("top_p", self.top_p, _is_real(self.top_p) and 0 < self.top_p <= 1,
              "a real number in (0, 1]"),
             ("repetition_penalty", self.repetition_penalty,
              _is_real(self.repetition_penalty) and self.repetition_penalty > 0,
              "a real number > 0"),
             ("seed", self.seed,
-             self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
+             self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
              "an integer in [0, 2**64) or None"),
         ]
         for name, value, ok, expected in checks:
@@ -107,7 +107,8 @@ def _is_real(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
+    """True for a true integer: an ``int`` that is not a ``bool`` (Python counts ``True`` as 1)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 

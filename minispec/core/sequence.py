@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from minispec.core.sampling import SamplingParams
+from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.stats import SpecStats
 
 __all__ = ["FINISH_REASONS", "Round", "Sequence", "SequenceStatus", "round_k"]
@@ -81,8 +81,6 @@ def round_k(k: int, num_tokens: int, num_generated: int, max_new_tokens: int,
     Returns:
         The round's ``k``, in ``0..k``.
     """
-    if k == 0:
-        return 0
     return max(0, min(k, max_seq_len - num_tokens - 1, max_new_tokens - num_generated - 1))
 
 
@@ -167,8 +165,7 @@ class Sequence:
         """
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise ValueError(f"sampling must be a SamplingParams or None, got {sampling!r}")
-        if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
-                or max_new_tokens < 0):
+        if not is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         stops = (stop,) if isinstance(stop, str) else tuple(stop)
         if any(not isinstance(s, str) or not s for s in stops):
@@ -177,19 +174,17 @@ class Sequence:
             raise ValueError("stop strings need a tokenizer")
         # one id is accepted for eos_token_ids and stop_token_ids alike (as ``eos_token_id=5``)
         eos_token_ids, stop_token_ids = (
-            (ids,) if isinstance(ids, int) and not isinstance(ids, bool) else ids
+            (ids,) if is_int(ids) else ids
             for ids in (eos_token_ids, stop_token_ids))
         prompt = as_token_ids(prompt, "prompt token ids", vocab_size)
         if len(prompt) > max_seq_len:
             raise ValueError(f"the prompt has {len(prompt)} tokens but max_seq_len is "
                              f"{max_seq_len}")
-        seq = cls(str(request_id), prompt, sampling or SamplingParams(temperature=0.0),
-                  max_new_tokens, max_seq_len,
-                  frozenset(as_token_ids(eos_token_ids, "eos_token_id", vocab_size)),
-                  frozenset(as_token_ids(stop_token_ids, "stop_token_ids", vocab_size)),
-                  stops, tokenizer, device)
-        seq.stats = SpecStats(k=k)
-        return seq
+        return cls(str(request_id), prompt, sampling or SamplingParams(temperature=0.0),
+                   max_new_tokens, max_seq_len,
+                   frozenset(as_token_ids(eos_token_ids, "eos_token_id", vocab_size)),
+                   frozenset(as_token_ids(stop_token_ids, "stop_token_ids", vocab_size)),
+                   stops, tokenizer, device, stats=SpecStats(k=k))
 
     # ------------------------------------------------------------------ state
 

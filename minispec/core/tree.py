@@ -16,6 +16,7 @@ branch exactly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -307,12 +308,9 @@ def walk_greedy(proposal: TreeProposal, target_argmax: Sequence[int]) -> TreeVer
 
 
 def tree_size(branching: Sequence[int]) -> int:
-    """Nodes of a full tree with this branching, the root included: ``1 + b1 + b1 b2 + ...``."""
-    total, width = 1, 1
-    for b in branching:
-        width *= b
-        total += width
-    return total
+    """Nodes of a full tree with this branching, the root included: ``1 + b1 + b1 b2 + ...``
+    (depth ``t`` holds ``b1 ... bt`` nodes; the root's is the empty product, 1)."""
+    return sum(math.prod(branching[:t]) for t in range(len(branching) + 1))
 
 
 @dataclass

@@ -312,8 +312,7 @@ class ModelDrafter(Drafter):
         if self._probe is None:
             if self.cache is None:
                 self.attach(ContiguousKVCache.for_model(self.model, 1, self.max_seq_len))
-            self._probe = Sequence("propose", [0], sampling)
-            self._probe.draft_slot = self.cache.allocate()
+            self._probe = Sequence("propose", [0], sampling, draft_slot=self.cache.allocate())
         probe = self._probe
         common = common_prefix(self.fed, context, limit=len(context) - 1)
         self.cache.truncate_to(probe.draft_slot, common)

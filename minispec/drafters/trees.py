@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import SamplingParams, probs_for_rows, sample
+from minispec.core.sampling import SamplingParams, is_int, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.tree import TreeProposal, tree_size
 from minispec.drafters.base import Drafter, ModelDrafter, common_prefix
@@ -72,8 +72,7 @@ def check_branching(branching, k: int) -> tuple[int, ...]:
         values = tuple(branching)
     except TypeError:  # an int, None, ...
         values = ()
-    if not values or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
-                             for b in values):
+    if not values or not all(is_int(b) and b >= 1 for b in values):
         raise ValueError(f"branching must be a non-empty tuple of integers >= 1, got {branching!r}")
     checked = (values + (1,) * k)[:k]
     if (nodes := tree_size(checked)) > MAX_TREE_NODES:
@@ -184,15 +183,13 @@ class TreeModelDrafter(LevelTreeDrafter):
     compacts that cache to the accepted path.
 
     Args:
-        model: the draft [`Llama`][minispec.models.llama.Llama] (or a
-            [`ModelDrafter`][minispec.drafters.base.ModelDrafter]: its model).
+        model: the draft [`Llama`][minispec.models.llama.Llama].
         max_seq_len: longest context (the cache gets room for one tree on top).
         max_nodes: most tree nodes one round may feed.
     """
 
-    def __init__(self, model: Llama | ModelDrafter, max_seq_len: int, max_nodes: int) -> None:
-        super().__init__(model.model if isinstance(model, ModelDrafter) else model, max_seq_len,
-                         max_nodes)
+    def __init__(self, model: Llama, max_seq_len: int, max_nodes: int) -> None:
+        super().__init__(model, max_seq_len, max_nodes)
         self.fed: list[int] = []                    # context tokens at positions 0..len-1
 
     def _start(self, seq: Sequence) -> tuple[Tensor, int]:
@@ -234,19 +231,17 @@ class EagleTreeDrafter(LevelTreeDrafter):
     full vocabulary (``-inf``, so ``q = 0``, outside).
 
     Args:
-        head: an [`EagleHead`][minispec.models.eagle_head.EagleHead] bound to the target (or an
-            [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter]: its head).
+        head: an [`EagleHead`][minispec.models.eagle_head.EagleHead] bound to the target.
         max_seq_len: longest context (the cache gets room for one tree on top).
         max_nodes: most tree nodes one round may feed.
     """
 
     def __init__(self, head, max_seq_len: int, max_nodes: int) -> None:
-        super().__init__(head.model if isinstance(head, EagleDrafter) else head, max_seq_len,
-                         max_nodes)
+        super().__init__(head, max_seq_len, max_nodes)
         self.chain = EagleDrafter(self.model)       # keeps and feeds the real pairs, in our cache
         self.chain.attach(self.cache)
-        self.probe = Sequence("tree", [0], SamplingParams())   # the request, as the chain sees it
-        self.probe.draft_slot = self.slot           # probe.draft_len: the real pairs held
+        # the request, as the chain sees it (probe.draft_len: the real pairs held in our slot)
+        self.probe = Sequence("tree", [0], SamplingParams(), draft_slot=self.slot)
         self.features: dict[int, Tensor] = {}       # created node -> the head's feature (D,)
 
     def observe_tree_prefill(self, start: int, hidden: Tensor) -> None:
@@ -284,7 +279,7 @@ class EagleTreeDrafter(LevelTreeDrafter):
 
 class NGramTreeDrafter(SingleTreeDrafter):
     """Proposes a tree from an n-gram table: the ``b`` most frequent distinct continuations per
-    node.
+    node. Nothing to observe after verify: the table syncs with the context on the next call.
 
     Args:
         ngram: the [`NGramDrafter`][minispec.drafters.ngram.NGramDrafter] whose tables are used
@@ -301,9 +296,6 @@ class NGramTreeDrafter(SingleTreeDrafter):
         tail = list(g.history)[-(g.max_order - 1):]    # a node's state: the history it continues
         return grow_tree(seq.context[-1], branching, tail, lambda _, path, b: [
             (t, None, path + [t]) for t in g.continuations(path, b)])
-
-    def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
-        """Nothing to do: the table syncs with the context on the next call."""
 
 
 class SuffixTreeDrafter(SingleTreeDrafter):

@@ -25,8 +25,8 @@ The draft vocabulary ``V'`` (optional) keeps the LM head's rows of the most freq
 SmolLM2-135M the full head is 28 M of 135 M parameters, a fifth of a target step per draft token
 (the FR-Spec lever). ``q`` is zero outside ``V'``, so verification stays exact.
 
-Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding, norm
-and LM head are the target's, bound with
+Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding, norm,
+LM head and RoPE tables are the target's, bound with
 [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
 
 Two layouts. ``"minispec"`` (above, the shipped head) normalises twice: the layer's input norm and
@@ -51,14 +51,7 @@ from torch import nn
 
 from minispec.models import packed
 from minispec.models.kv_cache import KVCache
-from minispec.models.llama import (
-    Block,
-    Llama,
-    ModelConfig,
-    TreeAttention,
-    attention_plan,
-    rope_tables,
-)
+from minispec.models.llama import Block, Llama, ModelConfig, TreeAttention, attention_plan
 
 __all__ = ["EagleHead", "load_head", "save_head"]
 
@@ -97,9 +90,6 @@ class EagleHead(nn.Module):
         if not torch.equal(vocab, vocab.unique()):
             raise ValueError("vocab must be sorted and without repeats")
         self.register_buffer("vocab", vocab)                                   # (V',)
-        cos, sin = rope_tables(self.config)
-        self.register_buffer("rope_cos", cos, persistent=False)                # (P, hd)
-        self.register_buffer("rope_sin", sin, persistent=False)
         self._target: tuple[Llama, ...] = ()
         self.head_weight: torch.Tensor | None = None        # (V', D), the LM head's rows of V'
         self.packed_logits: nn.Module | None = None         # those rows packed (make_fast)
@@ -180,9 +170,9 @@ class EagleHead(nn.Module):
         target = self.target
         e = target.embed_tokens(input_ids).to(features.dtype)                  # (B, T, D)
         h = self.fc(torch.cat([e, features], dim=-1))                           # (B, T, D)
-        index = positions.clamp(min=0)
-        cos = self.rope_cos[index].to(h.dtype).unsqueeze(2)                     # (B, T, 1, hd)
-        sin = self.rope_sin[index].to(h.dtype).unsqueeze(2)
+        index = positions.clamp(min=0)                  # the target's RoPE tables (same config)
+        cos = target.rope_cos[index].to(h.dtype).unsqueeze(2)                   # (B, T, 1, hd)
+        sin = target.rope_sin[index].to(h.dtype).unsqueeze(2)
         plan, mask, drop = attention_plan(positions, cache, slots, tree)        # (B, 1, T, S)
         h = self.layer(h, cos, sin, mask, cache, plan, drop)
         if cache is not None:

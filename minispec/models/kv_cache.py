@@ -158,11 +158,19 @@ class KVCache(ABC):
         device and dtype.
 
         ``max_seq_len`` defaults to, and may not exceed, the model's max_position_embeddings;
-        ``settings`` are the kind's own (a paged cache's ``block_size`` and ``num_blocks``,
-        which defaults to enough blocks for ``num_slots`` full sequences).
+        ``extra`` positions are added on top (a draft tree is stored past the context until it is
+        compacted; its RoPE positions stay within the limit). ``settings`` are the kind's own (a
+        paged cache's ``block_size`` and ``num_blocks``, which defaults to enough blocks for
+        ``num_slots`` full sequences).
         """
-        return cls(num_slots=num_slots, **cache_args_for_model(model, max_seq_len, extra),
-                   **settings)
+        config = model.config
+        max_seq_len = max_seq_len or config.max_position_embeddings
+        if max_seq_len > config.max_position_embeddings:
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's "
+                             f"max_position_embeddings={config.max_position_embeddings}")
+        return cls(num_layers=config.num_hidden_layers, num_slots=num_slots,
+                   max_seq_len=max_seq_len + extra, num_kv_heads=config.num_key_value_heads,
+                   head_dim=config.head_dim, device=model.device, dtype=model.dtype, **settings)
 
     @property
     def max_seq_len(self) -> int:
@@ -340,24 +348,6 @@ class KVCache(ABC):
         """Advance each slot's length once every layer has written (end of the forward)."""
         for slot, n in zip(plan.slots, plan.new_lengths, strict=True):
             self.table.set_length(slot, n)
-
-
-def cache_args_for_model(model, max_seq_len: int | None = None, extra: int = 0) -> dict:
-    """Constructor arguments that shape a cache for ``model`` (a ``minispec.models.llama.Llama``).
-
-    Returns ``num_layers``, ``max_seq_len``, ``num_kv_heads``, ``head_dim``, ``device`` and
-    ``dtype``. ``max_seq_len`` defaults to, and may not exceed, the model's
-    ``max_position_embeddings``; ``extra`` positions are added on top (a draft tree is stored
-    past the context until it is compacted; its RoPE positions stay within the limit).
-    """
-    config = model.config
-    max_seq_len = max_seq_len or config.max_position_embeddings
-    if max_seq_len > config.max_position_embeddings:
-        raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's "
-                         f"max_position_embeddings={config.max_position_embeddings}")
-    return dict(num_layers=config.num_hidden_layers, max_seq_len=max_seq_len + extra,
-                num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
-                device=model.device, dtype=model.dtype)
 
 
 # ---------------------------------------------------------------------------- contiguous
