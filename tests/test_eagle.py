@@ -124,7 +124,8 @@ class Spy:
 
         def observe_hook(seqs, num_accepted, hidden, paths):
             for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
-                self.observed.append((list(seq.context), self.last[seq.request_id], a, h.clone()))
+                drafts = self.last.pop(seq.request_id, [])      # [] : a round that did not propose
+                self.observed.append((list(seq.context), drafts, a, h.clone()))
             observe(seqs, num_accepted, hidden, paths)
 
         def prefill_hook(seqs, starts, hidden):
@@ -194,9 +195,10 @@ def test_drafts_equal_an_uncached_reference(target, heads, driver, layout):
     if driver == "single":
         spy = Spy(EagleDrafter(head))
         for prompt in PROMPTS[:4]:
-            ms.speculative_generate(target, spy.drafter, prompt, NEW, k=4)
+            ms.speculative_generate(target, spy.drafter, prompt, NEW, k=4, adaptive=False)
     else:
-        engine = Engine(target, drafter=EagleDrafter(head), k=4, max_batch_size=3, block_size=4)
+        engine = Engine(target, drafter=EagleDrafter(head), k=4, max_batch_size=3, block_size=4,
+                        adaptive=False)
         spy = Spy(engine.drafter)
         engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)
     assert len(spy.rounds) > 20
@@ -283,11 +285,11 @@ def test_the_head_only_gets_the_targets_features_of_committed_positions(driver):
     if driver == "single":
         spy = Spy(EagleDrafter(head))
         for prompt in PROMPTS:
-            ms.speculative_generate(target, spy.drafter, prompt, NEW, k=3)
+            ms.speculative_generate(target, spy.drafter, prompt, NEW, k=3, adaptive=False)
     else:
         chunk = {"engine": None, "engine-chunked": 5}[driver]
         engine = Engine(target, drafter=EagleDrafter(head), k=3, max_batch_size=3, block_size=4,
-                        max_num_batched_tokens=chunk)
+                        max_num_batched_tokens=chunk, adaptive=False)
         spy = Spy(engine.drafter)
         results = engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)
         assert all(r.finish_reason == "length" for r in results)
@@ -299,7 +301,7 @@ def test_the_head_only_gets_the_targets_features_of_committed_positions(driver):
 def test_the_check_fails_when_rejected_drafts_features_are_passed(target, heads):
     """The check above is not vacuous: a runner that handed all K + 1 rows would be caught."""
     spy = Spy(EagleDrafter(heads["full"]))
-    ms.speculative_generate(target, spy.drafter, PROMPTS[2], NEW, k=3)
+    ms.speculative_generate(target, spy.drafter, PROMPTS[2], NEW, k=3, adaptive=False)
     context, drafts, a, _ = next(o for o in spy.observed if o[2] < len(o[1]))
     all_rows = full_hidden(target, context + drafts)[len(context) - 1:]         # (K + 1, D)
     spy.observed = [(context, drafts, a, all_rows)]
@@ -344,7 +346,7 @@ def test_engine_parity_with_preemption_and_chunked_prefill(chunk):
     prompts = [torch.randint(48, (int(n),), generator=g).tolist()
                for n in torch.randint(2, 26, (12,), generator=g)]
     engine = Engine(target, drafter=EagleDrafter(head), k=3, max_batch_size=6, block_size=4,
-                    num_blocks=20, max_num_batched_tokens=chunk)
+                    num_blocks=20, max_num_batched_tokens=chunk, adaptive=False)
     spy = Spy(engine.drafter)
     results = engine.generate(prompts, progress=False, max_new_tokens=NEW)
     assert engine.scheduler.num_preemptions > 0

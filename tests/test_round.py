@@ -429,15 +429,18 @@ class HiddenRecorder(ms.Drafter):
     def __init__(self):
         self.inner, self.forwards, self.seen = (ms.drafters.base.PerRequestDrafter(NGramDrafter),
                                                 0, [])
+        self.drafts: dict[str, list[int]] = {}
 
     def propose_batch(self, seqs, ks):
-        self.contexts = [list(s.context) for s in seqs]
-        self.drafts = self.inner.propose_batch(seqs, ks)
-        return self.drafts
+        drafts = self.inner.propose_batch(seqs, ks)
+        self.drafts = {s.request_id: d.tokens.tolist() for s, d in zip(seqs, drafts, strict=True)}
+        return drafts
 
     def observe(self, seqs, num_accepted, hidden, paths):
-        for ctx, draft, a, h in zip(self.contexts, self.drafts, num_accepted, hidden, strict=True):
-            self.seen.append((ctx, draft.tokens.tolist(), a, h.clone()))
+        """Before emit: ``seq.context`` is still the round's; a round that did not propose (every
+        ``k`` 0, e.g. the last token of the budget) drafted nothing."""
+        for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
+            self.seen.append((list(seq.context), self.drafts.pop(seq.request_id, []), a, h.clone()))
 
     def release(self, seq):
         self.inner.release(seq)

@@ -140,12 +140,14 @@ class SpeculativeRunner:
     def draft(self, seqs: list[Sequence], ks: list[int]) -> list[TreeProposal]:
         """Each row's proposal: up to ``ks[b]`` drafts in a chain, or a tree of depth ``ks[b]``.
 
-        A row whose drafter fails, or proposes a token outside the vocabulary, is failed alone.
+        A row whose drafter fails, or proposes a token outside the vocabulary, is failed alone. A
+        round of chains with every ``k`` 0 is a plain step: the drafter is not called (a lazy
+        drafter catches up on the context when it next drafts).
         """
         t0 = time.perf_counter()
         roots = [seq.context[-1] for seq in seqs]
-        if self.drafter is None:
-            proposals = [TreeProposal.chain(root, []) for root in roots]
+        if self.drafter is None or (self.branching is None and not any(ks)):
+            proposals = [TreeProposal.chain(root, []) for root in roots]   # a plain step
         elif self.branching is not None:
             proposals = self.drafter.propose_trees(seqs, [self.branching[:k] for k in ks])
         else:

@@ -92,8 +92,9 @@ class Drafter:
     def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         """Up to ``ks[b]`` guesses (a chain) after ``seqs[b].context`` for every row ``b``.
 
-        The round calls it (or ``propose_trees``) every round, rows with ``ks[b] = 0`` and rounds
-        where no row drafts included, so a drafter may keep per-round bookkeeping here."""
+        The round calls it (or ``propose_trees``) whenever a row drafts, rows with ``ks[b] = 0``
+        included; a round of chains where no row drafts is a plain step and does not call it
+        (``observe`` follows every round), so a drafter catches up on the context lazily."""
         raise NotImplementedError(f"{type(self).__name__} does not propose chains")
 
     def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
