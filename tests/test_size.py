@@ -19,16 +19,18 @@ PACKAGE = Path(minispec.__file__).parent
 READ = ("core", "zoo", "models", "drafters", "decoding", "serving")
 MAX_FUNCTION = 50
 
-#: Code lines the reading layers may hold. The goal is 3,600; the layers hold 3,970 (suffix and
+#: Code lines the reading layers may hold. The goal is 3,600; the layers hold 3,964 (suffix and
 #: hybrid drafting, 263, the hostile-input checks, the head's ``eagle1`` layout that vLLM and
 #: SGLang serve, 5, the goodput policy's catch-up accounting and stale-plain-step guard, 13, and
-#: the fast path's timed choice of a kernel by width, 28, came after the goal was set; 30 were
+#: the fast path's timed choice of a kernel by width, 28, came after the goal was set; 36 were
 #: cut since: a one-caller cache helper folded into ``KVCache.for_model``, the EAGLE head reading
 #: the target's RoPE tables instead of a copy, one true-integer check, tree drafters that
-#: accepted wrappers nobody passed, and one policy function for both drivers). This ceiling is a
-#: ratchet: the count may fall, and a change that adds code must pay for it elsewhere or raise the
-#: ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_970
+#: accepted wrappers nobody passed, one policy function for both drivers, ``choose_ks`` checking
+#: every cost it needs once, up front, the retry timer's default stored by ``setdefault``, and
+#: ``Scheduler.retire`` releasing through ``release``).
+#: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
+#: elsewhere or raise the ceiling in the open, with its reason.
+MAX_CODE_LINES = 3_964
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:

@@ -251,20 +251,16 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     B = len(alphas)
     rates = proposal_rates if proposal_rates is not None else [1.0] * B
     order = sorted(range(B), key=lambda b: -alphas[b] * rates[b])    # best expected gain first
-    plain = costs.verify_seconds(B, 1)
-    if plain is None:
-        return None
+    verifies = [costs.verify_seconds(B, K + 1) for K in range(k_max + 1)]  # [K]: K drafts a row
     drafts = [costs.draft_seconds(R) for R in range(1, B + 1)]       # one draft step, R rows
-    if None in drafts:
+    if None in verifies or None in drafts:
         return None
+    plain = verifies[0]
     goodput, best = {(0, 0): B / plain}, (B / plain, 0, 0)
     # E(alpha_b, min(K, cap_b)) = 1 + alpha + ... + alpha^K, grown one power at a time, per row
     power = [1.0] * B
     expected = [1.0] * B
     for K in range(1, k_max + 1):
-        verify = costs.verify_seconds(B, K + 1)
-        if verify is None:
-            return None
         for b in range(B):
             if K <= caps[b]:
                 power[b] *= alphas[b]
@@ -273,7 +269,7 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
         for R, b in enumerate(order, start=1):
             tokens += rates[b] * (expected[b] - 1)     # row b drafts: E tokens instead of 1
             none_propose *= 1 - rates[b]
-            extra = (1 - none_propose) * (verify - plain) + K * drafts[R - 1]
+            extra = (1 - none_propose) * (verifies[K] - plain) + K * drafts[R - 1]
             goodput[K, R] = tokens / (plain + (1 + margin) * extra)
             if goodput[K, R] > best[0]:
                 best = (goodput[K, R], K, R)
@@ -353,9 +349,8 @@ class GoodputK:
         """While drafting does not pay, draft anyway after 8, then 16, 32, ... plain steps (at this
         batch-size bucket): an estimate spoiled by an unlucky start, or a text that turned
         repetitive, is measured again; the cost of looking shrinks geometrically."""
-        due, interval = self.retry.get(rows, (self.steps + 8, 8))
+        due, interval = self.retry.setdefault(rows, (self.steps + 8, 8))
         if self.steps < due:
-            self.retry[rows] = (due, interval)
             return False
         self.retry[rows] = (self.steps + 2 * interval, 2 * interval)
         return True

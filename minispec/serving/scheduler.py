@@ -197,8 +197,7 @@ class Scheduler:
         """Release the memory of finished running sequences; return them."""
         done = [s for s in self.running if s.is_finished]
         for seq in done:
-            self.space.free(seq)
-        self.running = [s for s in self.running if not s.is_finished]
+            self.release(seq)
         return done
 
     def schedule(self) -> SchedulerOutput:
