@@ -233,8 +233,14 @@ def test_a_tree_too_large_is_refused_naming_branching(model):
 ])
 def test_adaptive_k_refuses_what_it_cannot_plan(model, kwargs, match):
     args = {"drafter": noisy_copy(model, 0.05)} | kwargs
-    with pytest.raises(ValueError, match=match):
-        ms.speculative_generate(model, args.pop("drafter"), [1, 2, 3], 4, k=2, **args)
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        with pytest.raises(ValueError, match=match):
+            ms.speculative_generate(model, args.pop("drafter"), [1, 2, 3], 4, k=2, **args)
+    finally:
+        hook.remove()
+    assert not forwards                                # refused before the prefill
 
 
 def test_a_single_stop_token_id_is_accepted(model):

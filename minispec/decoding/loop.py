@@ -28,7 +28,7 @@ from minispec.core.sampling import SamplingParams
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
-from minispec.decoding.goodput import policy_for
+from minispec.decoding.goodput import GoodputK, policy_for
 from minispec.decoding.runner import SpeculativeRunner
 from minispec.drafters.base import Drafter, as_drafter, keeps_cache
 from minispec.drafters.trees import as_tree_drafter, check_branching
@@ -138,9 +138,9 @@ def speculative_generate(
         ValueError: for a bad request or configuration (the same checks as ``Engine.add_request``),
             or NaN logits.
     """
-    runner, seq = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling, tokenizer, stop,
-                         stop_token_ids, eos_token_id, max_seq_len, branching)
-    policy = policy_for(adaptive, k if drafter is not None else 0, branching is None)
+    runner, seq, policy = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling,
+                                 tokenizer, stop, stop_token_ids, eos_token_id, max_seq_len,
+                                 branching, adaptive)
     while not seq.is_finished:       # draft, verify, roll back, emit: the Engine's round, B = 1
         runner.round([seq], [seq.round_k(k)], policy)
     if runner.drafter is not None:
@@ -151,12 +151,16 @@ def speculative_generate(
 
 
 def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
-           eos_token_id, max_seq_len, branching) -> tuple[SpeculativeRunner, Sequence]:
-    """Validate the call, make the caches, the sequence and the runner, prefill the target."""
+           eos_token_id, max_seq_len, branching, adaptive
+           ) -> tuple[SpeculativeRunner, Sequence, GoodputK | None]:
+    """Validate the call, make the caches, the sequence, the runner and the draft-length policy,
+    prefill the target (every check runs before any forward)."""
     drafter, branching, extra = as_drafter_for(drafter, k, branching)     # k checked there too
+    k = 0 if drafter is None else k                                       # plain decoding: k = 0
+    policy = policy_for(adaptive, k, branching is None)
     seq = make_sequence("0", target, prompt, sampling, max_new_tokens=max_new_tokens,
-                        max_seq_len=context_limit(target, drafter, max_seq_len),
-                        k=0 if drafter is None else k, tokenizer=tokenizer,
+                        max_seq_len=context_limit(target, drafter, max_seq_len), k=k,
+                        tokenizer=tokenizer,
                         stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
     cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
     seq.slot = cache.allocate()
@@ -169,7 +173,7 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
         seq.finish(reason)
     else:
         runner.prefill([seq])        # all but the last prompt token; each round feeds the last one
-    return runner, seq
+    return runner, seq, policy
 
 
 def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: SamplingParams | None, *,
