@@ -66,24 +66,29 @@ def test_generate_with_shipped_pair(flag, capsys):
 @pytest.mark.parametrize("stream", [[], ["--stream"]])
 def test_generate_with_a_fixed_k_gives_the_same_greedy_text(stream, capsys, one_thread):
     args = ["generate", "KING. What say you", "--ngram", "--max-new-tokens", "24", *stream]
-    assert main(args) == 0
-    chosen = capsys.readouterr().out
-    assert main([*args, "--fixed-k"]) == 0
-    fixed = capsys.readouterr().out
-    text = lambda out: out.split("\n\n[")[0].strip()          # noqa: E731  (before the stats line)
-    assert text(fixed) == text(chosen) and "[length] 24 tokens" in fixed
+    chosen, fixed = outputs_without_and_with(args, "--fixed-k", capsys)
+    assert generated_text(fixed) == generated_text(chosen) and "[length] 24 tokens" in fixed
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the shipped pair is not built in this checkout")
 @pytest.mark.parametrize("flag", ["--ngram", "--draft=shakespeare-draft"])
 def test_generate_streams_the_same_text(flag, capsys, one_thread):
     args = ["generate", "KING. What say you", flag, "--max-new-tokens", "24"]
+    whole, streamed = outputs_without_and_with(args, "--stream", capsys)
+    assert generated_text(streamed) == generated_text(whole) and "[length] 24 tokens" in streamed
+
+
+def outputs_without_and_with(args: list[str], flag: str, capsys) -> tuple[str, str]:
+    """What ``minispec`` prints for ``args``, then for ``args`` plus ``flag`` (both succeed)."""
     assert main(args) == 0
-    whole = capsys.readouterr().out
-    assert main([*args, "--stream"]) == 0
-    streamed = capsys.readouterr().out
-    text = lambda out: out.split("\n\n[")[0].strip()          # noqa: E731  (before the stats line)
-    assert text(streamed) == text(whole) and "[length] 24 tokens" in streamed
+    without = capsys.readouterr().out
+    assert main([*args, flag]) == 0
+    return without, capsys.readouterr().out
+
+
+def generated_text(out: str) -> str:
+    """``minispec generate``'s text: what it printed before the stats line."""
+    return out.split("\n\n[")[0].strip()
 
 
 def test_generate_stream_and_trace_exclude_each_other(capsys):
