@@ -55,12 +55,19 @@ def test_k_follows_the_acceptance_and_the_cost(target, right):
     out = ms.speculative_generate(target, drafter, prompt, n, k=6, adaptive=True)
     assert out.tokens == plain.tokens
     late = out.stats.k_per_round[len(out.stats.k_per_round) // 2:]
+    # the result keeps each round's choice and its inputs: one KChoice per round, B = 1
+    assert [c.ks for c in out.k_choices] == [[k] for k in out.stats.k_per_round]
+    planned = [c for c in out.k_choices[len(out.k_choices) // 2:] if c.goodput]
+    assert planned and all(c.batch_size == 1 for c in planned)
     if right:        # every draft accepted, drafting free: the plan drafts the most it may
         assert out.stats.acceptance_rate == 1.0
         assert sum(k == 6 for k in late) >= 0.8 * len(late), out.stats.k_per_round
+        assert all(c.alphas[0] > 0.9 for c in planned)
     else:            # every draft rejected: plain steps, but for the scheduled re-checks
         assert out.stats.acceptance_rate == 0.0
         assert sum(k == 0 for k in late) >= 0.8 * len(late), out.stats.k_per_round
+        assert all(c.alphas[0] < 0.3 and max(c.goodput, key=c.goodput.get) == (0, 0)
+                   for c in planned)
 
 
 def test_a_seeded_sampled_request_keeps_its_k(target):
@@ -84,6 +91,7 @@ def test_goodput_k_is_the_loops_default_and_a_fixed_k_is_asked_for(target):
     assert set(fixed.stats.k_per_round[:-4]) == {4}             # shrunk only near the budget
     assert 0 in default.stats.k_per_round                 # drafts that never pay: plain steps
     assert sum(default.stats.drafted_per_round) < sum(fixed.stats.drafted_per_round) / 2
+    assert len(default.k_choices) == default.stats.rounds and fixed.k_choices == []
 
 
 def test_the_loop_and_the_engine_use_one_policy():

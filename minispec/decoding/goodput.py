@@ -50,7 +50,7 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   the whole step) keeps cheap bets: a drafter that proposes nothing costs a plain step.
 
 The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
-(``Engine.k_choices``).
+(``Engine.k_choices``; a single sequence's in its result's ``k_choices``).
 """
 
 from __future__ import annotations
@@ -299,7 +299,9 @@ class GoodputK:
 
     Attributes:
         costs: the measured [`StepCosts`][minispec.decoding.goodput.StepCosts].
-        choices: the latest [`KChoice`][minispec.decoding.goodput.KChoice] records, one per step.
+        choices: the latest [`KChoice`][minispec.decoding.goodput.KChoice] records, one per step
+            (a step whose rows may not draft at all included, so that a single sequence has one
+            per round).
     """
 
     def __init__(self, k_max: int) -> None:
@@ -318,14 +320,14 @@ class GoodputK:
         plan (a seeded sampled request, whose tokens must not depend on the batch). While the
         costs at this batch size are unknown, a plain step and a full step measure them."""
         self.steps += 1
-        if not any(caps):
-            return caps
         pooled = (self.accepted + 1) / (self.tested + 2)
         alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled,
                                  optimism=1 / len(caps))    # one row learns, B rows pay the width
-        choice = choose_ks(alphas, caps, self.k_max, self.costs,
-                           proposal_rates=self.proposal_rates([r for r, _, _ in requests]))
-        if choice is None:                        # explore: measure a plain step, then a full one
+        P = self.proposal_rates([r for r, _, _ in requests])
+        if not any(caps):                         # no row may draft (each one at its limits)
+            choice = KChoice(len(caps), list(caps), alphas, {})
+        elif (choice := choose_ks(alphas, caps, self.k_max, self.costs, proposal_rates=P)) is None:
+            # explore: measure a plain step, then a full one
             plain_known = self.costs.verify_seconds(len(caps), 1) is not None
             choice = KChoice(len(caps), caps if plain_known else [0] * len(caps), alphas, {})
         elif not any(choice.ks) and self.time_to_retry(bucket(len(caps))):

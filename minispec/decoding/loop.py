@@ -28,7 +28,7 @@ from minispec.core.sampling import SamplingParams
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
-from minispec.decoding.goodput import GoodputK, policy_for
+from minispec.decoding.goodput import GoodputK, KChoice, policy_for
 from minispec.decoding.runner import SpeculativeRunner
 from minispec.drafters.base import Drafter, as_drafter, keeps_cache
 from minispec.drafters.trees import as_tree_drafter, check_branching
@@ -53,6 +53,11 @@ class GenerationResult:
         rounds: every round's drafts and outcome (drawn by
             [`minispec.tools.viz`][minispec.tools.viz]).
         error: what went wrong, for ``finish_reason="error"``.
+        k_choices: how ``speculative_generate``'s policy chose each round's ``k`` (in
+            ``stats.k_per_round``): one [`KChoice`][minispec.decoding.goodput.KChoice] per round,
+            with the acceptance and proposal-rate estimates it used and the predicted goodput
+            of every plan it considered. Empty with a fixed ``k``; the ``Engine`` keeps its
+            batches' choices in ``Engine.k_choices``.
     """
 
     tokens: list[int]
@@ -61,12 +66,13 @@ class GenerationResult:
     stats: SpecStats
     rounds: list[Round] = field(default_factory=list)
     error: str | None = None
+    k_choices: list[KChoice] = field(default_factory=list)
 
     @classmethod
-    def of(cls, seq: Sequence) -> GenerationResult:
+    def of(cls, seq: Sequence, k_choices: Seq[KChoice] = ()) -> GenerationResult:
         """The result of a finished sequence."""
         return cls(list(seq.generated), seq.text(), seq.finish_reason, seq.stats, seq.rounds,
-                   seq.error)
+                   seq.error, list(k_choices))
 
 
 def generate(model: Llama, prompt_ids: Any, max_new_tokens: int = 64,
@@ -147,7 +153,7 @@ def speculative_generate(
         runner.drafter.release(seq)
     if seq.finish_reason == "error":
         raise ValueError(seq.error)
-    return GenerationResult.of(seq)
+    return GenerationResult.of(seq, policy.choices if policy else ())    # one choice a round
 
 
 def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
