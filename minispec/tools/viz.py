@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn.functional import one_hot
 
 from minispec.core.theory import acceptance_rate
 
@@ -341,7 +342,7 @@ def record_rounds(
         """Step 1: the drafts and their ``q`` rows ``(n, V)``."""
         if hasattr(draft, "propose"):                        # a context drafter: one-hot q
             tokens = draft.propose(list(ids), k, sampling, generator).tokens.tolist()
-            return tokens, torch.eye(vocab, dtype=torch.float64)[tokens].reshape(-1, vocab)
+            return tokens, one_hot(torch.tensor(tokens, dtype=torch.long), vocab).double()
         drafts, qs = [], []
         for _ in range(k):                                   # k draft steps, each from q_i
             q_i = probs(draft, ids + drafts, 1)[0]
