@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.nn.functional import one_hot
 
 from minispec.core.theory import acceptance_rate
 
@@ -305,7 +304,7 @@ def record_rounds(
         the bonus position's ``bars``), ``num_accepted`` and ``emitted``. Probabilities are
         rounded to six decimals.
     """
-    from minispec.core.sampling import SamplingParams, probs_from_logits, sample
+    from minispec.core.sampling import SamplingParams, one_hot, probs_from_logits, sample
     from minispec.core.speculative import residual, verify
 
     sampling = sampling if sampling is not None else SamplingParams(temperature=1.0, seed=0)

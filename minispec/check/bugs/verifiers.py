@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.nn.functional import one_hot
+
+from minispec.core.sampling import one_hot
 
 __all__ = ["UniformsSharedAcrossRows", "tree_bonus_from_parent_row", "tree_siblings_against_p",
            "verify_adjustment_on_bonus_row_only", "verify_bonus_from_wrong_row",
@@ -24,7 +25,7 @@ def _draw(probs: Tensor, generator: torch.Generator | None) -> int:
 
 def _q(draft_probs: Tensor | None, x: int, i: int, vocab: int) -> Tensor:
     """Row ``i`` of ``q`` (one-hot at the draft when ``draft_probs`` is None)."""
-    return one_hot(torch.tensor(x), vocab).float() if draft_probs is None else draft_probs[i]
+    return one_hot(torch.tensor(x), vocab) if draft_probs is None else draft_probs[i]
 
 
 def _residual(p: Tensor, q: Tensor) -> Tensor:
