@@ -66,8 +66,9 @@ def test_k_follows_the_acceptance_and_the_cost(target, right):
     else:            # every draft rejected: plain steps, but for the scheduled re-checks
         assert out.stats.acceptance_rate == 0.0
         assert sum(k == 0 for k in late) >= 0.8 * len(late), out.stats.k_per_round
-        assert all(c.alphas[0] < 0.3 and max(c.goodput, key=c.goodput.get) == (0, 0)
-                   for c in planned)
+        # (a noisy near-flat verify cost on this tiny model can predict a few per cent for a
+        # one-draft plan even so: below the policy's hurdle, so it is not taken)
+        assert all(c.alphas[0] < 0.3 and c.ks == [0] for c in planned)
 
 
 def test_a_seeded_sampled_request_keeps_its_k(target):

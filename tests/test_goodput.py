@@ -34,11 +34,24 @@ def test_memory_bound_verify_drafts_the_most():
 
 
 def test_a_small_predicted_gain_is_not_taken():
-    """A plan that beats plain decoding by a few per cent on paper does not beat the margin."""
+    """A plan that beats plain decoding by a few per cent on paper beats neither the margin on
+    its extra cost nor the hurdle on its gain; each alone declines it."""
     costs = costs_with(lambda t: 1.0 + 0.8 * (t - 1), 0.0, rows=16)   # k = 1: verify 1.8
     alphas = [0.87] * 16                      # E = 1.87 tokens for 1.8 steps: +4 % on paper
-    assert choose_ks(alphas, [1] * 16, 1, costs, margin=0.0).ks == [1] * 16
+    assert choose_ks(alphas, [1] * 16, 1, costs, margin=0.0, hurdle=0.0).ks == [1] * 16
+    assert choose_ks(alphas, [1] * 16, 1, costs, margin=0.0).ks == [0] * 16     # the hurdle
+    assert choose_ks(alphas, [1] * 16, 1, costs, hurdle=0.0).ks == [0] * 16     # the margin
     assert choose_ks(alphas, [1] * 16, 1, costs).ks == [0] * 16
+
+
+def test_the_hurdle_is_a_least_predicted_gain():
+    """A plan is taken exactly when it predicts more than ``1 + hurdle`` times plain's goodput."""
+    costs = costs_with(lambda t: 1.0 + 0.5 * (t - 1), 0.0, rows=1)    # k = 1: verify 1.5
+    choice = choose_ks([0.8], [1], 1, costs, margin=0.0, hurdle=0.0)  # 1.8 tokens / 1.5 s
+    gain = max(choice.goodput.values()) / choice.goodput[0, 0] - 1
+    assert gain == pytest.approx(0.2)
+    assert choose_ks([0.8], [1], 1, costs, margin=0.0, hurdle=0.19).ks == [1]
+    assert choose_ks([0.8], [1], 1, costs, margin=0.0, hurdle=0.21).ks == [0]
 
 
 def test_a_drafter_that_rarely_proposes_is_priced_by_its_proposal_rate():

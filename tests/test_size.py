@@ -28,10 +28,11 @@ MAX_FUNCTION = 50
 #: accepted wrappers nobody passed, one policy function for both drivers, ``choose_ks`` checking
 #: every cost it needs once, up front, the retry timer's default stored by ``setdefault``, and
 #: ``Scheduler.retire`` releasing through ``release``; 3 back for ``speculative_generate``
-#: refusing a bad ``adaptive`` before its prefill, as it did before the shared policy function).
+#: refusing a bad ``adaptive`` before its prefill, as it did before the shared policy function;
+#: 2 for the goodput policy's hurdle, a least predicted gain a drafting plan must show).
 #: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
 #: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_967
+MAX_CODE_LINES = 3_969
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:
