@@ -81,11 +81,9 @@ class ModelConfig:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """All end-of-sequence ids as a tuple (empty when the config names none)."""
-        if self.eos_token_id is None:
-            return ()
         if isinstance(self.eos_token_id, int):
             return (self.eos_token_id,)
-        return tuple(self.eos_token_id)
+        return tuple(self.eos_token_id or ())
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> ModelConfig:
@@ -301,8 +299,7 @@ class TreeAttention:
         Args: ancestor_mask (N, N) bool (``DraftTree.ancestor_mask()``); start — cache position
         of node 0 (for a verify, ``n - 1``: the root is the last context token).
         """
-        n = ancestor_mask.shape[0]
-        device = ancestor_mask.device
+        n, device = ancestor_mask.shape[0], ancestor_mask.device
         storage = torch.arange(start, start + n, device=device)[None]  # (1, N)
         return cls(storage, torch.tensor([start], device=device), ancestor_mask[None])
 
@@ -348,16 +345,12 @@ def attention_plan(positions: torch.Tensor, cache: KVCache | None, slots: list[i
     Args: as for ``Llama.forward``: positions (B, T), -1 marks padding; cache and slots, or
     neither; tree, or None for the chain path (causal by position).
     """
+    if (cache is None) != (slots is None):
+        raise ValueError("pass a cache and slots (the cache slot of each batch row) together, "
+                         "or neither")
     storage = positions if tree is None else tree.storage  # (B, T) where k, v are stored
-    if cache is None:
-        if slots is not None:
-            raise ValueError("slots were given without a cache")
-        plan, key_positions = None, storage  # (B, S=T)
-    else:
-        if slots is None:
-            raise ValueError("a cache needs slots: the cache slot of each batch row")
-        plan = cache.prepare(slots, storage)
-        key_positions = plan.key_positions  # (B, S)
+    plan = None if cache is None else cache.prepare(slots, storage)
+    key_positions = storage if plan is None else plan.key_positions  # (B, S); S = T without cache
     if tree is None:
         mask = attention_mask(positions, key_positions)  # (B, 1, T, S), shared by all layers
     else:
