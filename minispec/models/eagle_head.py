@@ -51,7 +51,7 @@ from torch import nn
 
 from minispec.models import packed
 from minispec.models.kv_cache import KVCache
-from minispec.models.llama import Block, Llama, ModelConfig, TreeAttention, attention_plan
+from minispec.models.llama import Block, Llama, ModelConfig, TreeAttention
 
 __all__ = ["EagleHead", "load_head", "save_head"]
 
@@ -170,13 +170,8 @@ class EagleHead(nn.Module):
         target = self.target
         e = target.embed_tokens(input_ids).to(features.dtype)                  # (B, T, D)
         h = self.fc(torch.cat([e, features], dim=-1))                           # (B, T, D)
-        index = positions.clamp(min=0)                  # the target's RoPE tables (same config)
-        cos = target.rope_cos[index].to(h.dtype).unsqueeze(2)                   # (B, T, 1, hd)
-        sin = target.rope_sin[index].to(h.dtype).unsqueeze(2)
-        plan, mask, drop = attention_plan(positions, cache, slots, tree)        # (B, 1, T, S)
-        h = self.layer(h, cos, sin, mask, cache, plan, drop)
-        if cache is not None:
-            cache.commit(plan)
+        # the layer runs with the target's RoPE tables (same config)
+        h = target.run_layers([self.layer], h, positions, cache, slots, tree)    # (B, T, D)
         feature = target.norm(h) if self.layout == "minispec" else h            # (B, T, D)
         return self.logits(feature), feature
 

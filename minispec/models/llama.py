@@ -426,17 +426,29 @@ class Llama(nn.Module):
             logits (B, T, V) in the model dtype, or ``(logits, hidden)`` with ``return_hidden``.
         """
         x = self.embed_tokens(input_ids)  # (B, T, D)
+        x = self.run_layers(self.layers, x, positions, cache, slots, tree)  # (B, T, D)
+        x = self.norm(x)  # (B, T, D)
+        logits = self.output_projection(x)  # (B, T, V)
+        return (logits, x) if return_hidden else logits
+
+    def run_layers(self, layers, x: torch.Tensor, positions: torch.Tensor,
+                   cache: KVCache | None = None, slots: list[int] | None = None,
+                   tree: TreeAttention | None = None) -> torch.Tensor:
+        """Run decoder ``layers`` on hidden states ``x`` (B, T, D) with this model's RoPE tables.
+
+        ``layers`` are this model's own, or an EAGLE head's one layer (same config). Arguments
+        as for ``forward``; every layer shares one attention plan, and the cache's lengths advance
+        once, after the last layer wrote. Returns (B, T, D), before the final norm.
+        """
         index = positions.clamp(min=0)  # (B, T); padding reads row 0, harmlessly
         cos = self.rope_cos[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
         sin = self.rope_sin[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
         plan, mask, drop = attention_plan(positions, cache, slots, tree)  # mask (B, 1, T, S)
-        for layer in self.layers:
+        for layer in layers:
             x = layer(x, cos, sin, mask, cache, plan, drop)  # (B, T, D)
         if cache is not None:
             cache.commit(plan)  # lengths advance once per forward, after every layer wrote
-        x = self.norm(x)  # (B, T, D)
-        logits = self.output_projection(x)  # (B, T, V)
-        return (logits, x) if return_hidden else logits
+        return x
 
     def output_projection(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head: final-normed hidden states (B, T, D) -> logits (B, T, V).
