@@ -176,9 +176,8 @@ class EagleHead(nn.Module):
         return self.logits(feature), feature
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
-        """Draft logits over ``V'``: the target's LM head rows of the draft vocabulary."""
-        if self.head_weight is None:
-            raise ValueError("the head is not bound to a target: call head.bind(target)")
+        """Draft logits over ``V'``: the target's LM head rows of the draft vocabulary (the head
+        must be bound; ``forward`` checks that first)."""
         if self.packed_logits is not None:
             return self.packed_logits(feature)
         return F.linear(feature, self.head_weight)                              # (B, T, V')
@@ -255,8 +254,5 @@ def load_head(directory: str | Path, target: Llama) -> EagleHead:
     shape = {k: saved["target_config"][k] for k in (*SHAPE, "intermediate_size")}
     config = dataclasses.replace(target.config, **shape)
     head = EagleHead(config, vocab=tensors["vocab"], layout=saved.get("layout", "minispec"))
-    head.bind(target)                                   # raises on a target of another shape
-    head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v
-                          for k, v in tensors.items()})
-    return (head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-            .bind(target))
+    head.to(device=target.device, dtype=target.dtype).load_state_dict(tensors)  # cast as copied
+    return head.eval().requires_grad_(False).bind(target)  # raises on a target of another shape
