@@ -31,9 +31,6 @@ from minispec.models.packed import make_fast
 from minispec.zoo import REGISTERED
 from minispec.zoo import path as zoo_path
 
-SUPPORTED = ("Llama-architecture checkpoints (model_type 'llama', "
-             "architectures ['LlamaForCausalLM'])")
-
 #: config.json keys without which a Llama cannot be built (the others have defaults).
 REQUIRED_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                         "num_attention_heads")
@@ -91,9 +88,10 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
     dtype = _pick_dtype(dtype, config_dict, device)
     files = weight_files(directory)
     model = checked_meta_model(config, read_headers(files))
-    # every name, shape and dtype is checked: now read, file by file
-    state = {name: t.to(device=device, dtype=dtype) for path in files
-             for name, t in hf_to_minispec(read_weights_file(path), config).items()}
+    # every name, shape and dtype is checked: now read, file by file, under Llama's names
+    state = {ours: t.to(device=device, dtype=dtype) for path in files
+             for name, t in read_weights_file(path).items()
+             if (ours := minispec_name(name, config)) is not None}
     model.load_state_dict(state, strict=True, assign=True)
     # the RoPE tables are not in the checkpoint: compute them for real on the target device
     cos, sin = rope_tables(config)
@@ -151,7 +149,8 @@ def check_architecture(config: dict[str, Any], where: Path | str = "config.json"
     architectures = config.get("architectures") or ["LlamaForCausalLM"]
     if model_type != "llama" or "LlamaForCausalLM" not in architectures:
         raise ValueError(f"{where}: model_type={model_type!r}, architectures={architectures} is "
-                         f"not supported; minispec loads {SUPPORTED}")
+                         f"not supported; minispec loads Llama-architecture checkpoints "
+                         f"(model_type 'llama', architectures ['LlamaForCausalLM'])")
 
 
 def build_config(config: dict[str, Any], path: Path | str = "config.json") -> ModelConfig:
@@ -312,14 +311,6 @@ def minispec_name(name: str, config: ModelConfig) -> str | None:
     if name.endswith("rotary_emb.inv_freq") or tied_head:
         return None
     return name.removeprefix("model.")
-
-
-def hf_to_minispec(weights: dict[str, torch.Tensor],
-                   config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Rename Hugging Face weight names to ``Llama``'s (see ``minispec_name``), dropping the
-    others."""
-    return {ours: t for name, t in weights.items()
-            if (ours := minispec_name(name, config)) is not None}
 
 
 def load_tokenizer(directory: Path) -> Any:
