@@ -140,14 +140,10 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
     """
     if tokenizer is None:
         return ()
-    ids: list[int] = []
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.append(int(tokenizer.eos_token_id))
     vocab = tokenizer.get_vocab()
-    for token in END_OF_TURN_TOKENS:
-        if token in vocab and vocab[token] not in ids:
-            ids.append(int(vocab[token]))
-    return tuple(ids)
+    ids = [getattr(tokenizer, "eos_token_id", None)]
+    ids += [vocab[token] for token in END_OF_TURN_TOKENS if token in vocab]
+    return tuple(dict.fromkeys(int(i) for i in ids if i is not None))  # in order, no repeats
 
 
 __all__ = ["END_OF_TURN_TOKENS", "ROLES", "apply_chat_template", "check_ids", "check_messages",
