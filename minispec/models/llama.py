@@ -428,7 +428,8 @@ class Llama(nn.Module):
         x = self.embed_tokens(input_ids)  # (B, T, D)
         x = self.run_layers(self.layers, x, positions, cache, slots, tree)  # (B, T, D)
         x = self.norm(x)  # (B, T, D)
-        logits = self.output_projection(x)  # (B, T, V)
+        head = self.packed_head  # make_fast's packed copy of the LM head; None: eager
+        logits = head(x) if head is not None else F.linear(x, self.output_weight)  # (B, T, V)
         return (logits, x) if return_hidden else logits
 
     def run_layers(self, layers, x: torch.Tensor, positions: torch.Tensor,
@@ -449,17 +450,6 @@ class Llama(nn.Module):
         if cache is not None:
             cache.commit(plan)  # lengths advance once per forward, after every layer wrote
         return x
-
-    def output_projection(self, x: torch.Tensor) -> torch.Tensor:
-        """The LM head: final-normed hidden states (B, T, D) -> logits (B, T, V).
-
-        Tied embeddings reuse the embedding matrix as the output projection. When
-        ``minispec.models.packed.make_fast`` packed the model, its packed copy of that matrix runs
-        instead.
-        """
-        if self.packed_head is not None:
-            return self.packed_head(x)
-        return F.linear(x, self.output_weight)
 
     @property
     def output_weight(self) -> torch.Tensor:
