@@ -103,8 +103,7 @@ class BlockManager:
 
     def can_grow(self, seq_id, new_len: int) -> bool:
         """Whether ``grow(seq_id, new_len)`` would succeed (enough free blocks)."""
-        missing = self.blocks_needed(new_len) - len(self._table(seq_id))
-        return missing <= self.num_free_blocks
+        return self.blocks_needed(new_len) - len(self._table(seq_id)) <= self.num_free_blocks
 
     def grow(self, seq_id, new_len: int) -> None:
         """Append blocks so that ``seq_id`` can hold ``new_len`` positions (reserve before a write).
