@@ -77,13 +77,11 @@ def check_ids(ids: Sequence[Any]) -> list[int]:
     so is any float, even ``3.0``: a prompt of floats came from somewhere that lost track of its
     dtype.
     """
-    out = []
     for i, token in enumerate(ids):
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             raise ValueError(f"prompt id {i} is {token!r} ({type(token).__name__}); token ids "
                              f"must be integers")
-        out.append(int(token))
-    return out
+    return [int(token) for token in ids]
 
 
 def check_messages(messages: Sequence[Any]) -> None:
