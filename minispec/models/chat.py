@@ -64,10 +64,9 @@ def encode_prompt(prompt: Any, tokenizer: Any = None) -> list[int]:
 
 
 def is_chat(prompt: Any) -> bool:
-    """True when ``prompt`` looks like chat messages: a non-empty list/tuple whose items are
-    mappings."""
-    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
-            and any(isinstance(m, Mapping) for m in prompt))
+    """True when ``prompt`` looks like chat messages: a list/tuple holding at least one mapping
+    (so never an empty one; ``check_messages`` then checks every item)."""
+    return isinstance(prompt, (list, tuple)) and any(isinstance(m, Mapping) for m in prompt)
 
 
 def check_ids(ids: Sequence[Any]) -> list[int]:
