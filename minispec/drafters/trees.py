@@ -370,20 +370,19 @@ class TreeDrafter(Drafter):
     Args:
         make: makes one request's tree drafter from its ``Sequence``.
         source: the chain drafter it stands for (its ``wants_hidden``, ``max_seq_len`` and
-            ``check_target`` apply), or ``None``.
+            ``check_target`` apply), or ``None``: a plain ``Drafter`` (no features, no length
+            limit of its own, any target).
     """
 
     def __init__(self, make: Callable[[Sequence], SingleTreeDrafter], source: Drafter | None = None
                  ) -> None:
-        self.make, self.source = make, source
-        self.wants_hidden = source is not None and source.wants_hidden
-        self.max_seq_len = None if source is None else source.max_seq_len
+        self.make, self.source = make, source or Drafter()
+        self.wants_hidden, self.max_seq_len = self.source.wants_hidden, self.source.max_seq_len
         self.instances: dict[str, SingleTreeDrafter] = {}
         self.proposals: dict[str, TreeProposal] = {}
 
     def check_target(self, target: Llama) -> None:
-        if self.source is not None:
-            self.source.check_target(target)
+        self.source.check_target(target)
 
     def _instance(self, seq: Sequence) -> SingleTreeDrafter:
         if seq.request_id not in self.instances:
