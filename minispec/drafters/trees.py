@@ -44,7 +44,7 @@ from torch import Tensor
 from minispec.core.sampling import SamplingParams, is_int, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.tree import TreeProposal, tree_size
-from minispec.drafters.base import Drafter, ModelDrafter, common_prefix
+from minispec.drafters.base import DRAFTERS, Drafter, ModelDrafter, common_prefix
 from minispec.drafters.eagle import EagleDrafter, full_vocab
 from minispec.drafters.ngram import NGramDrafter
 from minispec.drafters.suffix import SuffixDrafter
@@ -428,18 +428,15 @@ def as_tree_drafter(spec: Any, max_nodes: int) -> TreeDrafter:
     ``TreeDrafter`` whose trees hold at most ``max_nodes`` nodes. ``ValueError`` otherwise."""
     if isinstance(spec, TreeDrafter):
         return spec
-    if isinstance(spec, (Llama, ModelDrafter)):
-        source = spec if isinstance(spec, ModelDrafter) else ModelDrafter(spec)
-        return TreeDrafter(lambda seq: TreeModelDrafter(source.model, seq.max_seq_len, max_nodes),
-                           source)
-    if isinstance(spec, EagleDrafter):
-        return TreeDrafter(lambda seq: EagleTreeDrafter(spec.model, seq.max_seq_len, max_nodes),
-                           spec)
-    if spec == "ngram" or isinstance(spec, NGramDrafter):
-        table = None if isinstance(spec, str) else spec
-        return TreeDrafter(lambda seq: NGramTreeDrafter(copy.deepcopy(table)))
-    if spec == "suffix" or isinstance(spec, SuffixDrafter):
-        suffix = None if isinstance(spec, str) else spec
-        return TreeDrafter(lambda seq: SuffixTreeDrafter(copy.deepcopy(suffix)))  # shares a store
+    if isinstance(spec, Llama):
+        spec = ModelDrafter(spec)
+    if isinstance(spec, (ModelDrafter, EagleDrafter)):
+        tree = TreeModelDrafter if isinstance(spec, ModelDrafter) else EagleTreeDrafter
+        return TreeDrafter(lambda seq: tree(spec.model, seq.max_seq_len, max_nodes), spec)
+    if spec in ("ngram", "suffix"):                            # the drafter of that name
+        spec = DRAFTERS[spec]()
+    if isinstance(spec, (NGramDrafter, SuffixDrafter)):
+        tree = NGramTreeDrafter if isinstance(spec, NGramDrafter) else SuffixTreeDrafter
+        return TreeDrafter(lambda seq: tree(copy.deepcopy(spec)))   # a suffix copy shares a store
     raise ValueError(f"a tree drafter is a draft model, a ModelDrafter, an EagleDrafter, 'ngram', "
                      f"an NGramDrafter, 'suffix' or a SuffixDrafter, got {spec!r}")
