@@ -146,8 +146,8 @@ class LevelTreeDrafter(SingleTreeDrafter):
         ``(V,)`` go to ``rows``."""
         first = start + len(self.storage)
         self.storage.update({node: first + i for i, node in enumerate(frontier)})
-        width = len(self.storage)                    # tree positions start .. start + width - 1
-        mask = torch.zeros(1, len(frontier), width, dtype=torch.bool)
+        # (1, F, W): may node f see tree position start + w (W: the nodes stored so far)
+        mask = torch.zeros(1, len(frontier), len(self.storage), dtype=torch.bool)
         for row, node in enumerate(frontier):
             while node != 0:                         # the node and its fed ancestors
                 mask[0, row, self.storage[node] - start] = True
@@ -210,8 +210,7 @@ class TreeModelDrafter(LevelTreeDrafter):
     def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
         """Keep the context plus the fed nodes of the accepted ``path`` (depth-first node ids)."""
         kept = [proposal.created[i] for i in path if proposal.created[i] in self.storage]
-        n = len(self.fed)
-        self.cache.compact(self.slot, n, [self.storage[c] for c in kept])
+        self.cache.compact(self.slot, len(self.fed), [self.storage[c] for c in kept])
         self.fed += [proposal.tree.tokens[i] for i in path[:len(kept)]]
         self.storage = {}
 
@@ -261,8 +260,8 @@ class EagleTreeDrafter(LevelTreeDrafter):
 
     def _forward_level(self, frontier, parents, ids, positions, tree) -> Tensor:
         parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
-        logits, feature = self.model(ids, parent, positions, self.cache, [self.slot],
-                                     tree=tree)                          # (1, F, V'), (1, F, D)
+        # (1, F, V'), (1, F, D)
+        logits, feature = self.model(ids, parent, positions, self.cache, [self.slot], tree=tree)
         self.features.update(zip(frontier, feature[0], strict=True))
         return full_vocab(self.model, logits[0])                              # (F, V)
 
@@ -347,9 +346,8 @@ def grow_tree(root: int, branching: tuple[int, ...], state: Any,
         level = []
         for node in frontier:
             for token, q, child_state in children(node, states[node], b):
-                same = [c for c, _ in draws[node] if tokens[c] == token]
-                child = same[0] if same else len(tokens)
-                if not same:
+                child = next((c for c, _ in draws[node] if tokens[c] == token), len(tokens))
+                if child == len(tokens):             # a new token below this node: a new child
                     level.append(child)
                     parents.append(node)
                     tokens.append(token)
@@ -391,17 +389,15 @@ class TreeDrafter(Drafter):
 
     def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
                       ) -> list[TreeProposal]:
-        out = []
         for seq, branching in zip(seqs, branchings, strict=True):
             drafter = self._instance(seq)
             before = drafter.forwards
-            proposal = (drafter.propose_tree(seq, branching) if branching
-                        else TreeProposal.chain(seq.context[-1], []))   # no room: the root alone
+            # an empty branching (no room to draft): the root alone
+            self.proposals[seq.request_id] = (drafter.propose_tree(seq, branching) if branching
+                                              else TreeProposal.chain(seq.context[-1], []))
             seq.stats.draft_forwards += drafter.forwards - before
             self.forwards += drafter.forwards - before
-            self.proposals[seq.request_id] = proposal
-            out.append(proposal)
-        return out
+        return [self.proposals[seq.request_id] for seq in seqs]
 
     def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
                         ) -> None:
