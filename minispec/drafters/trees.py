@@ -268,9 +268,6 @@ class EagleTreeDrafter(LevelTreeDrafter):
     def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
         """Drop the tree's pairs; ``hidden`` is the target's ``(len(path) + 1, D)`` features of
         the root and the accepted ``path``, the next round's real pairs."""
-        if len(hidden) != len(path) + 1:
-            raise ValueError(f"expected {len(path) + 1} feature rows (root + accepted), "
-                             f"got {len(hidden)}")
         self.cache.truncate_to(self.slot, self.cache.length(self.slot) - len(self.storage))
         self.chain.observe([self.probe], [len(path)], [hidden], [path])
         self.storage, self.features = {}, {}
