@@ -32,6 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from minispec.core.sequence import Sequence
@@ -107,8 +108,8 @@ class EagleDrafter(Drafter):
         one single-token forward per further draft over the rows still drafting."""
         tokens: list[list[int]] = [[] for _ in seqs]
         probs: list[list[Tensor]] = [[] for _ in seqs]
-        ks = [k if seq.num_tokens >= 2 else 0
-              for seq, k in zip(seqs, ks, strict=True)]            # no pair yet
+        # a row with no pair yet drafts nothing
+        ks = [k if seq.num_tokens >= 2 else 0 for seq, k in zip(seqs, ks, strict=True)]
         active = [b for b, k in enumerate(ks) if k > 0]
         if active:
             rows = [seqs[b] for b in active]
@@ -142,12 +143,9 @@ class EagleDrafter(Drafter):
                                    f"but the context has {n_pairs} (was the target prefilled "
                                    f"with the drafter attached?)")
             feeds.append((f, seq.context[seq.draft_len + 1:]))
-        width = max(len(ids) for _, ids in feeds)
-        D = feeds[0][0].shape[-1]
-        features = torch.zeros(len(seqs), width, D, dtype=self.model.dtype,
-                               device=self.model.device)
-        for r, (f, t) in enumerate(feeds):
-            features[r, width - len(t):] = f                                    # right-aligned
+        width = max(len(f) for f, _ in feeds)
+        features = torch.stack([F.pad(f, (0, 0, width - len(f), 0)) for f, _ in feeds])  # (R, T, D)
+        features = features.to(self.model.device, self.model.dtype)       # left-padded with zeros
         out = self._step(seqs, [t for _, t in feeds], features)
         # fed: only now (a failed step keeps them)
         for seq, (f, _) in zip(seqs, feeds, strict=True):
