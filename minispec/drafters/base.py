@@ -183,12 +183,10 @@ def as_drafter(spec: Any, copy_per_request: bool = False) -> Drafter | None:
         if spec not in DRAFTERS:
             raise ValueError(f"unknown drafter {spec!r}; choose one of {sorted(DRAFTERS)}")
         return PerRequestDrafter(DRAFTERS[spec])
-    if isinstance(spec, type):                    # a drafter class: one instance per request
-        return PerRequestDrafter(spec)
-    if hasattr(spec, "propose"):
+    if hasattr(spec, "propose") and not isinstance(spec, type):           # an instance
         return PerRequestDrafter((lambda: copy.deepcopy(spec)) if copy_per_request
                                  else (lambda: spec))
-    if callable(spec):
+    if callable(spec):                  # a drafter class or a factory: one instance per request
         return PerRequestDrafter(spec)
     raise ValueError(f"a drafter is a draft model, a drafter, a name in {sorted(DRAFTERS)} or a "
                      f"factory, got {spec!r}")
