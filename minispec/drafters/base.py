@@ -317,7 +317,6 @@ class ModelDrafter(Drafter):
         self.cache.truncate_to(probe.draft_slot, common)
         probe.prompt, probe.generated, probe.draft_len = list(context), [], common
         probe.sampling, probe.generator = sampling, generator
-        probe.stats.draft_forwards = 0
         draft = self.propose_batch([probe], [k])[0]
         probe.generated = draft.tokens.tolist()
         if sampling.greedy and draft.probs is None and k > 0:
