@@ -44,8 +44,7 @@ class NGramDrafter:
         if max_order < 2 or window < max_order:
             raise ValueError(f"need max_order >= 2 and window >= max_order, got {max_order}, "
                              f"{window}")
-        self.max_order = max_order
-        self.window = window
+        self.max_order, self.window = max_order, window
         self.forwards = 0                    # no model: drafting is table lookups
         self.history: deque[int] = deque()
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}
@@ -63,12 +62,11 @@ class NGramDrafter:
         if len(self.history) == self.window:
             self._forget_oldest()
         tail = self._tail()
-        for n in range(1, self.max_order):
-            if len(tail) >= n:
-                ctx = tuple(tail[-n:])
-                row = self.counts.setdefault(ctx, {})
-                row[token] = row.get(token, 0) + 1
-                self.last_seen[(ctx, token)] = self._clock
+        for n in range(1, len(tail) + 1):
+            ctx = tuple(tail[-n:])
+            row = self.counts.setdefault(ctx, {})
+            row[token] = row.get(token, 0) + 1
+            self.last_seen[(ctx, token)] = self._clock
         self.history.append(token)
 
     def _tail(self) -> list[int]:
@@ -78,16 +76,15 @@ class NGramDrafter:
     def _forget_oldest(self) -> None:
         """Remove the n-grams whose first token is leaving the window."""
         items = list(islice(self.history, self.max_order))   # only the n-grams that start here
-        for n in range(1, self.max_order):
-            if len(items) > n:
-                ctx, nxt = tuple(items[:n]), items[n]
-                row = self.counts[ctx]
-                row[nxt] -= 1
-                if row[nxt] == 0:
-                    del row[nxt]
-                    self.last_seen.pop((ctx, nxt), None)
-                    if not row:
-                        del self.counts[ctx]
+        for n in range(1, len(items)):
+            ctx, nxt = tuple(items[:n]), items[n]
+            row = self.counts[ctx]
+            row[nxt] -= 1
+            if row[nxt] == 0:
+                del row[nxt]
+                self.last_seen.pop((ctx, nxt), None)
+                if not row:
+                    del self.counts[ctx]
         self.history.popleft()
 
     def continuations(self, history: list[int], b: int) -> list[int]:
@@ -131,8 +128,7 @@ class PromptLookupDrafter:
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.forwards = 0
 
     def match(self, context: list[int]) -> tuple[int, int]:
