@@ -164,18 +164,7 @@ class HybridDrafter(Drafter):
         """The context source proposes for every row (lookups, no model); rows it does not win
         go to the head, in one batched call."""
         drafts = self.context.propose_batch(seqs, ks)
-        head_ks = []
-        for seq, k, draft in zip(seqs, ks, drafts, strict=True):
-            rid = seq.request_id
-            if k == 0 or seq.is_finished:                  # no room, or its context drafter failed
-                head_ks.append(0)
-                continue
-            match = self._match_length(seq, len(draft.tokens))
-            tally = self.tallies.setdefault(rid, Tally())
-            source = "context" if tally.prefers_context(match, self.min_match, self.head_cost) \
-                else "head"
-            self.chosen[rid] = (source, match)
-            head_ks.append(k if source == "head" else 0)
+        head_ks = [self._choose_source(s, k, d) for s, k, d in zip(seqs, ks, drafts, strict=True)]
         if any(head_ks):
             head_drafts = self.head.propose_batch(seqs, head_ks)
             drafts = [h if k else d for d, h, k in zip(drafts, head_drafts, head_ks, strict=True)]
@@ -184,14 +173,18 @@ class HybridDrafter(Drafter):
                 self.chosen.pop(seq.request_id, None)
         return drafts
 
-    def _match_length(self, seq: Sequence, drafted: int) -> int:
-        """How many context tokens this round's context draft was matched on (0: no draft)."""
-        if drafted == 0:
+    def _choose_source(self, seq: Sequence, k: int, draft: Draft) -> int:
+        """Choose the row's source by the rule and remember it (with the length of the match the
+        context's ``draft`` came from, 0 for none); the head's ``k`` for the row: ``k`` if it
+        drafts, else 0. A row with no room, or whose context drafter failed, chooses nothing."""
+        if k == 0 or seq.is_finished:
             return 0
         instance = self.context.instances[seq.request_id]
-        if isinstance(instance, PromptLookupDrafter):
-            return instance.match(seq.context)[0]
-        return getattr(instance, "last_match", self.min_match)
+        match = getattr(instance, "last_match", self.min_match) if len(draft.tokens) else 0
+        tally = self.tallies.setdefault(seq.request_id, Tally())
+        context_wins = tally.prefers_context(match, self.min_match, self.head_cost)
+        self.chosen[seq.request_id] = ("context" if context_wins else "head", match)
+        return 0 if context_wins else k
 
     def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
                         ) -> None:

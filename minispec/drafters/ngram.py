@@ -123,6 +123,9 @@ class PromptLookupDrafter:
     The longest suffix of the context (``max_ngram`` tokens down to ``min_ngram``) that also occurs
     earlier in the context is looked up; the ``k`` tokens that followed its most recent earlier
     occurrence are the draft. Deterministic, so ``q`` is one-hot.
+
+    Attributes:
+        last_match: tokens of context the last lookup matched on (0: none).
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
@@ -130,6 +133,7 @@ class PromptLookupDrafter:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.forwards = 0
+        self.last_match = 0
 
     def match(self, context: list[int]) -> tuple[int, int]:
         """The longest suffix of ``context`` (``max_ngram`` tokens down to ``min_ngram``) that also
@@ -161,8 +165,8 @@ class PromptLookupDrafter:
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """The up-to-``k`` tokens that followed the latest earlier match of the longest suffix."""
-        length, end = self.match(context)
-        return context[end + 1:end + 1 + k] if length else []
+        self.last_match, end = self.match(context)
+        return context[end + 1:end + 1 + k] if self.last_match else []
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
                 generator: torch.Generator | None = None) -> Draft:
