@@ -6,11 +6,12 @@
   earlier occurrence of the context's suffix (prompt lookup decoding).
 
 Both are deterministic, so ``q`` is one-hot (``Draft.probs is None``) and sampling stays exact.
-Each answers ``propose(context, k) -> Draft`` for one sequence and syncs its tables with
-``context`` on every call, so rollback needs no extra call: the context *is* the accepted sequence.
-The decoding loops drive them through
-[`minispec.drafters.base.PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter] (one instance
-per request).
+Each answers ``propose(context, k) -> Draft`` for one sequence (their
+[`LookupDrafter`][minispec.drafters.ngram.LookupDrafter] base, shared with the suffix drafter,
+wraps what their ``lookup(context, k)`` finds) and syncs its tables with ``context`` on every call,
+so rollback needs no extra call: the context *is* the accepted sequence. The decoding loops drive
+them through [`minispec.drafters.base.PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter]
+(one instance per request).
 """
 
 from __future__ import annotations
@@ -24,10 +25,26 @@ import torch
 from minispec.core.sampling import SamplingParams
 from minispec.core.speculative import Draft
 
-__all__ = ["NGramDrafter", "PromptLookupDrafter"]
+__all__ = ["LookupDrafter", "NGramDrafter", "PromptLookupDrafter"]
 
 
-class NGramDrafter:
+class LookupDrafter:
+    """What the drafters without a model share: ``propose`` drafts the token ids that ``lookup``
+    finds in the text, deterministically, so ``q`` is one-hot (``Draft.probs is None``)."""
+
+    forwards = 0                             # no model: drafting is lookups
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        """Up to ``k`` token ids to draft after ``context``."""
+        raise NotImplementedError
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
+                generator: torch.Generator | None = None) -> Draft:
+        """Draft up to ``k`` tokens after ``context`` (one-hot ``q``: ``probs=None``)."""
+        return Draft(torch.tensor(self.lookup(context, k), dtype=torch.long))
+
+
+class NGramDrafter(LookupDrafter):
     """akunu's n-gram predictor: frequency tables of 2..4-grams over a sliding window.
 
     For each context of ``1..max_order-1`` tokens the table counts which token followed it. A
@@ -45,7 +62,6 @@ class NGramDrafter:
             raise ValueError(f"need max_order >= 2 and window >= max_order, got {max_order}, "
                              f"{window}")
         self.max_order, self.window = max_order, window
-        self.forwards = 0                    # no model: drafting is table lookups
         self.history: deque[int] = deque()
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}
         self.last_seen: dict[tuple[tuple[int, ...], int], int] = {}
@@ -106,18 +122,17 @@ class NGramDrafter:
             tentative += best
         return out
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
-                generator: torch.Generator | None = None) -> Draft:
+    def lookup(self, context: list[int], k: int) -> list[int]:
         """Ingest the newly accepted tokens of ``context``, then predict up to ``k`` tokens."""
         if context[: len(self._ingested)] != self._ingested:
             self.reset()                     # not a continuation: a new sequence
         for token in context[len(self._ingested):]:
             self.update(token)
         self._ingested = list(context)
-        return Draft(torch.tensor(self.predict(k), dtype=torch.long))
+        return self.predict(k)
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(LookupDrafter):
     """Prompt lookup decoding: copy what followed an earlier occurrence of the context's suffix.
 
     The longest suffix of the context (``max_ngram`` tokens down to ``min_ngram``) that also occurs
@@ -132,7 +147,6 @@ class PromptLookupDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.forwards = 0
         self.last_match = 0
 
     def match(self, context: list[int]) -> tuple[int, int]:
@@ -167,8 +181,3 @@ class PromptLookupDrafter:
         """The up-to-``k`` tokens that followed the latest earlier match of the longest suffix."""
         self.last_match, end = self.match(context)
         return context[end + 1:end + 1 + k] if self.last_match else []
-
-    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
-                generator: torch.Generator | None = None) -> Draft:
-        """Draft by copying from the context itself."""
-        return Draft(torch.tensor(self.lookup(context, k), dtype=torch.long))

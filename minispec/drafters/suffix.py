@@ -34,10 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
-from minispec.core.sampling import SamplingParams
-from minispec.core.speculative import Draft
+from minispec.drafters.ngram import LookupDrafter
 
 __all__ = ["Match", "SuffixDrafter", "SuffixStore"]
 
@@ -158,7 +155,7 @@ class SuffixStore:
         return Match(best, ends, self.docs)
 
 
-class SuffixDrafter:
+class SuffixDrafter(LookupDrafter):
     """Drafts the continuation of the longest suffix match (module docstring); one request at a
     time, like [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter].
 
@@ -196,7 +193,6 @@ class SuffixDrafter:
                            min_prob=min_prob, max_candidates=max_candidates)
         self.max_match, self.min_match, self.draft_factor = max_match, min_match, draft_factor
         self.min_prob, self.max_candidates = min_prob, max_candidates
-        self.forwards = 0                              # no model: drafting is lookups
         self.last_match, self.last_source = 0, None
         self.reset()
 
@@ -263,8 +259,3 @@ class SuffixDrafter:
         if not out:
             self.last_source = None
         return out
-
-    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
-                generator: torch.Generator | None = None) -> Draft:
-        """Draft up to ``k`` tokens after ``context`` (one-hot ``q``: ``probs=None``)."""
-        return Draft(torch.tensor(self.lookup(context, k), dtype=torch.long))
