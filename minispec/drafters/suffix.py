@@ -207,11 +207,9 @@ class SuffixDrafter(LookupDrafter):
 
     def sync(self, context: list[int]) -> None:
         """Index the tokens of ``context`` not seen yet (start over if it is another request)."""
-        seen = self.own.docs[0]
-        if context[:len(seen)] != seen:
+        if context[:len(self.own.docs[0])] != self.own.docs[0]:
             self.reset()
-            seen = self.own.docs[0]
-        new = context[len(seen):]
+        new = context[len(self.own.docs[0]):]                # the request's text so far: doc 0
         self.own.extend(0, new)
         if self.store is not None and new:
             if self.doc is None:
