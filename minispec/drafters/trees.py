@@ -108,7 +108,7 @@ class LevelTreeDrafter(SingleTreeDrafter):
 
     Attributes: model -- the draft model or head; cache, slot -- its own one-slot cache, with room
     for one tree past ``max_seq_len``; storage -- created node -> cache position (fed nodes of the
-    current tree); forwards -- drafter forwards so far.
+    latest tree, emptied when the next one starts); forwards -- drafter forwards so far.
     """
 
     def __init__(self, model, max_seq_len: int, max_nodes: int) -> None:
@@ -212,7 +212,6 @@ class TreeModelDrafter(LevelTreeDrafter):
         kept = [proposal.created[i] for i in path if proposal.created[i] in self.storage]
         self.cache.compact(self.slot, len(self.fed), [self.storage[c] for c in kept])
         self.fed += [proposal.tree.tokens[i] for i in path[:len(kept)]]
-        self.storage = {}
 
 
 class EagleTreeDrafter(LevelTreeDrafter):
@@ -270,7 +269,6 @@ class EagleTreeDrafter(LevelTreeDrafter):
         the root and the accepted ``path``, the next round's real pairs."""
         self.cache.truncate_to(self.slot, self.cache.length(self.slot) - len(self.storage))
         self.chain.observe([self.probe], [len(path)], [hidden], [path])
-        self.storage, self.features = {}, {}
 
 
 class NGramTreeDrafter(SingleTreeDrafter):
