@@ -108,8 +108,7 @@ class NGramDrafter(LookupDrafter):
         most frequent first (the most recent on ties)."""
         for n in range(min(self.max_order - 1, len(history)), 0, -1):
             ctx = tuple(history[-n:])
-            row = self.counts.get(ctx)
-            if row:
+            if row := self.counts.get(ctx):
                 return heapq.nlargest(b, row, key=lambda t: (row[t], self.last_seen[(ctx, t)]))
         return []
 

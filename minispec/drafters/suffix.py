@@ -109,8 +109,7 @@ class SuffixStore:
 
     def extend(self, doc: int, tokens: list[int]) -> None:
         """Append ``tokens`` to document ``doc`` (nothing if it was evicted), then evict."""
-        text = self.docs.get(doc)
-        if text is None:
+        if (text := self.docs.get(doc)) is None:
             return
         for token in tokens:
             self.positions.setdefault(token, []).append((doc, len(text)))
@@ -139,8 +138,7 @@ class SuffixStore:
         """
         best, ends, seen = 0, [], 0
         for doc, end in reversed(self.positions.get(pattern[-1], ())) if pattern else ():
-            text = self.docs.get(doc)
-            if text is None or doc == exclude or end + 1 >= len(text):
+            if (text := self.docs.get(doc)) is None or doc == exclude or end + 1 >= len(text):
                 continue                          # evicted, excluded, or nothing follows it
             n = 1
             while n < len(pattern) and n <= end and text[end - n] == pattern[-1 - n]:
@@ -245,8 +243,7 @@ class SuffixDrafter(LookupDrafter):
         match = self.match(context)
         out, ends, prob = [], match.ends, 1.0
         for _ in range(self.draft_limit(match.length, k)):
-            options = match.following(ends, out)
-            if not options:
+            if not (options := match.following(ends, out)):
                 break
             token, kept = options[0]
             prob *= len(kept) / sum(len(e) for _, e in options)

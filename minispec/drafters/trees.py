@@ -121,9 +121,8 @@ class LevelTreeDrafter(SingleTreeDrafter):
     @torch.inference_mode()
     def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
         """A tree after ``seq.context`` with ``branching[t]`` children per node at depth ``t``."""
-        root = self._start(seq)
         self.storage = {}
-        if root is None:                             # nothing to draft from yet: the root alone
+        if (root := self._start(seq)) is None:       # nothing to draft from yet: the root alone
             return TreeProposal.chain(seq.context[-1], [])
         logits, start = root                         # (1, V); cache positions held
         rows = {0: logits[0]}                        # node -> the drafter's logits there (V,)
