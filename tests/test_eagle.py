@@ -328,13 +328,15 @@ def test_engine_greedy_equals_single_sequence_decoding(target, heads, baselines,
 
 @pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
 def test_engine_rounds_equal_single_sequence_rounds(target, heads, kv_cache):
-    """Greedy drafts are deterministic: batched, each request accepts what it accepts alone."""
+    """Greedy drafts are deterministic: batched, each request accepts what it accepts alone (with
+    a fixed k: goodput k chooses each round's k from the clock and the batch)."""
     head = heads["full"]
     engine = Engine(target, drafter=EagleDrafter(head), k=3, max_batch_size=4, kv_cache=kv_cache,
-                    block_size=4)
+                    block_size=4, adaptive=False)
     results = engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)
     for prompt, result in zip(PROMPTS, results, strict=True):
-        single = ms.speculative_generate(target, EagleDrafter(head), prompt, NEW, k=3)
+        single = ms.speculative_generate(target, EagleDrafter(head), prompt, NEW, k=3,
+                                         adaptive=False)
         assert result.stats.accepted_per_round == single.stats.accepted_per_round
 
 
@@ -401,8 +403,10 @@ def test_save_then_load_gives_the_same_drafts(target, heads, vocab, tmp_path):
         assert (reference_drafts(target, half, context, 4)
                 == reference_drafts(target, rounded, context, 4))
         for loaded, original in ((exact, head), (EagleDrafter(half), rounded)):
-            a = ms.speculative_generate(target, loaded, prompt, NEW, k=3)
-            b = ms.speculative_generate(target, EagleDrafter(original), prompt, NEW, k=3)
+            # a fixed k: under goodput k the rounds would depend on the clock, not on the head
+            a = ms.speculative_generate(target, loaded, prompt, NEW, k=3, adaptive=False)
+            b = ms.speculative_generate(target, EagleDrafter(original), prompt, NEW, k=3,
+                                        adaptive=False)
             assert a.tokens == b.tokens and a.stats.accepted_per_round == b.stats.accepted_per_round
     for name, value in head.state_dict().items():
         assert torch.equal(exact.model.state_dict()[name], value)

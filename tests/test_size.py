@@ -19,7 +19,7 @@ PACKAGE = Path(minispec.__file__).parent
 READ = ("core", "zoo", "models", "drafters", "decoding", "serving")
 MAX_FUNCTION = 50
 
-#: Code lines the reading layers may hold. The goal is 3,600; the layers hold 3,967 (suffix and
+#: Code lines the reading layers may hold. The goal is 3,600; the layers held 3,967 (suffix and
 #: hybrid drafting, 263, the hostile-input checks, the head's ``eagle1`` layout that vLLM and
 #: SGLang serve, 5, the goodput policy's catch-up accounting and stale-plain-step guard, 13, and
 #: the fast path's timed choice of a kernel by width, 28, came after the goal was set; 36 were
@@ -29,10 +29,14 @@ MAX_FUNCTION = 50
 #: every cost it needs once, up front, the retry timer's default stored by ``setdefault``, and
 #: ``Scheduler.retire`` releasing through ``release``; 3 back for ``speculative_generate``
 #: refusing a bad ``adaptive`` before its prefill, as it did before the shared policy function;
-#: 2 for the goodput policy's hurdle, a least predicted gain a drafting plan must show).
+#: 2 for the goodput policy's hurdle, a least predicted gain a drafting plan must show; then 80
+#: cut: ``Llama.run_layers``, the layer stack the target and the EAGLE head both ran, written
+#: once; a ``LookupDrafter`` base for the three model-free drafters' ``propose``; the hybrid's
+#: source choice in one method; tree drafters made from one source object each; one-caller
+#: wrappers folded into their callers, in models and drafters).
 #: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
 #: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_969
+MAX_CODE_LINES = 3_889
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:
