@@ -106,7 +106,7 @@ def test_repetition_penalty_parity(pair):
 def test_eos_inside_an_accepted_block(pair):
     target, draft, _ = pair
     prompt = [3, 4, 5]
-    free = speculative_generate(target, draft, prompt, 60, k=4)
+    free = speculative_generate(target, draft, prompt, 60, k=4, adaptive=False)  # full blocks
     # Find a token that first appears as an accepted draft which is not the last of its round.
     emitted_so_far: list[int] = []
     eos = None
@@ -119,11 +119,13 @@ def test_eos_inside_an_accepted_block(pair):
         if eos is not None:
             break
     assert eos is not None, "the fixture should produce accepted blocks"
-    stopped = speculative_generate(target, draft, prompt, 60, k=4, eos_token_id=eos)
+    stopped = speculative_generate(target, draft, prompt, 60, k=4, eos_token_id=eos,
+                                   adaptive=False)
     cut = free.tokens.index(eos) + 1
     assert stopped.tokens == free.tokens[:cut]
     assert stopped.finish_reason == "eos"
-    stopped = speculative_generate(target, draft, prompt, 60, k=4, stop_token_ids=[eos])
+    stopped = speculative_generate(target, draft, prompt, 60, k=4, stop_token_ids=[eos],
+                                   adaptive=False)
     assert (stopped.tokens, stopped.finish_reason) == (free.tokens[:cut], "stop")
 
 

@@ -96,7 +96,7 @@ CONTEXTS = {"suffix": lambda: SuffixDrafter(), "prompt_lookup": lambda: PromptLo
 def test_greedy_output_is_the_targets(target, heads, baselines, head, context):
     drafter = HybridDrafter(CONTEXTS[context](), EagleDrafter(heads[head]), min_match=1)
     for prompt, base in zip(PROMPTS, baselines, strict=True):
-        out = ms.speculative_generate(target, drafter, prompt, NEW, k=3)
+        out = ms.speculative_generate(target, drafter, prompt, NEW, k=3, adaptive=False)
         assert out.tokens == base and out.finish_reason == "length"
     assert drafter.rounds["context"] > 0 and drafter.rounds["head"] > 0     # both sources drafted
     assert drafter.tallies == {} and drafter.chosen == {}                    # released
@@ -163,7 +163,8 @@ def test_a_draft_model_can_stand_in_for_the_head(target, baselines):
     rounds."""
     template = HybridDrafter(SuffixDrafter(), ms.ModelDrafter(noisy_copy(target, 0.05)))
     for prompt, base in zip(PROMPTS, baselines, strict=True):
-        assert ms.speculative_generate(target, template, prompt, NEW, k=3).tokens == base
+        assert ms.speculative_generate(target, template, prompt, NEW, k=3,
+                                       adaptive=False).tokens == base
     engine = Engine(target, drafter=template, k=3, max_batch_size=4, block_size=4,
                     adaptive=False)              # draft every round: the sources are tested
     assert [r.tokens for r in engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)] \
