@@ -85,6 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="which of a mode's runs is kept (median: the middle by tokens/s)")
     parser.add_argument("--warm", action="store_true",
                         help="time a second wave: every engine first serves other prompts, untimed")
+    parser.add_argument("--hurdle", type=float, default=None,
+                        help="the least predicted gain a drafting plan needs under goodput k "
+                             "(default: the policy's, 0.10; 0 drafts on any predicted gain)")
     parser.add_argument("--controls", action="store_true",
                         help="also each drafter's engine with a policy that never drafts")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -164,6 +167,8 @@ def run_engine(target, prompts, batch, args, control: bool = False, warm=None, *
     engine = Engine(target, k=args.k, max_batch_size=batch, kv_cache=args.kv_cache, **kwargs)
     if control:
         engine.policy = NeverDrafts(args.k)
+    elif engine.policy is not None and getattr(args, "hurdle", None) is not None:
+        engine.policy = GoodputK(args.k, hurdle=args.hurdle)
     if warm:
         engine.generate(warm, progress=False, max_new_tokens=args.max_new_tokens, eos_token_id=[])
     choices_before, forwards_before = len(engine.k_choices), engine.target_forwards  # warm wave
