@@ -167,7 +167,7 @@ def run_engine(target, prompts, batch, args, control: bool = False, warm=None, *
     engine = Engine(target, k=args.k, max_batch_size=batch, kv_cache=args.kv_cache, **kwargs)
     if control:
         engine.policy = NeverDrafts(args.k)
-    elif engine.policy is not None and getattr(args, "hurdle", None) is not None:
+    elif engine.policy is not None and args.hurdle is not None:
         engine.policy = GoodputK(args.k, hurdle=args.hurdle)
     if warm:
         engine.generate(warm, progress=False, max_new_tokens=args.max_new_tokens, eos_token_id=[])

@@ -3,13 +3,22 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from tinymodels import tiny_llama
 
 import minispec as ms
 from minispec.core.theory import expected_tokens
-from minispec.decoding.goodput import GoodputK, StepCosts, alpha_estimates, bucket, choose_ks
+from minispec.decoding.goodput import (
+    HURDLE,
+    GoodputK,
+    StepCosts,
+    alpha_estimates,
+    bucket,
+    choose_ks,
+)
 
 
 def costs_with(verify, draft: float, rows: int, k_max: int = 4) -> StepCosts:
@@ -52,6 +61,16 @@ def test_the_hurdle_is_a_least_predicted_gain():
     assert gain == pytest.approx(0.2)
     assert choose_ks([0.8], [1], 1, costs, margin=0.0, hurdle=0.19).ks == [1]
     assert choose_ks([0.8], [1], 1, costs, margin=0.0, hurdle=0.21).ks == [0]
+
+
+@pytest.mark.parametrize("hurdle", [-0.1, float("nan")])
+def test_a_hurdle_below_zero_or_nan_is_refused(hurdle):
+    """A negative hurdle would take plans predicted to lose; NaN would compare False everywhere
+    and silently never draft: both are refused where the policy is made."""
+    with pytest.raises(ValueError, match="hurdle"):
+        GoodputK(4, hurdle=hurdle)
+    default = inspect.signature(choose_ks).parameters["hurdle"].default
+    assert GoodputK(4).hurdle == default == HURDLE                  # one default, in one place
 
 
 def test_a_drafter_that_rarely_proposes_is_priced_by_its_proposal_rate():

@@ -68,6 +68,8 @@ from dataclasses import dataclass, field
 __all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks",
            "policy_for"]
 
+HURDLE = 0.10  #: the least predicted gain over plain decoding a drafting plan needs (docstring)
+
 
 def bucket(rows: int) -> int:
     """The batch-size bucket costs are kept for: the smallest power of two >= ``rows``.
@@ -126,15 +128,13 @@ class StepCosts:
 
     def c(self, rows: int = 1) -> float:
         """The draft cost ``c``: one draft step over one target step (one token per row)."""
-        draft = self.draft_seconds(rows)
-        if draft is None:
+        if (draft := self.draft_seconds(rows)) is None:
             raise ValueError("no draft step has been measured")
         return draft / self._seconds(rows, 1)
 
     def _seconds(self, rows: int, tokens: int) -> float:
         """A measured forward as it was measured, else ``verify_seconds``' estimate."""
-        seconds = self.verify.get((bucket(rows), tokens))
-        if seconds is None:
+        if (seconds := self.verify.get((bucket(rows), tokens))) is None:
             seconds = self.verify_seconds(rows, tokens)
         if seconds is None:
             raise ValueError(f"no forward of {rows} x {tokens} tokens has been measured")
@@ -205,8 +205,7 @@ class StepCosts:
         rows = bucket(rows)
         if rows in self.draft:
             return self.draft[rows]
-        known = sorted(self.draft.items())
-        if not known:
+        if not (known := sorted(self.draft.items())):
             return None
         return known[0][1] if len(known) == 1 else _line_through(known, rows)
 
@@ -244,7 +243,7 @@ def alpha_estimates(accepted: list[int], tested: list[int], pooled: float, stren
 
 def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts,
               margin: float = 0.30, proposal_rates: list[float] | None = None,
-              hurdle: float = 0.10) -> KChoice | None:
+              hurdle: float = HURDLE) -> KChoice | None:
     """The goodput-maximising plan (module docstring); ``None`` when a needed cost is unknown.
 
     Args:
@@ -315,7 +314,9 @@ class GoodputK:
             per round).
     """
 
-    def __init__(self, k_max: int, hurdle: float = 0.10) -> None:
+    def __init__(self, k_max: int, hurdle: float = HURDLE) -> None:
+        if not hurdle >= 0:                       # NaN fails this too
+            raise ValueError(f"hurdle must be a number >= 0, got {hurdle!r}")
         self.k_max, self.hurdle, self.costs = k_max, hurdle, StepCosts()
         self.choices: deque[KChoice] = deque(maxlen=10_000)
         self.accepted = self.tested = 0             # drafts, pooled over all requests
