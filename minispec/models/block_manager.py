@@ -139,15 +139,16 @@ class BlockManager:
         keep = self.blocks_needed(n)
         released = table[keep:]
         del table[keep:]
-        for block in released:
-            self._release(block)
+        for block in released:  # one reference fewer: back to the pool when no table holds it
+            self.ref_count[block] -= 1
+            if self.ref_count[block] == 0:
+                heapq.heappush(self._free, block)
         self._lengths[seq_id] = n
         return released
 
     def free(self, seq_id) -> None:
         """End ``seq_id``: release all its blocks and forget its table."""
-        for block in self._table(seq_id):
-            self._release(block)
+        self.truncate_to(seq_id, 0)  # every block goes back
         del self._tables[seq_id], self._lengths[seq_id]
 
     # ------------------------------------------------------------------ internals
@@ -156,9 +157,3 @@ class BlockManager:
         if seq_id not in self._tables:
             raise ValueError(f"sequence {seq_id!r} has no block table (allocate it first)")
         return self._tables[seq_id]
-
-    def _release(self, block: int) -> None:
-        """Drop one reference to ``block``; it goes back to the pool when no table holds it."""
-        self.ref_count[block] -= 1
-        if self.ref_count[block] == 0:
-            heapq.heappush(self._free, block)
