@@ -34,10 +34,11 @@ MAX_FUNCTION = 50
 #: once; a ``LookupDrafter`` base for the three model-free drafters' ``propose``; the hybrid's
 #: source choice in one method; tree drafters made from one source object each; one-caller
 #: wrappers folded into their callers, in models and drafters; then 3 more: ``BlockManager.free``
-#: releasing through ``truncate_to``, its one-caller ``_release`` folded in).
+#: releasing through ``truncate_to``, its one-caller ``_release`` folded in; 3: ``unpack_block``
+#: folded into ``make_eager``).
 #: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
 #: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_886
+MAX_CODE_LINES = 3_883
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:

@@ -284,21 +284,15 @@ def pack_block(layer: Block) -> Block:
     return layer
 
 
-def unpack_block(layer: Block) -> Block:
-    """Undo [`pack_block`][minispec.models.packed.pack_block] in place."""
-    attn, mlp = layer.self_attn, layer.mlp
-    attn.qkv_proj = mlp.gate_up_proj = None
-    if isinstance(attn.o_proj, PackedLinear):
-        attn.o_proj = attn.o_proj.to_linear()
-    if isinstance(mlp.down_proj, PackedLinear):
-        mlp.down_proj = mlp.down_proj.to_linear()
-    return layer
-
-
 def make_eager(model: Llama) -> Llama:
     """Undo ``make_fast`` in place (drop the packed copies); returns ``model``."""
-    for layer in model.layers:
-        unpack_block(layer)
+    for layer in model.layers:  # undo pack_block
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = mlp.gate_up_proj = None
+        if isinstance(attn.o_proj, PackedLinear):
+            attn.o_proj = attn.o_proj.to_linear()
+        if isinstance(mlp.down_proj, PackedLinear):
+            mlp.down_proj = mlp.down_proj.to_linear()
     model.packed_head = None
     return model
 
