@@ -35,10 +35,10 @@ MAX_FUNCTION = 50
 #: source choice in one method; tree drafters made from one source object each; one-caller
 #: wrappers folded into their callers, in models and drafters; then 3 more: ``BlockManager.free``
 #: releasing through ``truncate_to``, its one-caller ``_release`` folded in; 3: ``unpack_block``
-#: folded into ``make_eager``).
+#: folded into ``make_eager``; 2: ``copy_positions`` folded into ``KVCache.compact``).
 #: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
 #: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_883
+MAX_CODE_LINES = 3_881
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:

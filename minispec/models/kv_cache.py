@@ -220,20 +220,13 @@ class KVCache(ABC):
             raise ValueError(f"slot {slot}: positions to keep must be strictly increasing in "
                              f"[{n}, {length}), got {keep}")
         moves = [(src, dst) for dst, src in enumerate(keep, start=n) if src != dst]
-        if moves:
-            self.copy_positions(slot, [m[0] for m in moves], [m[1] for m in moves])
+        if moves:  # copy the keys/values at the sources to the destinations, every layer
+            src = torch.tensor(self.flat_index(slot, [m[0] for m in moves]), device=self.device)
+            dst = torch.tensor(self.flat_index(slot, [m[1] for m in moves]), device=self.device)
+            for store in self.k + self.v:
+                flat = store.view(-1, *store.shape[2:])  # (N, n_kv, hd)
+                flat.index_copy_(0, dst, flat[src])  # flat[src] is a copy: read before written
         self.truncate_to(slot, n + len(keep))
-
-    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
-        """Copy the keys/values at positions ``src`` of ``slot`` to positions ``dst``, every layer.
-
-        The sources are read before any destination is written.
-        """
-        src_t = torch.tensor(self.flat_index(slot, src), dtype=torch.long, device=self.device)
-        dst_t = torch.tensor(self.flat_index(slot, dst), dtype=torch.long, device=self.device)
-        for store in self.k + self.v:
-            flat = store.view(-1, *store.shape[2:])  # (N, n_kv, hd)
-            flat.index_copy_(0, dst_t, flat[src_t])  # flat[src_t] is a copy: no aliasing
 
     # The caches below keep each layer's keys and values in one tensor each, ``self.k[layer]`` and
     # ``self.v[layer]`` (rows of positions: slots, or blocks), and share these steps. ``flat_index``
