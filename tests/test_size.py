@@ -33,12 +33,13 @@ MAX_FUNCTION = 50
 #: cut: ``Llama.run_layers``, the layer stack the target and the EAGLE head both ran, written
 #: once; a ``LookupDrafter`` base for the three model-free drafters' ``propose``; the hybrid's
 #: source choice in one method; tree drafters made from one source object each; one-caller
-#: wrappers folded into their callers, in models and drafters; then 3 more: ``BlockManager.free``
-#: releasing through ``truncate_to``, its one-caller ``_release`` folded in; 3: ``unpack_block``
-#: folded into ``make_eager``; 2: ``copy_positions`` folded into ``KVCache.compact``).
+#: wrappers folded into their callers, in models and drafters; then 16 more: ``BlockManager.free``
+#: releasing through ``truncate_to``, its one-caller ``_release`` folded in; ``unpack_block``
+#: folded into ``make_eager``; ``copy_positions`` folded into ``KVCache.compact``; the loop's
+#: true-integer checks through ``is_int``; one import line in the engine, one wrapped generator).
 #: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
 #: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_881
+MAX_CODE_LINES = 3_873
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:

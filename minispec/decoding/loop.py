@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from minispec.core.sampling import SamplingParams
+from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
@@ -225,7 +225,7 @@ def as_drafter_for(spec: Any, k: Any, branching: Any, copy_per_request: bool = F
 
 def check_k(k: Any, has_drafter: bool) -> None:
     """``ValueError`` unless ``k`` is an integer, >= 1 with a drafter (0 allowed without one)."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < (1 if has_drafter else 0):
+    if not is_int(k) or k < (1 if has_drafter else 0):
         raise ValueError(f"k must be an integer >= {1 if has_drafter else 0}"
                          f"{' with a drafter' if has_drafter else ''}, got {k!r}")
 
@@ -237,9 +237,7 @@ def context_limit(target: Llama, drafter: Any, max_seq_len: Any) -> int:
     integer in ``[1, max_position_embeddings]``.
     """
     limit = target.config.max_position_embeddings
-    if max_seq_len is not None and (isinstance(max_seq_len, bool)
-                                    or not isinstance(max_seq_len, int)
-                                    or not 1 <= max_seq_len <= limit):
+    if max_seq_len is not None and not (is_int(max_seq_len) and 1 <= max_seq_len <= limit):
         raise ValueError(f"max_seq_len must be an integer in [1, {limit}] (the target's context), "
                          f"got {max_seq_len!r}")
     if drafter is not None:

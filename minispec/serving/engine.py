@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from minispec.core.sampling import SamplingParams
+from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
@@ -473,7 +473,7 @@ def _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_bat
 
 
 def _positive_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+    return is_int(x) and x >= 1
 
 
 def _cache_factory(kind: str, num_slots: int, max_seq_len: int, block_size: int,
