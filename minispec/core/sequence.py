@@ -173,9 +173,8 @@ class Sequence:
         if stops and tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         # one id is accepted for eos_token_ids and stop_token_ids alike (as ``eos_token_id=5``)
-        eos_token_ids, stop_token_ids = (
-            (ids,) if is_int(ids) else ids
-            for ids in (eos_token_ids, stop_token_ids))
+        eos_token_ids, stop_token_ids = ((ids,) if is_int(ids) else ids
+                                         for ids in (eos_token_ids, stop_token_ids))
         prompt = as_token_ids(prompt, "prompt token ids", vocab_size)
         if len(prompt) > max_seq_len:
             raise ValueError(f"the prompt has {len(prompt)} tokens but max_seq_len is "

@@ -32,12 +32,7 @@ from minispec.core.sequence import Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
 from minispec.decoding.goodput import KChoice, StepCosts, policy_for
-from minispec.decoding.loop import (
-    GenerationResult,
-    as_drafter_for,
-    context_limit,
-    make_sequence,
-)
+from minispec.decoding.loop import GenerationResult, as_drafter_for, context_limit, make_sequence
 from minispec.decoding.runner import SpeculativeRunner
 from minispec.drafters.base import Drafter, keeps_cache
 from minispec.models.kv_cache import ContiguousKVCache
