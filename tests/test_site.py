@@ -38,9 +38,11 @@ cell and its traceback first.
 The API pages are checked in the HTML: every ``Returns:`` section is one row with a type, never
 split into bogus "name: type" rows, and no Sphinx role (``:class:``) is printed.
 
-Screenshots of every page go to a temporary folder (``MINISPEC_SCREENSHOTS`` overrides; CI keeps
-it as an artifact). Without Chromium or Playwright the browser test is skipped, unless
-``MINISPEC_REQUIRE_BROWSER=1`` (set by CI), which turns the skip into a failure.
+Screenshots of every page (desktop and phone width) are taken only when ``MINISPEC_SCREENSHOTS``
+names a folder for them: they are for a person looking into a failure, and taking them is about a
+third of the browser test's time. The widgets' screenshots go to a temporary folder otherwise.
+Without Chromium or Playwright the browser test is skipped, unless ``MINISPEC_REQUIRE_BROWSER=1``
+(set by CI), which turns the skip into a failure.
 """
 
 from __future__ import annotations
@@ -365,9 +367,10 @@ _INSPECT_JS = r"""
 """
 
 
-def _open_and_inspect(browser, base_url: str, path: str, shot: Path,
+def _open_and_inspect(browser, base_url: str, path: str, shot: Path | None,
                       viewport: dict | None = None) -> dict:
-    """Open ``path``, wait for math and fonts, screenshot, return the page's report."""
+    """Open ``path``, wait for math and fonts, screenshot (unless ``shot`` is None), return the
+    page's report."""
     host = urlsplit(base_url).netloc
     external: list[str] = []
     console_errors: list[str] = []
@@ -403,7 +406,8 @@ def _open_and_inspect(browser, base_url: str, path: str, shot: Path,
                       ".forEach((d) => { d.open = false; })")
         report["folded"] = page.evaluate(
             "() => document.querySelectorAll('details.ms-fold').length")
-        page.screenshot(path=str(shot), full_page=True)
+        if shot is not None:
+            page.screenshot(path=str(shot), full_page=True)
     finally:
         context.close()
     report.update(external=external, console_errors=console_errors, failed=failed)
@@ -508,9 +512,10 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
     assert not missing, f"pages missing from the site: {missing}"
     pages += [(Path(p).parent.name, p, False, False) for p in TEACHING_PAGES]
     failures = []
+    shots = "MINISPEC_SCREENSHOTS" in os.environ  # see the module docstring
     for name, path, needs_math, needs_images in pages:
         url_path = path.removesuffix("index.html")
-        shot = screenshot_dir / f"{name}.png"
+        shot = screenshot_dir / f"{name}.png" if shots else None
         report = _open_and_inspect(browser, server, url_path, shot)
         print(f"{name} /{url_path}: {report['containers']} formulas, {report['glyphs']} glyphs "
               f"checked, {report['images']} images {report['imageWidths']}, screenshot {shot}")
@@ -525,8 +530,8 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
         if name.startswith("api-"):
             continue
         # The same page on a phone: nothing may push the page wider than the screen.
-        phone = _open_and_inspect(browser, server, url_path, screenshot_dir / f"{name}-390.png",
-                                  PHONE)
+        phone = _open_and_inspect(browser, server, url_path,
+                                  screenshot_dir / f"{name}-390.png" if shots else None, PHONE)
         if phone["pageScroll"] > 1:
             failures.append(f"{name} page /{url_path}: at 390 px the page scrolls sideways by "
                             f"{phone['pageScroll']} px")
