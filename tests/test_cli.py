@@ -209,7 +209,7 @@ def test_bench_on_the_public_multitask_set(tmp_path, capsys):
     without comparison."""
     _real_model_or_skip()
     quick = ["--prompt-set", "multitask", "--tasks", "qa,translation", "--max-new-tokens", "8",
-             "--no-hf", "--out", str(tmp_path)]
+             "--no-hf", "--out", str(tmp_path), "--prompts", "2"]
     assert main(["bench", "--model", "smollm2-135m-instruct", *quick]) == 0
     out = capsys.readouterr().out
     for method in ("minispec suffix k=4", "minispec hybrid k=4", "minispec hybrid goodput k=auto",
@@ -222,6 +222,21 @@ def test_bench_on_the_public_multitask_set(tmp_path, capsys):
     assert main(["bench", "--model", "smollm2-135m-instruct", *quick[:2], "--tasks", "poetry",
                  "--no-hf"]) == 2
     assert "unknown task" in capsys.readouterr().err
+    assert main(["bench", "--model", "smollm2-135m-instruct", *quick[:4], "--prompts", "0"]) == 2
+    assert "per_task must be at least 1" in capsys.readouterr().err
+
+
+def test_the_prompt_sets_keep_the_first_prompts_of_each_task():
+    """``per_task`` (``minispec bench --model ... --prompts N``) keeps each category's first N."""
+    import minispec as ms
+    from minispec.tools import workloads
+
+    _real_model_or_skip()
+    _, tok = ms.load("smollm2-135m-instruct")
+    every = workloads.prompt_sets(tok, "multitask", ["qa", "code"])
+    first = workloads.prompt_sets(tok, "multitask", ["qa", "code"], per_task=2)
+    assert {t: len(p) for t, p in every.items()} == {"qa": 5, "code": 5}
+    assert first == {t: p[:2] for t, p in every.items()}
 
 
 def test_the_multitask_set_has_five_prompts_per_category_and_its_licences():

@@ -301,7 +301,7 @@ def bench_workloads(args: argparse.Namespace) -> int:
                                 tasks=tasks, max_new_tokens=args.max_new_tokens, k=args.k_ngram,
                                 repeats=args.repeats, warmup=args.warmup, drafters=drafters,
                                 prompt_set=args.prompt_set, temperature=args.temperature,
-                                clock=CLOCKS[args.clock])
+                                clock=CLOCKS[args.clock], per_task=args.prompts)
     except ValueError as error:
         print(f"minispec bench: {error}", file=sys.stderr)
         return 2
@@ -482,7 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target model (default shakespeare-target)")
     b.add_argument("--draft", default="shakespeare-draft",
                    help="draft model (default shakespeare-draft)")
-    b.add_argument("--prompts", type=int, default=8, help="prompts per set (default 8, at most 8)")
+    b.add_argument("--prompts", type=int, default=8,
+                   help="prompts per set (default 8, at most 8); with --model: the most prompts "
+                        "per task or category (default 8: all of the multi-task set's 5)")
     b.add_argument("--max-new-tokens", type=int, default=128,
                    help="new tokens per prompt (default 128)")
     b.add_argument("--ks", default="1-8",

@@ -127,18 +127,21 @@ def multitask() -> dict[str, list[list[dict[str, str]]]]:
     return sets
 
 
-def prompt_sets(tokenizer: Any, name: str = "tasks", tasks: Sequence[str] | None = None
-                ) -> dict[str, list[list[int]]]:
+def prompt_sets(tokenizer: Any, name: str = "tasks", tasks: Sequence[str] | None = None,
+                per_task: int | None = None) -> dict[str, list[list[int]]]:
     """``{task or category: [prompt ids, ...]}`` of the prompt set ``name`` (``"tasks"``: this
     module's five tasks, one prompt each; ``"multitask"``: the public set), chat-rendered with
-    ``tokenizer``; ``tasks`` picks some of them (``ValueError`` for an unknown one)."""
+    ``tokenizer``; ``tasks`` picks some of them (``ValueError`` for an unknown one), ``per_task``
+    keeps the first that many prompts of each (default: all)."""
     if name not in ("tasks", "multitask"):
         raise ValueError(f"unknown prompt set {name!r}; the sets are 'tasks' and 'multitask'")
     sets = {t: [m] for t, m in TASKS.items()} if name == "tasks" else multitask()
     unknown = [t for t in tasks or () if t not in sets]
     if unknown:
         raise ValueError(f"unknown task(s) {unknown}; the {name} set has {list(sets)}")
-    return {t: [encode_prompt(m, tokenizer) for m in sets[t]] for t in (tasks or sets)}
+    if per_task is not None and per_task < 1:
+        raise ValueError(f"per_task must be at least 1, got {per_task}")
+    return {t: [encode_prompt(m, tokenizer) for m in sets[t][:per_task]] for t in (tasks or sets)}
 
 
 def encode_tasks(tokenizer: Any, tasks: tuple[str, ...] | None = None) -> dict[str, list[int]]:
@@ -166,8 +169,8 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         repeats: int = 1, warmup: int = 0,
         drafters: dict[str, tuple[Callable[[], Any], int]] | None = None,
         log: Callable[[str], None] | None = print, prompt_set: str = "tasks",
-        temperature: float = 0.0, clock: Callable[[], float] = time.perf_counter
-        ) -> list[MethodResult]:
+        temperature: float = 0.0, clock: Callable[[], float] = time.perf_counter,
+        per_task: int | None = None) -> list[MethodResult]:
     """Time greedy decoding of every task five ways and check that all give the same tokens.
 
     minispec ``generate``, n-gram and prompt-lookup speculation (``k`` drafts per round), and, when
@@ -196,13 +199,14 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
             nothing is compared token by token (``token_equal`` is ``None``), transformers is
             not run.
         clock: what the times are read from (``time.process_time``: this process's CPU time).
+        per_task: the most prompts timed per task or category (default: all).
 
     Returns:
         One [`minispec.tools.bench.MethodResult`][minispec.tools.bench.MethodResult] per
         (task, method); ``prompt_set`` is the task.
     """
     say = log or (lambda _line: None)
-    sets = prompt_sets(tokenizer, prompt_set, tasks)
+    sets = prompt_sets(tokenizer, prompt_set, tasks, per_task)
     reference = None
     if temperature == 0:
         say(f"reference: minispec greedy on {len(sets)} tasks ...")
