@@ -223,7 +223,7 @@ def test_bench_on_the_public_multitask_set(tmp_path, capsys):
                  "--no-hf"]) == 2
     assert "unknown task" in capsys.readouterr().err
     assert main(["bench", "--model", "smollm2-135m-instruct", *quick[:4], "--prompts", "0"]) == 2
-    assert "per_task must be at least 1" in capsys.readouterr().err
+    assert "--prompts must be >= 1" in capsys.readouterr().err
 
 
 def test_the_prompt_sets_keep_the_first_prompts_of_each_task():
@@ -237,6 +237,8 @@ def test_the_prompt_sets_keep_the_first_prompts_of_each_task():
     first = workloads.prompt_sets(tok, "multitask", ["qa", "code"], per_task=2)
     assert {t: len(p) for t, p in every.items()} == {"qa": 5, "code": 5}
     assert first == {t: p[:2] for t, p in every.items()}
+    with pytest.raises(ValueError, match="per_task must be at least 1"):
+        workloads.prompt_sets(tok, "multitask", ["qa"], per_task=0)
 
 
 def test_the_multitask_set_has_five_prompts_per_category_and_its_licences():

@@ -267,8 +267,9 @@ def bench_workloads(args: argparse.Namespace) -> int:
             setattr(args, name, value)
     if args.quick and args.tasks is None:
         args.tasks = "chat,code_edit"
-    if args.max_new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.k_ngram < 1:
-        print("minispec bench: --max-new-tokens, --repeats and --k-ngram must be >= 1, "
+    if (args.max_new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.k_ngram < 1
+            or args.prompts < 1):
+        print("minispec bench: --max-new-tokens, --repeats, --k-ngram and --prompts must be >= 1, "
               "--warmup >= 0", file=sys.stderr)
         return 2
     if args.threads:
