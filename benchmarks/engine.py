@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -278,8 +279,9 @@ def main(argv=None) -> None:
             if args.controls:
                 runs[f"{name} never"] = dict(drafter=spec, control=True)
         results: dict[str, list[dict]] = {}
-        for _ in range(args.repeats):        # interleaved, so a disturbance hits every mode alike
-            for name, kwargs in runs.items():
+        for repeat in range(args.repeats):   # interleaved, so a disturbance hits every mode alike,
+            order = list(runs.items())       # and every other repeat in reverse order, so that
+            for name, kwargs in order if repeat % 2 == 0 else order[::-1]:  # no mode runs first
                 results.setdefault(name, []).append(
                     run_engine(target, prompts, batch, args, warm=warm, **kwargs))
             if hf is not None:
@@ -289,6 +291,10 @@ def main(argv=None) -> None:
                         run(hf, warm, batch, args, eos)
                     results.setdefault(name, []).append(run(hf, prompts, batch, args, eos))
         modes = {name: kept(rs, args.statistic) for name, rs in results.items()}
+        plain = results["engine"]
+        for name, result in modes.items():   # each repeat's tokens/s over the plain engine's
+            result["paired"] = sorted(r["tokens_per_s"] / e["tokens_per_s"]
+                                      for r, e in zip(results[name], plain, strict=True))
         for result in modes.values():
             outputs = result.pop("outputs")
             result["same_as_generate"] = sum(o == r for o, r in
@@ -304,12 +310,23 @@ def main(argv=None) -> None:
     print(f"wrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
 
 
+def paired(result: dict) -> float:
+    """A mode's speed as a multiple of the plain engine's: the median, over repeats, of its
+    tokens/s over the plain engine's in the same repeat. Pairing runs made seconds apart cancels
+    the machine's slow drift, which medians taken mode by mode keep."""
+    return statistics.median(result["paired"])
+
+
+def spread(result: dict) -> str:
+    """The lowest and highest of a mode's paired ratios, ``[lo-hi]``."""
+    return f"[{result['paired'][0]:.2f}-{result['paired'][-1]:.2f}]"
+
+
 def print_row(batch: int, modes: dict) -> None:
-    base = modes["engine"]["tokens_per_s"]
     hf = modes.get("hf-static", {}).get("tokens_per_s")
     print(f"\nbatch {batch}")
-    print(f"  {'mode':<22}{'tok/s':>9}{'vs engine':>11}{'vs hf-static':>13}{'tok/fwd':>9}"
-          f"{'tok/batch-fwd':>15}{'mean k':>8}{'same':>6}")
+    print(f"  {'mode':<22}{'tok/s':>9}{'vs engine':>11}{'paired range':>15}{'vs hf-static':>13}"
+          f"{'tok/fwd':>9}{'tok/batch-fwd':>15}{'mean k':>8}{'same':>6}")
     for name, r in modes.items():
         vs_hf = f"{r['tokens_per_s'] / hf:.2f}x" if hf else "-"
         per_fwd = (f"{r['tokens_per_target_forward']:.2f}" if "tokens_per_target_forward" in r
@@ -317,15 +334,16 @@ def print_row(batch: int, modes: dict) -> None:
         per_batch = (f"{r['tokens_per_batched_forward']:.1f}" if "tokens_per_batched_forward" in r
                      else "-")
         mean_k = f"{r['mean_k']:.2f}" if r.get("mean_k") is not None else "-"
-        print(f"  {name:<22}{r['tokens_per_s']:>9.0f}{r['tokens_per_s'] / base:>10.2f}x{vs_hf:>13}"
+        print(f"  {name:<22}{r['tokens_per_s']:>9.0f}{paired(r):>10.2f}x{spread(r):>15}{vs_hf:>13}"
               f"{per_fwd:>9}{per_batch:>15}{mean_k:>8}{r['same_as_generate']:>6.0%}")
 
 
 def print_table(rows: list[dict], drafters: list[str], k: int) -> None:
-    """The summary: each drafter's fixed-k and default engine as multiples of the plain engine."""
+    """The summary: each drafter's fixed-k and default engine as multiples of the plain engine
+    (paired medians), with the default's and the never-drafting control's paired ranges."""
     never = any(f"{d} never" in row["modes"] for row in rows for d in drafters)
-    head = "".join(f"{d + ' k=' + str(k):>12}{d + ' default':>16}"
-                   + (f"{d + ' never':>14}" if never else "") for d in drafters)
+    head = "".join(f"{d + ' k=' + str(k):>12}{d + ' default':>28}"
+                   + (f"{d + ' never':>24}" if never else "") for d in drafters)
     print(f"\n{'B':>3}{'plain tok/s':>13}{head}{'hf-static':>11}{'same':>6}")
     for row in rows:
         modes, plain = row["modes"], row["modes"]["engine"]["tokens_per_s"]
@@ -333,18 +351,21 @@ def print_table(rows: list[dict], drafters: list[str], k: int) -> None:
         for d in drafters:
             fixed, default = modes[f"{d} k={k}"], modes[f"{d} default"]
             mean_k = f" ({default['mean_k']:.2f})" if default.get("mean_k") is not None else ""
-            cells += (f"{fixed['tokens_per_s'] / plain:>11.2f}x"
-                      f"{default['tokens_per_s'] / plain:>8.2f}x{mean_k:>7}")
+            cells += (f"{paired(fixed):>11.2f}x{paired(default):>8.2f}x{mean_k:>7}"
+                      f"{spread(default):>12}")
             if f"{d} never" in modes:                 # the --controls column
-                cells += f"{modes[f'{d} never']['tokens_per_s'] / plain:>13.2f}x"
+                control = modes[f"{d} never"]
+                cells += f"{paired(control):>11.2f}x{spread(control):>12}"
         hf = modes.get("hf-static")
-        vs_hf = f"{plain / hf['tokens_per_s']:.2f}x" if hf else "-"
+        vs_hf = f"{1 / paired(hf):.2f}x" if hf else "-"
         same = min(r["same_as_generate"] for r in modes.values())
         print(f"{row['batch_size']:>3}{plain:>13.0f}{cells}{vs_hf:>11}{same:>6.0%}")
-    print("(each drafter x the plain engine; default: goodput k, mean k chosen in brackets; "
-          "never: the default engine with a policy that never drafts; hf-static: the plain engine "
-          "x transformers' static batched generate; same: the least share of outputs equal to "
-          "ms.generate)")
+    print("(each drafter x the plain engine: the median over repeats of the two engines' tokens/s "
+          "in the same repeat, [lowest-highest] of those ratios; default: goodput k, mean k "
+          "chosen in brackets; never: the default engine with a policy that never drafts, which "
+          "does the plain engine's work, so its range is the noise; hf-static: the plain engine "
+          "x transformers' static batched generate, paired the same way; same: the least share "
+          "of outputs equal to ms.generate)")
 
 
 def plot(rows: list[dict], path: Path, label: str) -> None:
