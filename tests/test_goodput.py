@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import random
 
 import pytest
 import torch
@@ -82,6 +83,24 @@ def test_a_drafter_that_rarely_proposes_is_priced_by_its_proposal_rate():
     assert choose_ks([0.9] * 16, [4] * 16, 4, wide, proposal_rates=[0.1] * 16).ks == [0] * 16
     alone = costs_with(lambda t: 1.0 + 0.05 * (t - 1), 0.0, rows=1)
     assert choose_ks([0.9], [4], 4, alone, proposal_rates=[0.1]).ks == [4]
+
+
+def test_a_choice_keeps_each_k_s_best_plan_only():
+    """The record of a step is kept for its engine's life: the K x B plans it weighed (17 KB a
+    step at B = 32, k = 4) are not; each K's best is, found by the full search."""
+    rng = random.Random(0)
+    alphas = [rng.random() for _ in range(32)]
+    costs = costs_with(lambda t: 1.0 + 0.02 * (t - 1), 0.001, rows=32)
+    choice = choose_ks(alphas, [4] * 32, 4, costs)
+    assert len(choice.goodput) == 5 and (0, 0) in choice.goodput
+    order = sorted(alphas, reverse=True)     # the plan (K, R): the best R rows draft K tokens
+    for K in range(1, 5):
+        plans = {(K, R): (sum(expected_tokens(a, K) for a in order[:R]) + 32 - R)
+                 / (1.0 + 1.3 * (0.02 * K + K * 0.001)) for R in range(1, 33)}
+        best = max(plans, key=plans.get)
+        assert choice.goodput[best] == pytest.approx(plans[best])
+    chosen = (max(choice.ks), sum(k > 0 for k in choice.ks))
+    assert max(choice.goodput, key=choice.goodput.get) == chosen
 
 
 def test_compute_bound_verify_does_not_draft():

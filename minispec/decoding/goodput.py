@@ -218,7 +218,8 @@ class KChoice:
         batch_size: ``B``, the running requests.
         ks: the draft length given to each request (0: plain decoding for it).
         alphas: each request's acceptance estimate.
-        goodput: ``{(K, R): predicted tokens per second}`` of every plan considered.
+        goodput: ``{(K, R): predicted tokens per second}`` of each ``K``'s best plan (and of
+            plain decoding, ``(0, 0)``).
         proposal_rates: each request's proposal-rate estimate ``P_b`` (empty when not planned).
     """
 
@@ -273,14 +274,14 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
             if K <= caps[b]:
                 power[b] *= alphas[b]
                 expected[b] += power[b]
-        tokens, none_propose = float(B), 1.0     # R = 0: every row yields one token
+        tokens, none_propose, top = float(B), 1.0, (0.0, K, 0)  # R = 0: each row yields 1 token
         for R, b in enumerate(order, start=1):
             tokens += rates[b] * (expected[b] - 1)     # row b drafts: E tokens instead of 1
             none_propose *= 1 - rates[b]
             extra = (1 - none_propose) * (verifies[K] - plain) + K * drafts[R - 1]
-            goodput[K, R] = tokens / (plain + (1 + margin) * extra)
-            if goodput[K, R] > best[0]:
-                best = (goodput[K, R], K, R)
+            top = max(top, (tokens / (plain + (1 + margin) * extra), K, R), key=lambda p: p[0])
+        goodput[top[1:]] = top[0]   # only each K's best: all K x B plans cost 17 KB a step at B=32
+        best = max(best, top, key=lambda p: p[0])  # the first of equals stays
     _, K, R = best
     drafting = set(order[:R])
     ks = [min(K, caps[b]) if b in drafting else 0 for b in range(B)]
