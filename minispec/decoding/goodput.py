@@ -325,6 +325,7 @@ class GoodputK:
         self.proposals = [0, 0]                     # the same, pooled over all requests
         self.retry: dict[int, tuple[int, int]] = {}  # bucket -> (step to draft again, interval)
         self.steps = 0
+        self.unchanged: tuple | None = None         # the inputs of the last plain plan
 
     def choose(self, requests: list[tuple[str, int, int]], caps: list[int],
                fixed: list[bool] | None = None) -> list[int]:
@@ -333,6 +334,10 @@ class GoodputK:
         plan (a seeded sampled request, whose tokens must not depend on the batch). While the
         costs at this batch size are unknown, a plain step and a full step measure them."""
         self.steps += 1
+        inputs = (tuple(requests), tuple(caps))  # no draft since the last plain plan, no new
+        if inputs == self.unchanged and self.steps < self.retry[bucket(len(caps))][0]:  # row:
+            self.choices.append(self.choices[-1])  # plain again (the costs' drift waits for the
+            return list(self.choices[-1].ks)       # next re-check or change of batch)
         pooled = (self.accepted + 1) / (self.tested + 2)
         alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled,
                                  optimism=1 / len(caps))    # one row learns, B rows pay the width
@@ -345,8 +350,12 @@ class GoodputK:
             plain_known = self.costs.verify_seconds(len(caps), 1) is not None
             choice = KChoice(len(caps), caps if plain_known else [0] * len(caps), alphas, {})
         elif not any(choice.ks) and self.time_to_retry(bucket(len(caps))):
-            # look again (acceptance drifts) with the cheapest round that measures it: one draft
-            choice = KChoice(len(caps), [min(c, 1) for c in caps], alphas, {})
+            # look again (acceptance drifts) with the cheapest round that measures it: one draft,
+            # by the row likeliest to take it (a draft model catches one row up, not B)
+            best = max(range(len(caps)), key=lambda b: alphas[b] * P[b] * (caps[b] > 0))
+            choice = KChoice(len(caps), [int(b == best) for b in range(len(caps))], alphas, {})
+        planned_plain = bool(choice.goodput) and not any(choice.ks) and not any(fixed or ())
+        self.unchanged = inputs if planned_plain else None
         if fixed is not None and any(fixed):
             ks = [c if f else k for k, c, f in zip(choice.ks, caps, fixed, strict=True)]
             choice = dataclasses.replace(choice, ks=ks)
