@@ -103,6 +103,33 @@ def test_a_choice_keeps_each_k_s_best_plan_only():
     assert max(choice.goodput, key=choice.goodput.get) == chosen
 
 
+def test_a_plain_plan_is_reused_until_its_inputs_change_or_a_recheck_is_due(monkeypatch):
+    """A plan is a function of the requests' records, their caps and the costs: while no row has
+    drafted and none has come or gone, a plain plan stands (the search costs about 1.5 % of a
+    step at batch size 16 on the shipped pair) until the re-check is due, which one row makes:
+    the one likeliest to accept, with one draft (a draft model then catches one row up, not B)."""
+    import minispec.decoding.goodput as goodput
+
+    searches = []
+    monkeypatch.setattr(goodput, "choose_ks", lambda *a, **kw: searches.append(1)
+                        or choose_ks(*a, **kw))
+    policy = GoodputK(4)
+    policy.costs = costs_with(lambda t: float(t), 0.05, rows=4)      # compute-bound: plain wins
+    requests = [("a", 0, 0), ("b", 5, 6), ("c", 0, 0), ("d", 1, 3)]   # b: the best record
+    assert policy.choose(requests, [4] * 4) == [0] * 4 and len(searches) == 1
+    for _ in range(6):                                                # steps 2..7: no search
+        assert policy.choose(list(requests), [4] * 4) == [0] * 4
+    assert len(searches) == 1 and len(policy.choices) == 7            # one record per step
+    caps = [4, 4, 4, 3]
+    assert policy.choose(requests, caps) == [0] * 4 and len(searches) == 2     # a cap moved
+    assert policy.choose(requests, caps) == [0, 1, 0, 0]              # step 9: the re-check
+    assert len(searches) == 3
+    assert policy.choose(requests, caps) == [0] * 4 and len(searches) == 4     # searched again
+    assert policy.choose(requests, caps) == [0] * 4 and len(searches) == 4
+    requests[1] = ("b", 6, 7)                                         # b accepted its draft
+    assert policy.choose(requests, caps) == [0] * 4 and len(searches) == 5
+
+
 def test_compute_bound_verify_does_not_draft():
     """Verify cost grows like the tokens it scores (a big batch): drafting can only lose."""
     choice = choose_ks([0.8] * 16, [4] * 16, 4, costs_with(lambda t: float(t), 0.05, rows=16))

@@ -332,12 +332,17 @@ class GoodputK:
         """Each request's ``k`` this step. ``requests[b]``: (id, drafts accepted, drafts tested);
         ``caps[b]``: its most drafts this round; ``fixed[b]``: it drafts ``caps[b]`` whatever the
         plan (a seeded sampled request, whose tokens must not depend on the batch). While the
-        costs at this batch size are unknown, a plain step and a full step measure them."""
+        costs at this batch size are unknown, a plain step and a full step measure them. A plain
+        plan is not searched again while its inputs stand: no row has drafted (the records are
+        the same), none has come or gone and no cap moved; a search costs about 1.5 % of a
+        step at batch size 16 on the shipped pair."""
         self.steps += 1
-        inputs = (tuple(requests), tuple(caps))  # no draft since the last plain plan, no new
-        if inputs == self.unchanged and self.steps < self.retry[bucket(len(caps))][0]:  # row:
-            self.choices.append(self.choices[-1])  # plain again (the costs' drift waits for the
-            return list(self.choices[-1].ks)       # next re-check or change of batch)
+        # no row has drafted since the last plain plan and none came or went: the plan stands
+        # (the costs' drift waits for the next re-check or change of batch)
+        inputs = (tuple(requests), tuple(caps))
+        if inputs == self.unchanged and self.steps < self.retry[bucket(len(caps))][0]:
+            self.choices.append(self.choices[-1])
+            return list(self.choices[-1].ks)
         pooled = (self.accepted + 1) / (self.tested + 2)
         alphas = alpha_estimates([a for _, a, _ in requests], [t for _, _, t in requests], pooled,
                                  optimism=1 / len(caps))    # one row learns, B rows pay the width
@@ -371,9 +376,9 @@ class GoodputK:
         return [(p + strength * pooled) / (a + strength) for a, p in counts]
 
     def time_to_retry(self, rows: int) -> bool:
-        """While drafting does not pay, draft anyway after 8, then 16, 32, ... plain steps (at this
-        batch-size bucket): an estimate spoiled by an unlucky start, or a text that turned
-        repetitive, is measured again; the cost of looking shrinks geometrically."""
+        """While drafting does not pay, one row drafts anyway after 8, then 16, 32, ... plain
+        steps (at this batch-size bucket): an estimate spoiled by an unlucky start, or a text that
+        turned repetitive, is measured again; the cost of looking shrinks geometrically."""
         due, interval = self.retry.setdefault(rows, (self.steps + 8, 8))
         if self.steps < due:
             return False
