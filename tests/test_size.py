@@ -36,10 +36,14 @@ MAX_FUNCTION = 50
 #: wrappers folded into their callers, in models and drafters; then 16 more: ``BlockManager.free``
 #: releasing through ``truncate_to``, its one-caller ``_release`` folded in; ``unpack_block``
 #: folded into ``make_eager``; ``copy_positions`` folded into ``KVCache.compact``; the loop's
-#: true-integer checks through ``is_int``; one import line in the engine, one wrapped generator).
+#: true-integer checks through ``is_int``; one import line in the engine, one wrapped generator;
+#: then 9 more: the one-caller ``_keep_top_k`` and ``hub_offline`` folded into their callers;
+#: ``Sequence.fail``'s message as one expression; ``per_position_acceptance`` zipping the rounds
+#: once; prompt lookup's early exit, which its final check repeats; ``KVCacheSpace`` listing its
+#: caches once, at construction).
 #: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
 #: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_873
+MAX_CODE_LINES = 3_864
 #: The goal, set before suffix and hybrid drafting and the timed kernel choice were asked for;
 #: what the layers hold without those (``LATER``) is held to it.
 GOAL = 3_600

@@ -143,8 +143,9 @@ def probs_from_logits(logits: Tensor, params: SamplingParams,
         # Greedy is the limit T -> 0: all mass on the argmax. No division by T happens.
         return one_hot(logits.argmax(dim=-1), logits.shape[-1])          # (..., V)
     logits = _divide_by_temperature(logits, params.temperature)
-    if 0 < params.top_k < logits.shape[-1]:
-        logits = _keep_top_k(logits, params.top_k)
+    if 0 < params.top_k < logits.shape[-1]:   # below the k-th largest of its row: -inf (ties kept)
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]      # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
         logits = _keep_top_p(logits, params.top_p)
     if torch.isneginf(logits).all(dim=-1).any():
@@ -232,12 +233,6 @@ def apply_repetition_penalty(logits: Tensor,
     # logit 0 stays 0 (a huge penalty rounds to inf in float32, and 0 * inf would be NaN)
     penalized = torch.where(rows > 0, rows / penalty, torch.where(rows < 0, rows * penalty, rows))
     return torch.where(seen, penalized, rows).reshape(logits.shape)
-
-
-def _keep_top_k(logits: Tensor, k: int) -> Tensor:
-    """Mask every logit below the k-th largest of its row to ``-inf`` (ties kept)."""
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]                 # (..., 1)
-    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def _keep_top_p(logits: Tensor, top_p: float) -> Tensor:

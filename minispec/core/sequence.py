@@ -283,10 +283,8 @@ class Sequence:
 
     def fail(self, error: BaseException | str) -> None:
         """End this request alone with ``finish_reason="error"``; the message goes to ``error``."""
-        if isinstance(error, (str, ValueError)):
-            self.error = str(error)
-        else:
-            self.error = f"{type(error).__name__}: {error}"
+        self.error = (str(error) if isinstance(error, (str, ValueError))
+                      else f"{type(error).__name__}: {error}")
         self.finish("error")
 
     def preempt(self) -> None:

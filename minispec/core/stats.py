@@ -91,11 +91,10 @@ class SpecStats:
         Under the i.i.d. assumption every entry estimates the same ``alpha``.
         """
         k = max(self.drafted_per_round, default=0)
+        rounds = list(zip(self.accepted_per_round, self.drafted_per_round, strict=True))
         rates = []
         for i in range(1, k + 1):
-            reached = [a for a, d in zip(self.accepted_per_round, self.drafted_per_round,
-                                         strict=True)
-                       if d >= i and a >= i - 1]
+            reached = [a for a, d in rounds if d >= i and a >= i - 1]
             rates.append(sum(a >= i for a in reached) / len(reached) if reached else float("nan"))
         return rates
 

@@ -153,8 +153,6 @@ class PromptLookupDrafter(LookupDrafter):
         occurs earlier: ``(its length, where its latest earlier occurrence ends)``, or ``(0, -1)``
         when none reaches ``min_ngram``."""
         longest = min(self.max_ngram, len(context) - 1)
-        if longest < self.min_ngram:
-            return 0, -1
         # Every earlier occurrence of the suffix ends on a copy of the last token. Visit those ends
         # latest first (list.index scans in C), measure how long a suffix matches there, and keep
         # the first end with the longest match: the latest occurrence of the longest suffix.

@@ -125,7 +125,9 @@ def resolve(name_or_path: str | Path, local_files_only: bool = False) -> Path:
         if not (local / "config.json").is_file():
             raise FileNotFoundError(f"{local} has no config.json: not a Hugging Face checkpoint")
         return local
-    return from_hub(name, local_files_only=local_files_only or hub_offline())
+    # HF_HUB_OFFLINE=1 forbids hub downloads, as it does in huggingface_hub
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return from_hub(name, local_files_only=local_files_only or offline)
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -345,12 +347,6 @@ def _pick_dtype(dtype: torch.dtype | str | None, config: dict[str, Any], device:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"not a floating-point torch dtype: {dtype!r}")
     return dtype
-
-
-def hub_offline() -> bool:
-    """True when the environment forbids hub downloads (``HF_HUB_OFFLINE=1``, as
-    huggingface_hub)."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def from_hub(name: str, local_files_only: bool = False) -> Path:

@@ -81,27 +81,25 @@ class KVCacheSpace:
     def __init__(self, target_cache, draft_cache=None) -> None:
         self.target_cache = target_cache
         self.draft_cache = draft_cache
+        self.caches = [c for c in (target_cache, draft_cache) if c is not None]
 
     def _pairs(self, seq: Sequence) -> list[tuple[object, int]]:
         pairs = ((self.target_cache, seq.slot), (self.draft_cache, seq.draft_slot))
         return [(cache, slot) for cache, slot in pairs if cache is not None]
 
-    def _caches(self) -> list:
-        return [c for c in (self.target_cache, self.draft_cache) if c is not None]
-
     def num_blocks(self) -> int:
         """Blocks in the smallest pool (a contiguous cache counts one block per slot)."""
-        return min(_blocks(c) for c in self._caches())
+        return min(_blocks(c) for c in self.caches)
 
     def can_fit(self, num_positions: int) -> bool:
         return all(num_positions <= c.max_seq_len
-                   and -(-num_positions // c.block_size) <= _blocks(c) for c in self._caches())
+                   and -(-num_positions // c.block_size) <= _blocks(c) for c in self.caches)
 
     def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
         return all(cache.can_allocate(num_positions)
                    and (cache.num_free_blocks - -(-num_positions // cache.block_size)
                         >= watermark_blocks)
-                   for cache in self._caches())
+                   for cache in self.caches)
 
     def allocate(self, seq: Sequence, num_positions: int) -> None:
         seq.slot = self.target_cache.allocate()
