@@ -11,10 +11,14 @@ For each batch size it runs the same greedy prompts through
 
 and reports generated tokens per second, mean tokens per target forward (per request, and per
 batched target forward of the engine), and whether the greedy tokens equal plain single-request
-``minispec.generate``. Every mode runs ``--repeats`` times, interleaved, and keeps its best time
-(the machine is shared: the best of a few runs is the least disturbed), or with ``--statistic
-median`` its median run (steadier for comparing policies: a best-of-2 moved by 5-10 % between runs
-of the same code on the 2-core VM). ``--controls`` adds, per drafter, the default engine with a
+``minispec.generate``. Every mode runs ``--repeats`` times, interleaved (every other repeat in
+reverse order), and keeps its best time (the machine is shared: the best of a few runs is the least
+disturbed), or with ``--statistic median`` its median run (steadier for comparing policies: a
+best-of-2 moved by 5-10 % between runs of the same code on the 2-core VM). A mode's speed as a
+multiple of the plain engine's is the median, over the repeats, of its tokens/s over the plain
+engine's in the same repeat, printed with the lowest and highest of those ratios; for differences
+of a few per cent, ``benchmarks/lockstep.py`` runs the engines step by step in turn instead.
+``--controls`` adds, per drafter, the default engine with a
 policy that never drafts: what the drafter's machinery costs without speculation, so that a loss
 of the default can be told apart from it. ``--warm`` first serves every engine (and transformers)
 an untimed wave of as many other prompts: a server's steady state, in which what the default's

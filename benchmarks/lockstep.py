@@ -27,7 +27,7 @@ Examples::
 
     python benchmarks/lockstep.py                                  # the shipped pair, B 1..32
     python benchmarks/lockstep.py --batch-sizes 8 16 --repeats 5 --fixed
-    python benchmarks/lockstep.py --model smollm2-135m-instruct --drafters eagle --batch-sizes 1 4
+    python benchmarks/lockstep.py --model smollm2-135m-instruct --fast --drafters eagle
 
 Not a test: timings depend on the machine.
 """
@@ -46,6 +46,7 @@ import torch
 from engine import NeverDrafts, load_models, make_prompts  # benchmarks/engine.py
 
 import minispec as ms
+from minispec.models.packed import make_fast
 from minispec.serving.engine import Engine
 
 
@@ -62,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--drafters", nargs="+", default=["draft", "ngram"],
                         choices=["draft", "ngram", "eagle"],
                         help="draft: the shipped draft model; eagle: <model>-eagle (needs --model)")
+    parser.add_argument("--fast", action="store_true",
+                        help="the target on the packed CPU path (minispec.models.packed.make_fast)")
     parser.add_argument("--fixed", action="store_true", help="also each drafter at a fixed k")
     parser.add_argument("--cold", action="store_true", help="time fresh engines (no first wave)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -81,14 +84,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def make_engines(target, drafters: dict, batch: int, args) -> dict[str, Engine]:
     """The plain engine, and per drafter its default, its never-drafting control (and fixed k)."""
-    engines = {"plain": Engine(target, max_batch_size=batch)}
+    size = dict(max_batch_size=batch, max_seq_len=2 * (args.prompt_tokens + args.max_new_tokens))
+    engines = {"plain": Engine(target, **size)}      # (a KV pool for these requests, not 8k each)
     for name, spec in drafters.items():
-        engines[f"{name} default"] = Engine(target, drafter=spec, k=args.k, max_batch_size=batch)
-        engines[f"{name} never"] = Engine(target, drafter=spec, k=args.k, max_batch_size=batch)
+        engines[f"{name} default"] = Engine(target, drafter=spec, k=args.k, **size)
+        engines[f"{name} never"] = Engine(target, drafter=spec, k=args.k, **size)
         engines[f"{name} never"].policy = NeverDrafts(args.k)
         if args.fixed:
-            engines[f"{name} k={args.k}"] = Engine(target, drafter=spec, k=args.k,
-                                                   max_batch_size=batch, adaptive=False)
+            engines[f"{name} k={args.k}"] = Engine(target, drafter=spec, k=args.k, adaptive=False,
+                                                   **size)
     return engines
 
 
@@ -165,6 +169,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         target, draft, tok, _, label = load_models(False, False, Path(tmp), args.model)
+    if args.fast:
+        make_fast(target)
+        label += ", packed path"
     make = {"draft": lambda: draft, "ngram": lambda: "ngram",
             "eagle": lambda: ms.load_drafter(f"{args.model}-eagle", target)}
     drafters = {name: make[name]() for name in args.drafters}
