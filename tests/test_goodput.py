@@ -130,6 +130,23 @@ def test_a_plain_plan_is_reused_until_its_inputs_change_or_a_recheck_is_due(monk
     assert policy.choose(requests, caps) == [0] * 4 and len(searches) == 5
 
 
+def test_a_plan_kept_plain_by_the_hurdle_alone_is_searched_every_step(monkeypatch):
+    """Drafting predicted to gain 3 % (margin included): the hurdle declines it, but the costs
+    drift and it may win the next step, so the search runs every step."""
+    import minispec.decoding.goodput as goodput
+
+    searches = []
+    monkeypatch.setattr(goodput, "choose_ks", lambda *a, **kw: searches.append(1)
+                        or choose_ks(*a, **kw))
+    policy = GoodputK(1)
+    policy.costs = costs_with(lambda t: 1.0 + 0.5 * (t - 1), 0.0, rows=16, k_max=1)
+    requests = [(str(b), 70, 100) for b in range(16)]     # alpha about 0.7: E = 1.7 / 1.65 steps
+    for step in range(1, 6):
+        assert policy.choose(requests, [1] * 16) == [0] * 16 and len(searches) == step
+    gain = max(policy.choices[-1].goodput.values()) / policy.choices[-1].goodput[0, 0]
+    assert 1.0 < gain < 1.0 + policy.hurdle
+
+
 def test_compute_bound_verify_does_not_draft():
     """Verify cost grows like the tokens it scores (a big batch): drafting can only lose."""
     choice = choose_ks([0.8] * 16, [4] * 16, 4, costs_with(lambda t: float(t), 0.05, rows=16))

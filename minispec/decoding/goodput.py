@@ -333,9 +333,10 @@ class GoodputK:
         ``caps[b]``: its most drafts this round; ``fixed[b]``: it drafts ``caps[b]`` whatever the
         plan (a seeded sampled request, whose tokens must not depend on the batch). While the
         costs at this batch size are unknown, a plain step and a full step measure them. A plain
-        plan is not searched again while its inputs stand: no row has drafted (the records are
-        the same), none has come or gone and no cap moved; a search costs about 1.5 % of a
-        step at batch size 16 on the shipped pair."""
+        plan that no drafting plan beat, hurdle aside, is not searched again while its inputs
+        stand: no row has drafted (the records are the same), none has come or gone and no cap
+        moved; a search costs about 1.5 % of a step at batch size 16 on the shipped pair. A plan
+        kept plain by the hurdle alone is searched every step: the costs drift, and it may win."""
         self.steps += 1
         # no row has drafted since the last plain plan and none came or went: the plan stands
         # (the costs' drift waits for the next re-check or change of batch)
@@ -359,8 +360,9 @@ class GoodputK:
             # by the row likeliest to take it (a draft model catches one row up, not B)
             best = max(range(len(caps)), key=lambda b: alphas[b] * P[b] * (caps[b] > 0))
             choice = KChoice(len(caps), [int(b == best) for b in range(len(caps))], alphas, {})
-        planned_plain = bool(choice.goodput) and not any(choice.ks) and not any(fixed or ())
-        self.unchanged = inputs if planned_plain else None
+        g = choice.goodput      # a plain plan stands if no drafting plan beat it, hurdle aside
+        stands = g and max(g.values()) == g[0, 0] and not any(fixed or ())  # (a near one may win
+        self.unchanged = inputs if stands else None                 # as the costs drift: search)
         if fixed is not None and any(fixed):
             ks = [c if f else k for k, c, f in zip(choice.ks, caps, fixed, strict=True)]
             choice = dataclasses.replace(choice, ks=ks)
