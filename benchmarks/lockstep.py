@@ -7,8 +7,8 @@ drafting engine, and again, each step timed by itself (this process's CPU time, 
 order of the engines reversed every step. A slow spell of the machine then lands on all engines
 alike, and what is left to average out is the noise within a step, over hundreds of steps.
 
-For every batch size ``B`` and drafter it serves ``2 x B`` requests (64 new tokens each, EOS
-ignored, so the work is equal) through
+For every batch size ``B`` and drafter it serves ``2 x B`` requests, at least 4 (64 new tokens
+each, EOS ignored, so the work is equal), through
 
 * the plain engine (no drafter);
 * the engine with the drafter as a user gets it: goodput ``k`` (``minispec.decoding.goodput``);
@@ -128,7 +128,7 @@ def lockstep(engines: dict[str, Engine], prompts: list[list[int]], max_new_token
 def run_batch(target, drafters: dict, tok, batch: int, args) -> dict:
     """``--repeats`` lockstep runs at one batch size, each on fresh engines warmed by a first wave;
     every output is checked against single-request greedy decoding."""
-    n = 2 * batch
+    n = max(4, 2 * batch)                       # the requests benchmarks/engine.py serves
     prompts = make_prompts(n, args.prompt_tokens, tok, target.config.vocab_size)
     warm = make_prompts(n, args.prompt_tokens, tok, target.config.vocab_size, other=True)
     reference = [ms.generate(target, p, max_new_tokens=args.max_new_tokens, eos_token_id=[]).tokens
