@@ -360,9 +360,11 @@ class GoodputK:
             # by the row likeliest to take it (a draft model catches one row up, not B)
             best = max(range(len(caps)), key=lambda b: alphas[b] * P[b] * (caps[b] > 0))
             choice = KChoice(len(caps), [int(b == best) for b in range(len(caps))], alphas, {})
-        g = choice.goodput      # a plain plan stands if no drafting plan beat it, hurdle aside
-        stands = g and max(g.values()) == g[0, 0] and not any(fixed or ())  # (a near one may win
-        self.unchanged = inputs if stands else None                 # as the costs drift: search)
+        # a plain plan stands if no drafting plan beat it, hurdle aside (a near one may win as
+        # the costs drift, so it is searched again next step)
+        g = choice.goodput
+        stands = g and max(g.values()) == g[0, 0] and not any(fixed or ())
+        self.unchanged = inputs if stands else None
         if fixed is not None and any(fixed):
             ks = [c if f else k for k, c, f in zip(choice.ks, caps, fixed, strict=True)]
             choice = dataclasses.replace(choice, ks=ks)
