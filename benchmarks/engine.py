@@ -163,7 +163,7 @@ CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 class NeverDrafts(GoodputK):
     """A control policy: the default engine's drafter and policy calls, with k = 0 every step."""
 
-    def choose(self, requests, caps, fixed=None) -> list[int]:
+    def choose(self, requests, caps, fixed=None, lags=None) -> list[int]:
         self.steps += 1
         return [0] * len(caps)
 

@@ -145,22 +145,26 @@ class PlainThenFull(GoodputK):
 
     def __init__(self, k_max):
         super().__init__(k_max)
-        self.draft_seconds = []
+        self.draft_seconds, self.lags, self.shares = [], [], []
 
-    def choose(self, requests, caps, fixed=None):
+    def choose(self, requests, caps, fixed=None, lags=None):
         self.steps += 1
+        self.shares.append(lags)
         return [0] * len(caps) if self.steps <= 10 else caps
 
-    def learn(self, request_ids, ks, drafted, accepted, draft_s, verify_s):
+    def learn(self, request_ids, ks, drafted, accepted, draft_s, verify_s, lags, catch_up_s):
         if any(ks):
             self.draft_seconds.append(draft_s)
-        super().learn(request_ids, ks, drafted, accepted, draft_s, verify_s)
+            self.lags.append(sum(lags))
+        super().learn(request_ids, ks, drafted, accepted, draft_s, verify_s, lags, catch_up_s)
 
 
 def test_a_catch_up_prefill_is_not_priced_as_a_draft_step(target, monkeypatch):
     """After plain rounds a draft model's cache lags the context by every token since; feeding it
     is a cost of having stopped, paid once, not a cost of each draft step: the policy plans with
-    draft steps, so the runner reports the catch-up apart (``Drafter.catch_up_seconds``).
+    draft steps, so the runner reports the catch-up apart (``Drafter.catch_up_seconds``), and the
+    policy learns its price per token of lag (``StepCosts.catch_up``), which it charges the step
+    that catches a row up.
 
     The runner and the drafter read ``time.perf_counter``; here it is a fake clock on which only
     the catch-up takes time, so the test measures the accounting, not this machine's speed."""
@@ -176,3 +180,9 @@ def test_a_catch_up_prefill_is_not_priced_as_a_draft_step(target, monkeypatch):
     first = engine.policy.draft_seconds[0]                         # the round that caught up
     assert first < 0.001, engine.policy.draft_seconds              # ... priced without it
     assert engine.costs.draft_seconds(2) < 0.001
+    # ... and priced per token of lag instead: 10 plain rounds after prompts of 5 and 3 tokens
+    # leave caches 15 and 13 tokens behind, fed all but the last token each, 26 in one 50 ms forward
+    assert engine.policy.lags[0] == 26
+    # the runner hands the policy each row's lag per token it may still generate: 14 of 24 left
+    assert engine.policy.shares[10] == [14 / 14, 12 / 14]
+    assert engine.costs.catch_up == pytest.approx(0.05 / 26, rel=0.01)

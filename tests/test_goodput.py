@@ -64,6 +64,27 @@ def test_the_hurdle_is_a_least_predicted_gain():
     assert choose_ks([0.8], [1], 1, costs, margin=0.0, hurdle=0.21).ks == [0]
 
 
+def test_a_catch_up_is_charged_to_the_tokens_it_buys():
+    """A row whose draft cache lags by ``lag`` tokens, with ``left`` tokens still to generate,
+    owes ``catch_up * lag / left`` seconds per token it emits (no margin on it): a step that
+    expects ``t`` tokens from it pays ``t`` shares. Priced so, a plan worth 20 % more tokens per
+    second than plain is declined when its share costs more than that, and a caught-up row
+    (lag 0) still takes it; with two rows of equal acceptance, the one that owes less drafts."""
+    costs = costs_with(lambda t: 1.0 + 0.5 * (t - 1), 0.0, rows=1)    # k = 1: verify 1.5
+    costs.record_catch_up(tokens=180, seconds=1.0)                     # 1/180 s a token
+    assert costs.catch_up == pytest.approx(1 / 180)
+    args = ([0.8], [1], 1, costs)
+    owes = choose_ks(*args, margin=0.0, hurdle=0.0, lags=[50 / 5])    # lag 50, 5 tokens left
+    assert max(owes.goodput.values()) == pytest.approx(1.8 / 1.6)    # 1.8 tokens owe 0.1 s
+    margined = choose_ks(*args, margin=0.2, hurdle=0.0, lags=[10])   # the margin is not on it
+    assert max(margined.goodput.values()) == pytest.approx(1.8 / (1 + 1.2 * 0.5 + 0.1))
+    assert choose_ks(*args, margin=0.0, hurdle=0.0, lags=[40]).ks == [0]   # 1.8 / 1.9 s < 1
+    assert choose_ks(*args, margin=0.0, hurdle=0.0, lags=[0]).ks == [1]
+    two = costs_with(lambda t: 1.0 + 0.1 * (t - 1), 0.0, rows=2)  # both 3.6 / 1.5; one 2.8 / 1.1
+    two.catch_up = 1 / 180
+    assert choose_ks([0.8, 0.8], [1, 1], 1, two, margin=0.0, hurdle=0.0, lags=[40, 0]).ks == [0, 1]
+
+
 @pytest.mark.parametrize("hurdle", [-0.1, float("nan")])
 def test_a_hurdle_below_zero_or_nan_is_refused(hurdle):
     """A negative hurdle would take plans predicted to lose; NaN would compare False everywhere

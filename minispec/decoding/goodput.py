@@ -34,10 +34,21 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
 
       tokens(K, R) = sum_{top R} [1 + P_b (E(alpha_b, K) - 1)] + (B - R)
       seconds(K, R) = verify(B, 1) + (1 + m) [P_any (verify(B, K + 1) - verify(B, 1)) + K draft(R)]
+                      + catch_up sum_{top R} t_b lag_b / left_b,   t_b = 1 + P_b (E(alpha_b, K) - 1)
 
   where ``P_b`` is the rate at which request ``b``'s drafter proposes anything when asked (1 for a
   draft model; an n-gram table without a match proposes nothing, and that row yields one token)
   and ``P_any = 1 - prod_{top R} (1 - P_b)`` the chance that the verify is wider than a plain step.
+  ``lag_b`` is what request ``b``'s draft cache must feed before it drafts
+  ([`draft_lag`][minispec.core.sequence.Sequence.draft_lag]: a draft model skips the plain steps
+  and catches up on them when next asked), ``catch_up`` its measured seconds per token, and
+  ``left_b`` the tokens the request may still generate: a catch-up buys drafting for the rest of
+  the request, so its cost is spread over those tokens, and a step pays the share of the ``t_b``
+  tokens it expects from the row. Unpriced, plans at batch size 8 on the shipped pair predicted
+  to gain 10 % paid a 9.2 ms catch-up, about a whole plain step; charged in full to the step that
+  catches up, the lag grew with every plain step until no plan could pay it, and the draft model
+  at batch size 1 stopped drafting until the next re-check (0.99x of plain, from 1.12x). A
+  request that stops early (a stop token) leaves part of its share unpaid.
   ``K = 0`` is plain decoding, so the choice never predicts less than the plain engine. What
   drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 30 %). Drafting costs
   more than the step it is planned in: requests that accept drafts run ahead of the others, so
@@ -103,12 +114,15 @@ class StepCosts:
     Attributes:
         verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.
         draft: ``{R: seconds}`` of one draft step over ``R`` drafting rows.
+        catch_up: seconds per token a lagging draft cache feeds before it drafts
+            ([`draft_lag`][minispec.core.sequence.Sequence.draft_lag]); 0 until measured.
         smoothing: weight of a new measurement in the moving averages.
         samples: how many measurements each key of ``verify`` and ``draft`` has had.
     """
 
     verify: dict[tuple[int, int], float] = field(default_factory=dict)
     draft: dict[int, float] = field(default_factory=dict)
+    catch_up: float = 0.0
     smoothing: float = 0.2
     samples: dict[object, int] = field(default_factory=dict)
 
@@ -156,6 +170,11 @@ class StepCosts:
             rows = bucket(rows)
             self.draft[rows] = self._average(("draft", rows), self.draft.get(rows),
                                              seconds / steps)
+
+    def record_catch_up(self, tokens: int, seconds: float) -> None:
+        """Add a step whose draft caches fed ``tokens`` lagging tokens in ``seconds``."""
+        if tokens > 0:
+            self.catch_up = self._average("catch_up", self.catch_up, seconds / tokens)
 
     def _average(self, key: object, old: float | None, new: float) -> float:
         """The moving average after ``new``; the second measurement replaces the first."""
@@ -244,7 +263,7 @@ def alpha_estimates(accepted: list[int], tested: list[int], pooled: float, stren
 
 def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts,
               margin: float = 0.30, proposal_rates: list[float] | None = None,
-              hurdle: float = HURDLE) -> KChoice | None:
+              hurdle: float = HURDLE, lags: list[float] | None = None) -> KChoice | None:
     """The goodput-maximising plan (module docstring); ``None`` when a needed cost is unknown.
 
     Args:
@@ -256,10 +275,14 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
         proposal_rates: ``P_b`` of each request (default: 1, a drafter that always proposes).
         hurdle: the least predicted gain over plain decoding a plan needs to be chosen (module
             docstring).
+        lags: each request's ``lag_b / left_b``, the catch-up it owes per token it may still
+            generate (default: 0, none lags); of requests with equal expected gains, the one
+            that owes less drafts first.
     """
     B = len(alphas)
     rates = proposal_rates if proposal_rates is not None else [1.0] * B
-    order = sorted(range(B), key=lambda b: -alphas[b] * rates[b])    # best expected gain first
+    lags = lags or [0] * B
+    order = sorted(range(B), key=lambda b: (-alphas[b] * rates[b], lags[b]))  # best gain first
     verifies = [costs.verify_seconds(B, K + 1) for K in range(k_max + 1)]  # [K]: K drafts a row
     drafts = [costs.draft_seconds(R) for R in range(1, B + 1)]       # one draft step, R rows
     if None in verifies or None in drafts:
@@ -274,12 +297,15 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
             if K <= caps[b]:
                 power[b] *= alphas[b]
                 expected[b] += power[b]
-        tokens, none_propose, top = float(B), 1.0, (0.0, K, 0)  # R = 0: each row yields 1 token
+        tokens, none_propose, owed, top = float(B), 1.0, 0.0, (0.0, K, 0)  # R = 0: 1 token a row
         for R, b in enumerate(order, start=1):
-            tokens += rates[b] * (expected[b] - 1)     # row b drafts: E tokens instead of 1
+            gain = rates[b] * (expected[b] - 1)        # row b drafts: E tokens instead of 1
+            tokens += gain
             none_propose *= 1 - rates[b]
+            owed += costs.catch_up * lags[b] * (1 + gain)  # its share of its cache's catch-up
             extra = (1 - none_propose) * (verifies[K] - plain) + K * drafts[R - 1]
-            top = max(top, (tokens / (plain + (1 + margin) * extra), K, R), key=lambda p: p[0])
+            seconds = plain + (1 + margin) * extra + owed
+            top = max(top, (tokens / seconds, K, R), key=lambda p: p[0])
         goodput[top[1:]] = top[0]   # only each K's best: all K x B plans cost 17 KB a step at B=32
         best = max(best, top, key=lambda p: p[0])  # the first of equals stays
     _, K, R = best
@@ -328,10 +354,12 @@ class GoodputK:
         self.unchanged: tuple | None = None         # the inputs of the last plain plan
 
     def choose(self, requests: list[tuple[str, int, int]], caps: list[int],
-               fixed: list[bool] | None = None) -> list[int]:
+               fixed: list[bool] | None = None, lags: list[float] | None = None) -> list[int]:
         """Each request's ``k`` this step. ``requests[b]``: (id, drafts accepted, drafts tested);
         ``caps[b]``: its most drafts this round; ``fixed[b]``: it drafts ``caps[b]`` whatever the
-        plan (a seeded sampled request, whose tokens must not depend on the batch). While the
+        plan (a seeded sampled request, whose tokens must not depend on the batch); ``lags[b]``:
+        the tokens its draft cache must catch up on before it drafts per token it may still
+        generate (``choose_ks``). While the
         costs at this batch size are unknown, a plain step and a full step measure them. A plain
         plan that no drafting plan beat, hurdle aside, is not searched again while its inputs
         stand: no row has drafted (the records are the same), none has come or gone and no cap
@@ -351,7 +379,7 @@ class GoodputK:
         if not any(caps):                         # no row may draft (each one at its limits)
             choice = KChoice(len(caps), list(caps), alphas, {})
         elif (choice := choose_ks(alphas, caps, self.k_max, self.costs, proposal_rates=P,
-                                  hurdle=self.hurdle)) is None:
+                                  hurdle=self.hurdle, lags=lags)) is None:
             # explore: measure a plain step, then a full one
             plain_known = self.costs.verify_seconds(len(caps), 1) is not None
             choice = KChoice(len(caps), caps if plain_known else [0] * len(caps), alphas, {})
@@ -390,12 +418,16 @@ class GoodputK:
         return True
 
     def learn(self, request_ids: list[str], ks: list[int], drafted: list[int],
-              accepted: list[int | None], draft_s: float, verify_s: float) -> None:
+              accepted: list[int | None], draft_s: float, verify_s: float, lags: list[int],
+              catch_up_s: float) -> None:
         """Feed one step's measured costs and outcomes (``accepted[b]`` is ``None`` for a row that
-        failed). Acceptance is counted over the drafts proposed; how often a drafter proposes
-        anything when asked is counted apart (an n-gram table without a match proposes nothing)."""
+        failed; ``lags[b]`` its draft cache's lag before the step; ``catch_up_s`` the seconds the
+        drafter spent catching up, apart from ``draft_s``). Acceptance is counted over the drafts
+        proposed; how often a drafter proposes anything when asked is counted apart (an n-gram
+        table without a match proposes nothing)."""
         self.costs.record_verify(len(ks), 1 + max(drafted, default=0), verify_s)
         self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
+        self.costs.record_catch_up(sum(n for n, k in zip(lags, ks, strict=True) if k), catch_up_s)
         for rid, k, d, a in zip(request_ids, ks, drafted, accepted, strict=True):
             if a is not None and k > 0:
                 self.accepted += a

@@ -117,22 +117,24 @@ class SpeculativeRunner:
                 drafts its cap: which random numbers a round draws depends on ``k``, and a ``k``
                 chosen from the clock and the batch would make its tokens depend on them.
         """
+        lags = [s.draft_lag for s in seqs]
         ks = caps if policy is None else policy.choose(
             [(s.request_id, s.stats.accepted, s.stats.tested) for s in seqs], caps,
-            fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in seqs])
-        lag = self.drafter.catch_up_seconds if self.drafter is not None else 0.0
+            fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in seqs],
+            lags=[n / max(1, s.tokens_left) for n, s in zip(lags, seqs, strict=True)])
+        before = self.drafter.catch_up_seconds if self.drafter is not None else 0.0
         t0 = time.perf_counter()
         proposals = self.draft(seqs, ks)                          # 1. guesses, every row
         t1 = time.perf_counter()
-        if self.drafter is not None:       # a lagging draft cache's catch-up is not a draft step
-            t0 += self.drafter.catch_up_seconds - lag
+        # a lagging draft cache's catch-up is not a draft step: it is priced per token of lag
+        caught = self.drafter.catch_up_seconds - before if self.drafter is not None else 0.0
         verdicts, hidden = self.verify(seqs, proposals)           # 2. one target forward
         self.rollback(seqs, proposals, verdicts, hidden)          # 3. keep the accepted paths
         emitted = self.emit(seqs, proposals, verdicts)            # 4. tokens out
         if policy is not None:        # a round's cost beyond drafting: verify, rollback, emit
             policy.learn([s.request_id for s in seqs], ks, [p.depth for p in proposals],
                          [None if v is None else v.num_accepted for v in verdicts],
-                         t1 - t0, time.perf_counter() - t1)
+                         t1 - t0 - caught, time.perf_counter() - t1, lags, caught)
         return emitted
 
     # ------------------------------------------------------------------ 1. draft

@@ -268,7 +268,7 @@ class ModelDrafter(Drafter):
         probs: list[list[Tensor]] = [[] for _ in seqs]
         active = [b for b, k in enumerate(ks) if k > 0]
         feeds = {b: seqs[b].context[seqs[b].draft_len:] for b in active}   # what each cache lacks
-        long = [b for b in active if len(feeds[b]) > 2]       # lazy prefill (first use, preemption)
+        long = [b for b in active if seqs[b].draft_lag]   # lazy prefill (first use, plain rounds)
         if long:
             start = time.perf_counter()
             self._forward([seqs[b] for b in long], [feeds[b][:-1] for b in long])
