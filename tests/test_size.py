@@ -42,10 +42,13 @@ MAX_FUNCTION = 50
 #: once; prompt lookup's early exit, which its final check repeats; ``KVCacheSpace`` listing its
 #: caches once, at construction; 9 back for the goodput policy keeping a plain plan while its
 #: inputs stand and re-checking with one row, which took its cost where it does not draft from
-#: 4-7 % of the plain engine's time to about 1 % at batch sizes 4-32, ``benchmarks/lockstep.py``).
+#: 4-7 % of the plain engine's time to about 1 % at batch sizes 4-32, ``benchmarks/lockstep.py``;
+#: then 20 more: the one-caller ``_keep_top_p``, the engine's ``_outputs`` and ``_cache_factory``
+#: and the scheduler's ``_preempt`` (now releasing through ``release``) folded into their callers;
+#: six assign-and-test walruses; the loop's draft cache and the head's shape error on fewer lines).
 #: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
 #: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_873
+MAX_CODE_LINES = 3_853
 #: The goal, set before suffix and hybrid drafting and the timed kernel choice were asked for;
 #: what the layers hold without those (``LATER``) is held to it.
 GOAL = 3_600

@@ -146,8 +146,13 @@ def probs_from_logits(logits: Tensor, params: SamplingParams,
     if 0 < params.top_k < logits.shape[-1]:   # below the k-th largest of its row: -inf (ties kept)
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]      # (..., 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        logits = _keep_top_p(logits, params.top_p)
+    if params.top_p < 1.0:   # nucleus: sorted, a token is dropped once the mass strictly before it
+        # reaches top_p: the smallest prefix reaching top_p is kept (the most likely token always)
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)    # (..., V)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs       # (..., V)
+        kept = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
+        logits = torch.empty_like(kept).scatter_(-1, order, kept)   # back in vocabulary order
     if torch.isneginf(logits).all(dim=-1).any():
         raise ValueError("a row of logits is entirely -inf: no token can be sampled")
     probs = torch.softmax(logits, dim=-1)
@@ -233,20 +238,6 @@ def apply_repetition_penalty(logits: Tensor,
     # logit 0 stays 0 (a huge penalty rounds to inf in float32, and 0 * inf would be NaN)
     penalized = torch.where(rows > 0, rows / penalty, torch.where(rows < 0, rows * penalty, rows))
     return torch.where(seen, penalized, rows).reshape(logits.shape)
-
-
-def _keep_top_p(logits: Tensor, top_p: float) -> Tensor:
-    """Nucleus filter: keep the smallest prefix of the sorted tokens whose mass reaches top_p.
-
-    A token is dropped when the mass strictly before it already reaches ``top_p``; the most likely
-    token is therefore always kept.
-    """
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)    # (..., V)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs       # (..., V)
-    drop_sorted = mass_before >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
 
 
 def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:

@@ -171,8 +171,7 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
     cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
     seq.slot = cache.allocate()
     if keeps_cache(drafter):                                 # a draft model's or a head's cache
-        drafter.attach(ContiguousKVCache.for_model(drafter.model, num_slots=1,
-                                                   max_seq_len=seq.max_seq_len))
+        drafter.attach(ContiguousKVCache.for_model(drafter.model, 1, seq.max_seq_len))
         seq.draft_slot = drafter.cache.allocate()
     runner = SpeculativeRunner(target, cache, drafter, branching)
     if (reason := seq.done_before_start()) is not None:

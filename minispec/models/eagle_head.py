@@ -105,9 +105,8 @@ class EagleHead(nn.Module):
         c, t = self.config, target.config
         for field in SHAPE:
             if getattr(c, field) != getattr(t, field):
-                raise ValueError(f"this head was made for a target with "
-                                 f"{field}={getattr(c, field)}, "
-                                 f"the target given has {getattr(t, field)}")
+                raise ValueError(f"this head was made for a target with {field}="
+                                 f"{getattr(c, field)}, the target given has {getattr(t, field)}")
         self._target = (target,)
         weight = target.output_weight
         self.head_weight = weight.detach()[self.vocab.to(weight.device)]      # (V', D)
@@ -188,8 +187,7 @@ class EagleHead(nn.Module):
         drafts up to float rounding. Warns and stays eager where the fast path is unavailable;
         [`bind`][minispec.models.eagle_head.EagleHead.bind] again after it to re-pack the LM head
         rows."""
-        reason = packed.unavailable_reason(self.target)
-        if reason is not None:
+        if (reason := packed.unavailable_reason(self.target)) is not None:
             warnings.warn(f"minispec.models.packed: {reason}; the head runs eager", RuntimeWarning,
                           stacklevel=2)
             return self
@@ -236,8 +234,7 @@ def read_head(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
         FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.
     """
     directory = Path(directory)
-    missing = [f for f in (WEIGHTS, CONFIG) if not (directory / f).is_file()]
-    if missing:
+    if missing := [f for f in (WEIGHTS, CONFIG) if not (directory / f).is_file()]:
         raise FileNotFoundError(f"{directory} holds no EAGLE head: {', '.join(missing)} missing")
     return json.loads((directory / CONFIG).read_text()), load_file(str(directory / WEIGHTS))
 

@@ -138,8 +138,7 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
     if not isinstance(config, dict):
         raise ValueError(f"{path} holds {type(config).__name__}, not a JSON object")
-    missing = [key for key in REQUIRED_CONFIG_KEYS if key not in config]
-    if missing:
+    if missing := [key for key in REQUIRED_CONFIG_KEYS if key not in config]:
         raise ValueError(f"{path} has no {', '.join(repr(k) for k in missing)}: a Llama config "
                          f"needs {', '.join(REQUIRED_CONFIG_KEYS)}")
     return config
@@ -298,8 +297,7 @@ def check_tensors(headers: dict[str, tuple[tuple[int, ...], str, Path]],
             raise ValueError(f"{path}: tensor {name!r} has shape {list(shape)}, but config.json "
                              f"implies {list(expected[ours])}")
         found.add(ours)
-    missing = [name for name in expected if name not in found]
-    if missing:
+    if missing := [name for name in expected if name not in found]:
         hf_name = missing[0] if missing[0] == "lm_head.weight" else f"model.{missing[0]}"
         raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) that config.json implies, "
                          f"e.g. {hf_name!r}")

@@ -226,8 +226,7 @@ def make_fast(model: Llama, blas_rows: int | None = None) -> Llama:
     """
     if is_fast(model):
         return model
-    reason = unavailable_reason(model)
-    if reason is not None:
+    if (reason := unavailable_reason(model)) is not None:
         warnings.warn(f"minispec.models.packed: {reason}; running the eager forward",
                       RuntimeWarning, stacklevel=2)
         return model

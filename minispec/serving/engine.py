@@ -136,8 +136,11 @@ class Engine:
         self.k = k if drafter is not None else 0
         self.policy = policy_for(adaptive, self.k, self.branching is None)  # goodput k or None
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
-        make = _cache_factory(kv_cache, max_batch_size, self.max_seq_len, block_size, num_blocks,
-                              extra)
+        if kv_cache == "contiguous":    # the target's and a draft model's caches: the same shape
+            make = lambda m: ContiguousKVCache.for_model(m, max_batch_size, self.max_seq_len, extra)
+        else:
+            make = lambda m: PagedKVCache.for_model(m, max_batch_size, self.max_seq_len, extra,
+                                                    block_size=block_size, num_blocks=num_blocks)
         self.target_cache = make(target)
         self.draft_cache = make(drafter.model) if keeps_cache(drafter) else None
         if self.draft_cache is not None:                # a draft model's or a head's cache:
@@ -264,9 +267,12 @@ class Engine:
         for seq in filling:
             if seq.is_finished and seq not in batch:            # failed in its prefill
                 self._route(self._last_output(seq, []))
-        for seq, tokens in zip(batch, emitted, strict=True):
-            for out in self._outputs(seq, tokens):
-                self._route(out)
+        for seq, tokens in zip(batch, emitted, strict=True):   # one output per token; a finished
+            start = len(seq.generated) - len(tokens)           # request's last says how it ended
+            for i, token in enumerate(tokens[:-1] if seq.is_finished else tokens):
+                self._route(StepOutput(seq.request_id, token, start + i))
+            if seq.is_finished:
+                self._route(self._last_output(seq, tokens))
 
     def _guarded(self, phase: Callable[[list[Sequence]], Any], batch: list[Sequence]) -> Any:
         """Run a batched phase; if it raises (a fault of the batch, with no single request to
@@ -304,14 +310,6 @@ class Engine:
     def _round(self, batch: list[Sequence]) -> list[list[int]]:
         """The runner's round for every running request; the tokens each emitted."""
         return self.runner.round(batch, [seq.round_k(self.k) for seq in batch], self.policy)
-
-    def _outputs(self, seq: Sequence, tokens: list[int]) -> list[StepOutput]:
-        """One ``StepOutput`` per emitted token; a finished request's last one says how it ended."""
-        start = len(seq.generated) - len(tokens)
-        outs = [StepOutput(seq.request_id, t, start + i) for i, t in enumerate(tokens)]
-        if seq.is_finished:
-            outs[-1:] = [self._last_output(seq, tokens)]
-        return outs
 
     def _last_output(self, seq: Sequence, tokens: list[int]) -> StepOutput:
         """The request's final output (its last token, or none); forgets the request."""
@@ -469,12 +467,3 @@ def _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_bat
 
 def _positive_int(x: Any) -> bool:
     return is_int(x) and x >= 1
-
-
-def _cache_factory(kind: str, num_slots: int, max_seq_len: int, block_size: int,
-                   num_blocks: int | None, extra: int) -> Callable[[Llama], Any]:
-    """Makes the KV cache of one model (the target's and a draft model's have the same shape)."""
-    if kind == "contiguous":
-        return lambda m: ContiguousKVCache.for_model(m, num_slots, max_seq_len, extra)
-    return lambda m: PagedKVCache.for_model(m, num_slots, max_seq_len, block_size=block_size,
-                                            num_blocks=num_blocks, extra=extra)

@@ -184,7 +184,8 @@ class Scheduler:
         return bool(self.waiting) or any(not s.is_finished for s in self.running)
 
     def release(self, seq: Sequence) -> None:
-        """Take a finished (or aborted) ``seq`` out of either queue now and free its memory."""
+        """Take ``seq`` out of either queue now and free its memory: a finished (or aborted)
+        request, or one being preempted."""
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
@@ -214,14 +215,18 @@ class Scheduler:
         return seq.round_len(self.k) + self.extra_positions
 
     def _reserve_running(self) -> list[Sequence]:
-        """Grow every running sequence for its round, oldest first; preempt the newest if short."""
+        """Grow every running sequence for its round, oldest first; preempt the newest if short
+        (recompute preemption: its memory is freed, its tokens kept, and it is first in line)."""
         preempted: list[Sequence] = []
         i = 0
         while i < len(self.running):
             seq, need = self.running[i], self._round_len(self.running[i])
             while not self.space.can_grow(seq, need):
                 victim = self.running[-1]
-                self._preempt(victim)
+                self.release(victim)
+                victim.preempt()
+                self.waiting.appendleft(victim)
+                self.num_preemptions += 1
                 preempted.append(victim)
                 if victim is seq:
                     break
@@ -229,14 +234,6 @@ class Scheduler:
                 self.space.grow(seq, need)
                 i += 1
         return preempted
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: free ``seq``'s memory, put it first in line, keep its tokens."""
-        self.running.remove(seq)
-        self.space.free(seq)
-        seq.preempt()
-        self.waiting.appendleft(seq)
-        self.num_preemptions += 1
 
     def _admit(self) -> list[Sequence]:
         """Admit waiting sequences in order while the batch and the pool have room."""

@@ -62,8 +62,7 @@ def path(name: str) -> Path:
     if name not in NAMES:
         raise ValueError(f"unknown registered model {name!r}; available: {', '.join(REGISTERED)}")
     model_dir = _ZOO_DIR / name
-    missing = [f for f in REQUIRED_FILES if not (model_dir / f).is_file()]
-    if missing:
+    if missing := [f for f in REQUIRED_FILES if not (model_dir / f).is_file()]:
         raise FileNotFoundError(f"shipped model {name!r} is incomplete: {', '.join(missing)} "
                                 f"missing in {model_dir}. Rebuild it with `python -m "
                                 "minispec.tools.train --out runs/zoo` and then `python -m "
