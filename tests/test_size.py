@@ -45,10 +45,12 @@ MAX_FUNCTION = 50
 #: 4-7 % of the plain engine's time to about 1 % at batch sizes 4-32, ``benchmarks/lockstep.py``;
 #: then 20 more: the one-caller ``_keep_top_p``, the engine's ``_outputs`` and ``_cache_factory``
 #: and the scheduler's ``_preempt`` (now releasing through ``release``) folded into their callers;
-#: six assign-and-test walruses; the loop's draft cache and the head's shape error on fewer lines).
+#: six assign-and-test walruses; the loop's draft cache and the head's shape error on fewer lines;
+#: 18 back for the goodput plan pricing a lagging draft cache's catch-up, spread over the tokens
+#: its request has left: ``Sequence.draft_lag``, ``Sequence.tokens_left``, ``StepCosts.catch_up``).
 #: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
 #: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_853
+MAX_CODE_LINES = 3_871
 #: The goal, set before suffix and hybrid drafting and the timed kernel choice were asked for;
 #: what the layers hold without those (``LATER``) is held to it.
 GOAL = 3_600
