@@ -81,6 +81,14 @@ def test_a_seeded_sampled_request_keeps_its_k(target):
     assert chosen.stats.k_per_round == fixed.stats.k_per_round
 
 
+def test_without_a_drafter_every_round_is_recorded_plain(target):
+    """No drafter means plain decoding whatever ``k`` says: every round records ``k = 0``, as the
+    engine does (once, the loop recorded the ``k`` it was given, shrinking near the budget)."""
+    out = ms.speculative_generate(target, None, [1, 2, 3], 8, k=4)
+    assert out.tokens == ms.generate(target, [1, 2, 3], 8).tokens
+    assert out.stats.k_per_round == [0] * 8 and out.stats.k == 0
+
+
 def test_goodput_k_is_the_loops_default_and_a_fixed_k_is_asked_for(target):
     """As in the engine: with a chain drafter ``k`` is the upper bound unless ``adaptive=False``."""
     prompt, n = [3, 1, 4, 1, 5], 80
