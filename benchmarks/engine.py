@@ -24,8 +24,9 @@ of the default can be told apart from it. ``--warm`` first serves every engine (
 an untimed wave of as many other prompts: a server's steady state, in which what the default's
 policy learns once per engine (the step costs at each batch size, the pooled acceptance, its
 re-check schedule) is already paid for; without it each cell times a fresh engine, which charges
-a whole server life's exploration to one short run. Results go to ``<out>/engine.json`` and
-``<out>/engine.png``.
+a whole server life's exploration to one short run. The start-up heap is frozen before timing
+(``gc.freeze``: a full collection that scans it costs about 170 ms, see ``lockstep.py``). Results
+go to ``<out>/engine.json`` and ``<out>/engine.png``.
 
 Examples::
 
@@ -41,6 +42,7 @@ Not a test: timings depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -261,6 +263,8 @@ def main(argv=None) -> None:
                 if name in args.drafters and spec is not None}
     if args.eagle:
         drafters["eagle"] = ms.load_drafter(f"{args.model}-eagle", target)
+    gc.collect()
+    gc.freeze()         # a full collection no longer scans the start-up heap (docstring)
     eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else None
     print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; "
           f"{args.max_new_tokens} new tokens; {args.clock} clock, "
