@@ -36,11 +36,13 @@ def test_memory_bound_verify_drafts_the_most():
     and a cheap draft, the longest draft wins."""
     choice = choose_ks([0.9], [4], 4, costs_with(lambda t: 1.0, 0.02, rows=1))
     assert choice.ks == [4]
-    best = max(choice.goodput.values())
-    # drafting's extra seconds (four draft steps here) are charged 1 + margin times
-    assert best == pytest.approx(expected_tokens(0.9, 4) / (1.0 + 1.3 * 4 * 0.02))
-    unmargined = choose_ks([0.9], [4], 4, costs_with(lambda t: 1.0, 0.02, rows=1), margin=0.0)
-    assert max(unmargined.goodput.values()) == pytest.approx(expected_tokens(0.9, 4) / 1.08)
+    # one request has no batch to refill: its four draft steps are charged as they are
+    assert max(choice.goodput.values()) == pytest.approx(expected_tokens(0.9, 4) / 1.08)
+    two = choose_ks([0.9] * 2, [4] * 2, 4, costs_with(lambda t: 1.0, 0.02, rows=2))
+    assert two.ks == [4, 4]
+    # with two, drafting's extra seconds (four draft steps) are charged 1 + margin times
+    assert max(two.goodput.values()) == pytest.approx(2 * expected_tokens(0.9, 4)
+                                                      / (1.0 + 1.3 * 4 * 0.02))
 
 
 def test_a_small_predicted_gain_is_not_taken():
@@ -76,13 +78,14 @@ def test_a_catch_up_is_charged_to_the_tokens_it_buys():
     args = ([0.8], [1], 1, costs)
     owes = choose_ks(*args, margin=0.0, hurdle=0.0, lags=[50 / 5])    # lag 50, 5 tokens left
     assert max(owes.goodput.values()) == pytest.approx(1.8 / 1.6)    # 1.8 tokens owe 0.1 s
-    margined = choose_ks(*args, margin=0.2, hurdle=0.0, lags=[10])   # the margin is not on it
-    assert max(margined.goodput.values()) == pytest.approx(1.8 / (1 + 1.2 * 0.5 + 0.1))
     assert choose_ks(*args, margin=0.0, hurdle=0.0, lags=[40]).ks == [0]   # 1.8 / 1.9 s < 1
     assert choose_ks(*args, margin=0.0, hurdle=0.0, lags=[0]).ks == [1]
     two = costs_with(lambda t: 1.0 + 0.1 * (t - 1), 0.0, rows=2)  # both 3.6 / 1.5; one 2.8 / 1.1
     two.catch_up = 1 / 180
     assert choose_ks([0.8, 0.8], [1, 1], 1, two, margin=0.0, hurdle=0.0, lags=[40, 0]).ks == [0, 1]
+    both = choose_ks([0.8, 0.8], [1, 1], 1, two, margin=0.2, hurdle=0.0, lags=[10, 10])
+    assert both.ks == [1, 1]                                    # the margin is not on the shares
+    assert max(both.goodput.values()) == pytest.approx(3.6 / (1 + 1.2 * 0.1 + 2 * 0.1))
 
 
 @pytest.mark.parametrize("hurdle", [-0.1, float("nan")])
