@@ -47,7 +47,7 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   tokens it expects from the row. Unpriced, plans at batch size 8 on the shipped pair predicted
   to gain 10 % paid a 9.2 ms catch-up, about a whole plain step; charged in full to the step that
   catches up, the lag grew with every plain step until no plan could pay it, and the draft model
-  at batch size 1 stopped drafting until the next re-check (0.99x of plain, from 1.12x). A
+  at batch size 1 stopped drafting until the next re-check (0.97-0.99x of plain). A
   request that stops early (a stop token) leaves part of its share unpaid.
   ``K = 0`` is plain decoding, so the choice never predicts less than the plain engine. What
   drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 30 %). Drafting costs
@@ -119,7 +119,7 @@ class StepCosts:
         catch_up: seconds per token a lagging draft cache feeds before it drafts
             ([`draft_lag`][minispec.core.sequence.Sequence.draft_lag]); 0 until measured.
         smoothing: weight of a new measurement in the moving averages.
-        samples: how many measurements each key of ``verify`` and ``draft`` has had.
+        samples: how many measurements each key of ``verify``, ``draft`` and ``catch_up`` has had.
     """
 
     verify: dict[tuple[int, int], float] = field(default_factory=dict)

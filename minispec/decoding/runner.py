@@ -117,7 +117,7 @@ class SpeculativeRunner:
                 drafts its cap: which random numbers a round draws depends on ``k``, and a ``k``
                 chosen from the clock and the batch would make its tokens depend on them.
         """
-        lags = [s.draft_lag for s in seqs]
+        lags = [s.draft_lag for s in seqs] if policy is not None else []    # for the plan
         ks = caps if policy is None else policy.choose(
             [(s.request_id, s.stats.accepted, s.stats.tested) for s in seqs], caps,
             fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in seqs],
