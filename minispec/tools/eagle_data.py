@@ -60,32 +60,47 @@ CODE_FORMS = ["Write a Python function that {}.", "Show me Python code that {}, 
               "Implement a function that {} and explain it in one sentence."]
 
 
-def build_prompts(seed: int = 0) -> list[list[dict[str, str]]]:
-    """The prompt set: chat questions, coding jobs and stdlib docstrings to summarize (shuffled)."""
+def build_prompts(seed: int = 0, docstrings: int = 40) -> list[list[dict[str, str]]]:
+    """The prompt set: chat questions, coding jobs and ``docstrings`` stdlib docstrings to
+    summarize (shuffled)."""
     prompts = [[{"role": "user", "content": form.format(topic)}]
                for topic in CHAT_TOPICS for form in CHAT_FORMS]
     prompts += [[{"role": "user", "content": form.format(job)}]
                 for job in CODE_JOBS for form in CODE_FORMS]
-    for doc in _stdlib_docstrings(40):
-        prompts.append([{"role": "user", "content": f"Summarize this in two sentences:\n\n{doc}"}])
+    for i, doc in enumerate(_stdlib_docstrings(docstrings)):
+        ask = DOC_FORMS[i // 40 % len(DOC_FORMS)]     # the first 40 keep the original question
+        prompts.append([{"role": "user", "content": f"{ask}\n\n{doc}"}])
     random.Random(seed).shuffle(prompts)
     return prompts
 
 
+DOC_FORMS = ["Summarize this in two sentences:", "Explain this to a beginner:",
+             "What is this for? Answer briefly:", "Rewrite this more simply:"]
+
+
 def _stdlib_docstrings(n: int) -> list[str]:
-    """The first ``n`` module docstrings of 300-1200 characters in the standard library (sorted)."""
+    """``n`` docstrings of 300-1200 characters from the standard library: the top-level modules'
+    first (sorted), then those of functions and classes in every non-test module."""
     import ast
 
-    found = []
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        try:
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        if doc and 300 <= len(doc) <= 1200:
-            found.append(doc)
-        if len(found) == n:
-            break
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    found: list[str] = []
+    for deep, paths in ((False, sorted(stdlib.glob("*.py"))), (True, sorted(stdlib.rglob("*.py")))):
+        for path in paths:
+            if len(found) >= n:
+                return found
+            if deep and ("test" in path.parts or "site-packages" in path.parts):
+                continue
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            nodes = ([node for node in ast.walk(tree) if isinstance(
+                node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)] if deep else [tree])
+            for node in nodes:
+                doc = ast.get_docstring(node)
+                if doc and 300 <= len(doc) <= 1200 and len(found) < n:
+                    found.append(doc)
     return found
 
 
@@ -97,9 +112,12 @@ def answers(target: Llama, tokenizer, prompts: list, max_new_tokens: int = 192,
     """
     if not getattr(tokenizer, "chat_template", None):
         prompts = [p[-1]["content"] for p in prompts]
-    engine = Engine(target, max_batch_size=batch, kv_cache="paged", tokenizer=tokenizer)
-    results = engine.generate(prompts, max_new_tokens=max_new_tokens)
-    return [encode_prompt(p, tokenizer) + r.tokens for p, r in zip(prompts, results, strict=True)]
+    ids = [encode_prompt(p, tokenizer) for p in prompts]
+    longest = min(max(map(len, ids)) + max_new_tokens, target.config.max_position_embeddings)
+    engine = Engine(target, max_batch_size=batch, kv_cache="paged", tokenizer=tokenizer,
+                    max_seq_len=longest)              # the pool sized for these requests alone
+    results = engine.generate(ids, max_new_tokens=max_new_tokens)
+    return [p + r.tokens for p, r in zip(ids, results, strict=True)]
 
 
 def corpus_texts(shakespeare_chars: int, code_chars: int, cache_dir: Path,
@@ -146,18 +164,40 @@ class Chunk:
 
 @torch.inference_mode()
 def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 512,
-            progress: bool = True) -> list[Chunk]:
-    """The target's features on every ``(source, ids)`` sequence, in chunks of ``chunk`` tokens."""
+            progress: bool = True, batch: int = 8) -> list[Chunk]:
+    """The target's features on every ``(source, ids)`` sequence, in chunks of ``chunk`` tokens.
+
+    Chunks of equal length run ``batch`` at a time (no cache, no padding: a chunk never sees
+    another); the results stay on the CPU, in the order of ``sequences``.
+    """
     pieces = [(src, ids[i:i + chunk]) for src, ids in sequences for i in range(0, len(ids), chunk)]
     pieces = [(src, ids) for src, ids in pieces if len(ids) >= 8]
-    out = []
-    for src, ids in tqdm(pieces, desc="target features", unit="chunk", disable=not progress):
-        x = torch.tensor([ids], device=target.device)
-        logits, hidden = target(x, torch.arange(len(ids), device=target.device)[None],
-                                return_hidden=True)
-        out.append(Chunk(src, x[0].cpu(), hidden[0].to(torch.float16).cpu(),
-                         logits[0].argmax(-1).cpu()))
+    order = sorted(range(len(pieces)), key=lambda i: len(pieces[i][1]))
+    groups = [order[i:i + batch] for i in range(0, len(order), batch)]
+    out: list[Chunk | None] = [None] * len(pieces)
+    bar = tqdm(total=len(pieces), desc="target features", unit="chunk", disable=not progress)
+    for group in groups:
+        for part in _equal_lengths(group, pieces):
+            x = torch.tensor([pieces[i][1] for i in part], device=target.device)     # (B, L)
+            pos = torch.arange(x.shape[1], device=target.device)[None].expand_as(x)
+            logits, hidden = target(x, pos, return_hidden=True)            # (B, L, V), (B, L, D)
+            greedy, feats = logits.argmax(-1).cpu(), hidden.to(torch.float16).cpu()
+            for row, i in enumerate(part):
+                out[i] = Chunk(pieces[i][0], x[row].cpu(), feats[row], greedy[row])
+            bar.update(len(part))
+    bar.close()
     return out
+
+
+def _equal_lengths(group: list[int], pieces: list) -> list[list[int]]:
+    """Split a group of piece indices (sorted by length) into runs of equal length."""
+    runs: list[list[int]] = []
+    for i in group:
+        if runs and len(pieces[runs[-1][0]][1]) == len(pieces[i][1]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 def choose_vocab(chunks: list[Chunk], coverage: float,

@@ -58,16 +58,17 @@ CHECKPOINT_EVERY_S = 120
 def build_data(target, tokenizer, args) -> dict:
     """Stage 1: features of the answers and the corpus;
     ``{"train": [...], "heldout": [...], ...}``."""
-    prompts = eagle_data.build_prompts(args.seed)[: args.prompts]
+    prompts = eagle_data.build_prompts(args.seed, args.docstrings)[: args.prompts]
     t0 = time.time()
     seqs = [("answers", ids)
-            for ids in eagle_data.answers(target, tokenizer, prompts, args.answer_tokens)]
+            for ids in eagle_data.answers(target, tokenizer, prompts, args.answer_tokens,
+                                          batch=args.gen_batch)]
     gen_s = time.time() - t0
     texts = eagle_data.corpus_texts(args.prose_chars, args.code_chars,
                                     smollm2.home() / "shakespeare", args.corpus)
     for source, items in texts.items():
         seqs += [(source, tokenizer.encode(t)) for t in items]
-    chunks = eagle_data.extract(target, seqs, chunk=args.chunk)
+    chunks = eagle_data.extract(target, seqs, chunk=args.chunk, batch=args.gen_batch)
     random.Random(args.seed).shuffle(chunks)
     n_held = max(1, len(chunks) // 20)
     sizes = {}
@@ -92,51 +93,73 @@ def cached_data(target, tokenizer, args) -> dict:
         except pickle.UnpicklingError:
             print(f"{data_file} holds pickled objects (an older format): building it again")
     data = build_data(packed.make_fast(target), tokenizer, args)  # packed: the answers come faster
-    packed.make_eager(target)
+    packed.make_eager(target)                      # (on a GPU, make_fast warns and does nothing)
     torch.save(data | {s: [dict(vars(c)) for c in data[s]] for s in splits}, data_file)
     return data
 
 
-def head_loss(head: EagleHead, chunk: eagle_data.Chunk, index: torch.Tensor, unroll: int,
+def stack(chunks: list[eagle_data.Chunk], index: torch.Tensor, device: torch.device
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chunks right-padded into one batch on ``device``: tokens (B, L), features (B, L, D) float32,
+    labels (B, L) in V' (-1: outside V' or padding), valid (B, L) bool."""
+    n = max(len(c.tokens) for c in chunks)
+    x = torch.zeros(len(chunks), n, dtype=torch.long)
+    f = torch.zeros(len(chunks), n, chunks[0].features.shape[-1], dtype=torch.float16)
+    labels = torch.full((len(chunks), n), -1, dtype=torch.long)
+    valid = torch.zeros(len(chunks), n, dtype=torch.bool)
+    for b, c in enumerate(chunks):
+        m = len(c.tokens)
+        x[b, :m], f[b, :m], labels[b, :m], valid[b, :m] = c.tokens, c.features, index[c.greedy], 1
+    return x.to(device), f.to(device).float(), labels.to(device), valid.to(device)
+
+
+def head_loss(head: EagleHead, chunks: list[eagle_data.Chunk], index: torch.Tensor, unroll: int,
               w_cls: float, noise: float) -> tuple[torch.Tensor, float]:
-    """The loss on one chunk (see the module docstring) and the first pass's top-1 accuracy."""
-    f = chunk.features.float()                                            # (L, D)
-    x, labels = chunk.tokens, index[chunk.greedy]                         # (L,), (L,) in V' or -1
-    feats, total, acc = f[:-1], 0.0, 0.0
+    """The loss on a batch of chunks (see the module docstring), averaged over real positions, and
+    the first pass's top-1 accuracy. Padding sits at the end of a row, so causal attention keeps
+    it away from every real position."""
+    x, f, labels, valid = stack(chunks, index, head.fc.weight.device)
+    feats, total, acc = f[:, :-1], 0.0, 0.0
     for step in range(unroll):
         inputs = feats if noise == 0 else feats + noise * torch.randn_like(feats)
-        n = inputs.shape[0]
-        pos = torch.arange(step, step + n)[None]
-        logits, pred = head(x[1 + step:][None], inputs[None], pos)         # (1, n, V'), (1, n, D)
-        want = f[1 + step:]
-        total = total + F.smooth_l1_loss(pred[0], want) + w_cls * F.cross_entropy(
-            logits[0], labels[1 + step:], ignore_index=-1)
+        n = inputs.shape[1]
+        pos = torch.arange(step, step + n, device=x.device)[None].expand(len(chunks), n)
+        logits, pred = head(x[:, 1 + step:], inputs, pos)                 # (B, n, V'), (B, n, D)
+        ok = valid[:, 1 + step:]                                          # (B, n)
+        feat_loss = F.smooth_l1_loss(pred.float(), f[:, 1 + step:], reduction="none").mean(-1)
+        total = total + feat_loss[ok].mean() + w_cls * F.cross_entropy(
+            logits.float()[ok], labels[:, 1 + step:][ok], ignore_index=-1)
         if step == 0:
-            ok = labels[1:] >= 0
-            acc = (float((logits[0].argmax(-1) == labels[1:])[ok].float().mean()) if ok.any()
-                   else 0.0)
-        feats = pred[0, :-1]                   # the head's own f'_t feeds pair t + 1 next pass
+            hit, ok = logits.argmax(-1) == labels[:, 1:], labels[:, 1:] >= 0
+            acc = float(hit[ok].float().mean()) if ok.any() else 0.0
+        feats = pred[:, :-1].float()         # the head's own f'_t feeds pair t + 1 next pass
     return total / unroll, acc
 
 
 @torch.no_grad()
-def heldout_accuracy(head: EagleHead, chunks: list, index: torch.Tensor) -> dict[str, float]:
+def heldout_accuracy(head: EagleHead, chunks: list, index: torch.Tensor,
+                     batch: int = 8) -> dict[str, float]:
     """Top-1 agreement of the first draft with the target's greedy token on held-out chunks:
-    ``{"all": ..., "answers": ...}``, one forward per chunk (answers: the target's own text)."""
+    ``{"all": ..., "answers": ...}`` (answers: the target's own text); out-of-V' labels count as
+    misses."""
     hits, total = {"all": 0, "answers": 0}, {"all": 0, "answers": 0}
-    for c in chunks:
-        labels = index[c.greedy][1:]
-        logits, _ = head(c.tokens[1:][None], c.features[:-1].float()[None],
-                         torch.arange(len(c.tokens) - 1)[None])
-        ok = labels >= 0
-        for group in ("all", "answers") if c.source == "answers" else ("all",):
-            hits[group] += int((logits[0].argmax(-1) == labels)[ok].sum())
-            total[group] += len(labels)                       # out-of-V' labels count as misses
+    for i in range(0, len(chunks), batch):
+        part = chunks[i:i + batch]
+        x, f, labels, valid = stack(part, index, head.fc.weight.device)
+        n = x.shape[1] - 1
+        logits, _ = head(x[:, 1:], f[:, :-1], torch.arange(n, device=x.device)[None].expand(
+            len(part), n))
+        hit = ((logits.argmax(-1) == labels[:, 1:]) & (labels[:, 1:] >= 0)).sum(-1)   # (B,)
+        for b, c in enumerate(part):
+            for group in ("all", "answers") if c.source == "answers" else ("all",):
+                hits[group] += int(hit[b])
+                total[group] += int(valid[b, 1:].sum())
     return {group: hits[group] / max(1, total[group]) for group in hits}
 
 
 def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> dict:
     """Stage 3: AdamW with warm-up and cosine decay over the budget; returns the curve."""
+    device = next(head.parameters()).device
     vocab_index = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
     vocab_index[head.vocab] = torch.arange(head.draft_vocab_size)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -166,10 +189,9 @@ def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> d
               * (1 + math.cos(math.pi * min(1.0, progress))))
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = [pick(rng) for _ in range(args.batch)]
-        losses = [head_loss(head, c, vocab_index, args.unroll, args.w_cls, args.noise)
-                  for c in batch]
-        loss = sum(v for v, _ in losses) / len(losses)
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            loss, acc = head_loss(head, [pick(rng) for _ in range(args.batch)], vocab_index,
+                                  args.unroll, args.w_cls, args.noise)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -177,12 +199,11 @@ def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> d
         step += 1
         bar.update(1)
         if step % args.eval_every == 0 or step == args.steps:
-            acc = heldout_accuracy(head, data["heldout"], vocab_index)
+            held = heldout_accuracy(head, data["heldout"], vocab_index, args.batch)
             curve.append({"step": step, "minutes": (time.time() - started) / 60,
-                          "loss": loss.item(),
-                          "train_top1": sum(a for _, a in losses) / len(losses),
-                          "heldout_top1": acc["all"], "heldout_answers_top1": acc["answers"]})
-            bar.set_postfix(loss=f"{loss.item():.3f}", heldout=f"{acc['all']:.3f}")
+                          "loss": loss.item(), "train_top1": acc,
+                          "heldout_top1": held["all"], "heldout_answers_top1": held["answers"]})
+            bar.set_postfix(loss=f"{loss.item():.3f}", heldout=f"{held['all']:.3f}")
         if time.time() - last_ckpt > CHECKPOINT_EVERY_S:
             torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "curve": curve,
                         "step": step, "elapsed": time.time() - started, "sessions": sessions},
@@ -248,9 +269,8 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
         f"{d['train_chunks']} training chunks, {d['heldout_chunks']} held out; built in "
         f"{d['build_minutes']:.0f} minutes.", "",
         "## Training", "",
-        f"{t['steps']} AdamW steps in {t['minutes']:.0f} minutes on "
-        f"{facts['hardware']['cpus']} CPU cores ({facts['hardware']['threads']} torch threads, "
-        f"torch {facts['hardware']['torch']}), loss = SmoothL1 on the features + "
+        f"{t['steps']} AdamW steps of {facts['args']['batch']} chunks in {t['minutes']:.0f} "
+        f"minutes on {_hardware(facts['hardware'])}, loss = SmoothL1 on the features + "
         f"{facts['args']['w_cls']} x cross-entropy to the target's greedy token, unrolled "
         f"{facts['args']['unroll']} passes, initialised from the target's last layer "
         f"({facts['args']['init']}). Held-out top-1 agreement of the first draft with the "
@@ -284,6 +304,13 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
     lines += ["", "Every run produced exactly the target's greedy tokens.", ""]
     (directory / "MODEL_CARD.md").write_text("\n".join(lines))
     return directory / "MODEL_CARD.md"
+
+
+def _hardware(hw: dict) -> str:
+    """The card's words for where the head trained."""
+    if hw.get("device", "cpu") != "cpu":
+        return f"one {hw['device']} (bfloat16 autocast, torch {hw['torch']})"
+    return f"{hw['cpus']} CPU cores ({hw['threads']} torch threads, torch {hw['torch']})"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -326,6 +353,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-tokens", type=int, default=96,
                    help="new tokens per task in the final evaluation")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu",
+                   help="where the target and the head run ('cuda': training under bfloat16 "
+                        "autocast)")
+    p.add_argument("--docstrings", type=int, default=40,
+                   help="stdlib docstrings among the prompts (to summarize, explain, simplify)")
+    p.add_argument("--gen-batch", type=int, default=16,
+                   help="requests the engine answers at once; chunks per feature forward")
     return p.parse_args(argv)
 
 
@@ -335,7 +369,7 @@ def main(argv=None) -> Path:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
-    target, tokenizer = load(args.target)
+    target, tokenizer = load(args.target, device=args.device)
     data = cached_data(target, tokenizer, args)
     target.requires_grad_(False)                              # eager: the head trains through it
     vocab, coverage_curve = eagle_data.choose_vocab(data["train"], args.coverage,
@@ -344,7 +378,8 @@ def main(argv=None) -> Path:
         vocab = torch.arange(target.config.vocab_size)
     print(f"draft vocabulary: {vocab.numel()} tokens ({args.layout} layout), from "
           f"{len(data['train'])} training chunks")
-    head = EagleHead(target.config, vocab=vocab, layout=args.layout).bind(target)
+    head = EagleHead(target.config, vocab=vocab, layout=args.layout).to(target.device)
+    head.bind(target)
     if args.init == "last-layer":
         head.init_from_target()
     ckpt = args.out / "ckpt.pt"
@@ -364,8 +399,11 @@ def main(argv=None) -> Path:
                              "coverage_by_size": coverage_curve},
              "training": result,
              "hardware": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__}}
+                          "torch": torch.__version__,
+                          "device": (torch.cuda.get_device_name(target.device)
+                                     if target.device.type == "cuda" else "cpu")}}
     head.eval()
+    save_head(head, args.out / "head", extra={"training": facts})    # kept if evaluation fails
     evaluation = evaluate(target, tokenizer, EagleDrafter(head), max_new_tokens=args.eval_tokens)
     save_head(head, args.out / "head", extra={"training": facts, "evaluation": evaluation})
     write_card(args.out / "head", facts, evaluation)

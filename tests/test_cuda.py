@@ -1,0 +1,125 @@
+"""The package on a CUDA device: the same exactness claims the CPU tests make, run on the GPU.
+
+Every test here is skipped without a CUDA device (CI has none); on a GPU machine run
+``python -m pytest tests/test_cuda.py -m cuda``. The models are the tiny random checkpoints of
+``conftest.py``, loaded on the GPU in float32, so the reference is transformers on the same device
+and the same dtype: greedy tokens must be *equal* (minGPT's rule), and speculative decoding must
+return exactly the tokens of plain decoding on that device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minispec as ms
+from minispec.models.loader import load
+from tests.conftest import make_hf_model, save_hf_model
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+NAME = "gqa-llama3-tied"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny target and a tiny draft of the same vocabulary, both on the GPU, plus transformers'
+    target on the GPU."""
+    hf_target, hf_draft = make_hf_model(NAME, seed=0), make_hf_model(NAME, seed=1)
+    t_dir = save_hf_model(hf_target, tmp_path_factory.mktemp("cuda-target"))
+    d_dir = save_hf_model(hf_draft, tmp_path_factory.mktemp("cuda-draft"))
+    target, _ = load(t_dir, device="cuda", dtype=torch.float32)
+    draft, _ = load(d_dir, device="cuda", dtype=torch.float32)
+    return target, draft, hf_target.to("cuda")
+
+
+def prompts(vocab: int, n: int = 6) -> list[list[int]]:
+    """``n`` prompts of different lengths, each with a repeated stretch for n-gram drafters."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for i in range(n):
+        head = torch.randint(4, vocab, (5 + 3 * i,), generator=g).tolist()
+        out.append(head + head[:4] + head)
+    return out
+
+
+def test_model_lives_on_the_gpu(pair):
+    target, draft, _ = pair
+    assert target.device.type == "cuda" and draft.device.type == "cuda"
+    assert all(p.is_cuda for p in target.parameters())
+
+
+def test_greedy_equals_transformers_on_cuda(pair):
+    target, _, hf = pair
+    for ids in prompts(target.config.vocab_size, 3):
+        ours = ms.generate(target, ids, 24).tokens
+        x = torch.tensor([ids], device="cuda")
+        theirs = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24,
+                             min_new_tokens=24, do_sample=False, pad_token_id=0)
+        assert torch.equal(torch.tensor(ours), theirs[0, len(ids):].cpu())
+
+
+@pytest.mark.parametrize("which", ["draft", "ngram", "prompt_lookup", "suffix"])
+def test_speculative_greedy_equals_plain_on_cuda(pair, which):
+    target, draft, _ = pair
+    drafter = {"draft": lambda: ms.ModelDrafter(draft), "ngram": ms.NGramDrafter,
+               "prompt_lookup": ms.PromptLookupDrafter, "suffix": ms.SuffixDrafter}[which]
+    for ids in prompts(target.config.vocab_size, 3):
+        plain = ms.generate(target, ids, 32).tokens
+        for adaptive in (False, True):
+            out = ms.speculative_generate(target, drafter(), ids, 32, k=4, adaptive=adaptive)
+            assert out.tokens == plain, (which, adaptive)
+        assert out.stats.new_tokens == 32
+
+
+@pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
+def test_engine_on_cuda_equals_single_requests(pair, kv_cache):
+    target, draft, _ = pair
+    ps = prompts(target.config.vocab_size)
+    singles = [ms.generate(target, ids, 20).tokens for ids in ps]
+    for kwargs in ({}, {"draft": draft, "k": 4}, {"drafter": ms.NGramDrafter(), "k": 3}):
+        engine = ms.Engine(target, max_batch_size=4, kv_cache=kv_cache, **kwargs)
+        results = engine.generate(ps, max_new_tokens=20, progress=False)
+        assert [r.tokens for r in results] == singles, kwargs
+
+
+def test_sampled_requests_do_not_depend_on_their_neighbours_on_cuda(pair):
+    target, draft, _ = pair
+    ps = prompts(target.config.vocab_size, 4)
+    params = [ms.SamplingParams(temperature=0.9, seed=100 + i) for i in range(len(ps))]
+    together = ms.Engine(target, draft=draft, k=3, max_batch_size=4).generate(
+        ps, sampling=params, max_new_tokens=16, progress=False)
+    for ids, sp, out in zip(ps, params, together, strict=True):
+        alone = ms.Engine(target, draft=draft, k=3, max_batch_size=4).generate(
+            [ids], sampling=sp, max_new_tokens=16, progress=False)[0]
+        assert alone.tokens == out.tokens
+
+
+def test_speculative_sampling_law_on_cuda():
+    """The kept token follows p on the GPU: with 400,000 runs over 6 tokens the standard error of
+    a frequency is at most sqrt(0.25 / 4e5) = 7.9e-4, so 0.005 is over 6 standard errors."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    p = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04], device="cuda")
+    q = torch.tensor([0.05, 0.10, 0.20, 0.25, 0.20, 0.20], device="cuda")
+    tokens, accepted = ms.speculative_sample_batch(p, q, 400_000, generator=g)
+    assert tokens.is_cuda
+    freq = torch.bincount(tokens, minlength=6).float() / tokens.numel()
+    assert (freq - p).abs().max() < 0.005
+    assert abs(accepted.float().mean().item() - torch.minimum(p, q).sum().item()) < 0.005
+
+
+def test_eagle_head_drafts_exactly_on_cuda(pair):
+    """A random EAGLE-style head on the GPU: its drafts are mostly wrong, and the tokens are still
+    plain greedy's, in the loop and in the engine."""
+    from minispec.models.eagle_head import EagleHead
+
+    target, _, _ = pair
+    vocab = torch.arange(0, target.config.vocab_size, 2)            # a draft vocabulary V'
+    head = EagleHead(target.config, vocab=vocab).to("cuda").bind(target)
+    ps = prompts(target.config.vocab_size, 4)
+    plain = [ms.generate(target, ids, 24).tokens for ids in ps]
+    for ids, want in zip(ps, plain, strict=True):
+        assert ms.speculative_generate(target, ms.EagleDrafter(head), ids, 24, k=3).tokens == want
+    engine = ms.Engine(target, drafter=ms.EagleDrafter(head), k=3, max_batch_size=4)
+    assert [r.tokens for r in engine.generate(ps, max_new_tokens=24, progress=False)] == plain
