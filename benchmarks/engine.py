@@ -80,6 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="skip the transformers baselines")
+    parser.add_argument("--fast", action="store_true",
+                        help="minispec's models on the packed CPU path (ms.load(..., fast=True)); "
+                             "transformers stays eager")
     parser.add_argument("--random", action="store_true", help="random models of the shipped shape")
     parser.add_argument("--model", default=None,
                         help="a target to load instead of the shipped pair (no draft model then)")
@@ -259,6 +262,10 @@ def main(argv=None) -> None:
         if not args.skip_hf:
             from transformers import AutoModelForCausalLM
             hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    if args.fast:
+        from minispec.models.packed import make_fast
+        target, draft = make_fast(target), draft and make_fast(draft)
+        label += ", packed CPU path"
     drafters = {name: spec for name, spec in (("draft", draft), ("ngram", "ngram"))
                 if name in args.drafters and spec is not None}
     if args.eagle:

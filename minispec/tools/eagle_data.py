@@ -6,8 +6,8 @@ GSM8K, ...) and none of them minispec's evaluation tasks
 ([`minispec.tools.workloads`][minispec.tools.workloads]):
 
 1. **the target's own answers** to a prompt set written here (chat questions, small coding jobs,
-   summaries of standard-library docstrings), generated greedily with minispec's engine -- the
-   distribution the head will draft in;
+   standard-library docstrings to summarize, explain or simplify), generated greedily with
+   minispec's engine -- the distribution the head will draft in;
 2. **public-domain prose**: the Shakespeare corpus the shipped tiny pair was trained on;
 3. **code**: the Python standard library's source.
 

@@ -262,13 +262,15 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
         f"The target's own features on {sum(d['tokens_by_source'].values()):,} tokens: "
         + ", ".join(f"{n:,} from {src}" for src, n in d["tokens_by_source"].items())
         + f" ({d['prompts']} prompts of minispec's own: chat questions, small coding jobs and "
-        "summaries of standard-library docstrings, answered greedily by the target; the "
+        "standard-library docstrings to summarize, explain or simplify, answered greedily by "
+        "the target; the "
         "Shakespeare corpus of the shipped tiny pair, public domain; the Python standard "
         "library's source). None of it comes from a public benchmark's prompts, nor from "
         "minispec's evaluation tasks. "
         f"{d['train_chunks']} training chunks, {d['heldout_chunks']} held out; built in "
         f"{d['build_minutes']:.0f} minutes.", "",
         "## Training", "",
+        f"`{_command(facts['args'])}`", "",
         f"{t['steps']} AdamW steps of {facts['args']['batch']} chunks in {t['minutes']:.0f} "
         f"minutes on {_hardware(facts['hardware'])}, loss = SmoothL1 on the features + "
         f"{facts['args']['w_cls']} x cross-entropy to the target's greedy token, unrolled "
@@ -280,8 +282,8 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
            "(the rest is prose and code, and each answer's chat template repeats the same "
            "system turn)"
            if "heldout_answers_top1" in curve[-1] else "")
-        + (f". Trained in {len(t['sessions'])} sessions: " + "; ".join(t["sessions"])
-           if t.get("sessions") else "") + ".", "",
+        + (f". Trained in {len(t['sessions'])} session{'s' * (len(t['sessions']) > 1)}: "
+           + "; ".join(t["sessions"]) if t.get("sessions") else "") + ".", "",
         "## Draft vocabulary", "",
         f"The {v['size']} most frequent greedy tokens of the training data cover "
         f"{v['coverage_target']:.0%} of them (coverage at other sizes: "
@@ -304,6 +306,16 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
     lines += ["", "Every run produced exactly the target's greedy tokens.", ""]
     (directory / "MODEL_CARD.md").write_text("\n".join(lines))
     return directory / "MODEL_CARD.md"
+
+
+def _command(args: dict) -> str:
+    """The command that made the head: its options that differ from the defaults."""
+    defaults = {k: str(v) for k, v in vars(parse_args(["--out", "."])).items()}
+    options = [f"--{k.replace('_', '-')} {v}" for k, v in args.items()
+               if k not in ("out", "name") and v != defaults.get(k) and v != "True"]
+    options += [f"--{k.replace('_', '-')}" for k, v in args.items()
+                if v == "True" and defaults.get(k) == "False"]
+    return " ".join(["python -m minispec.tools.train_eagle --out DIR", *options])
 
 
 def _hardware(hw: dict) -> str:
