@@ -115,10 +115,15 @@ def speedups(target, tokenizer, per_category: int, new_tokens: int, k: int) -> d
         "eagle fixed k": lambda: (head, False),
         "hybrid": lambda: (ms.HybridDrafter(head=head), True),
     }
+    first = next(iter(multitask().values()))[0]
+    ms.generate(target, first, 16, tokenizer=tokenizer)               # warm every method once
+    for make in methods.values():
+        drafter, adaptive = make()
+        ms.speculative_generate(target, drafter, first, 16, k=k, tokenizer=tokenizer,
+                                adaptive=adaptive)
     rows: dict[str, dict] = {}
     for category, prompts in multitask().items():
         for messages in prompts[:per_category]:
-            ms.generate(target, messages, 8, tokenizer=tokenizer)                    # warm
             t0 = now()
             plain = ms.generate(target, messages, new_tokens, tokenizer=tokenizer)
             row = rows.setdefault(category, {"plain": [0.0, 0, 0]})
