@@ -18,6 +18,7 @@ the token ``x_t``, the final-normed feature ``f_t`` (float16) and the target's g
 
 from __future__ import annotations
 
+import itertools
 import random
 import sysconfig
 from dataclasses import dataclass
@@ -173,11 +174,11 @@ def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 
     pieces = [(src, ids[i:i + chunk]) for src, ids in sequences for i in range(0, len(ids), chunk)]
     pieces = [(src, ids) for src, ids in pieces if len(ids) >= 8]
     order = sorted(range(len(pieces)), key=lambda i: len(pieces[i][1]))
-    groups = [order[i:i + batch] for i in range(0, len(order), batch)]
     out: list[Chunk | None] = [None] * len(pieces)
     bar = tqdm(total=len(pieces), desc="target features", unit="chunk", disable=not progress)
-    for group in groups:
-        for part in _equal_lengths(group, pieces):
+    for _, same in itertools.groupby(order, key=lambda i: len(pieces[i][1])):
+        same = list(same)                                    # piece indices of one length
+        for part in (same[k:k + batch] for k in range(0, len(same), batch)):
             x = torch.tensor([pieces[i][1] for i in part], device=target.device)     # (B, L)
             pos = torch.arange(x.shape[1], device=target.device)[None].expand_as(x)
             logits, hidden = target(x, pos, return_hidden=True)            # (B, L, V), (B, L, D)
@@ -187,17 +188,6 @@ def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 
             bar.update(len(part))
     bar.close()
     return out
-
-
-def _equal_lengths(group: list[int], pieces: list) -> list[list[int]]:
-    """Split a group of piece indices (sorted by length) into runs of equal length."""
-    runs: list[list[int]] = []
-    for i in group:
-        if runs and len(pieces[runs[-1][0]][1]) == len(pieces[i][1]):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
 
 
 def choose_vocab(chunks: list[Chunk], coverage: float,
