@@ -269,7 +269,7 @@ def test_contiguous_shapes_and_for_model(model):
     cache = ContiguousKVCache.for_model(model, num_slots=3, max_seq_len=40)
     config = model.config
     assert len(cache.k) == len(cache.v) == config.num_hidden_layers == cache.num_layers
-    assert cache.k[0].shape == (3, 40, config.num_key_value_heads, config.head_dim)
+    assert cache.k[0].shape == (3 + 1, 40, config.num_key_value_heads, config.head_dim)
     assert cache.k[0].dtype == model.dtype and cache.k[0].device == model.device
     assert ContiguousKVCache.for_model(model).max_seq_len == config.max_position_embeddings
     with pytest.raises(ValueError, match="max_position_embeddings"):

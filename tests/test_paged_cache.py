@@ -81,7 +81,7 @@ def test_pool_shapes_and_for_model(model):
     config = model.config
     assert cache.num_blocks == 3 * 5  # default: every slot can be full at once
     assert len(cache.k) == len(cache.v) == config.num_hidden_layers == cache.num_layers
-    assert cache.k[0].shape == (15, 8, config.num_key_value_heads, config.head_dim)
+    assert cache.k[0].shape == (15 + 1, 8, config.num_key_value_heads, config.head_dim)
     assert cache.k[0].dtype == model.dtype and cache.block_size == 8
     assert PagedKVCache.for_model(model, block_size=32).num_blocks == 128 // 32
     with pytest.raises(ValueError, match="max_position_embeddings"):

@@ -19,44 +19,18 @@ PACKAGE = Path(minispec.__file__).parent
 READ = ("core", "zoo", "models", "drafters", "decoding", "serving")
 MAX_FUNCTION = 50
 
-#: Code lines the reading layers may hold. The goal is 3,600; the layers held 3,967 (suffix and
-#: hybrid drafting, 263, the hostile-input checks, the head's ``eagle1`` layout that vLLM and
-#: SGLang serve, 5, the goodput policy's catch-up accounting and stale-plain-step guard, 13, and
-#: the fast path's timed choice of a kernel by width, 28, came after the goal was set; 36 were
-#: cut since: a one-caller cache helper folded into ``KVCache.for_model``, the EAGLE head reading
-#: the target's RoPE tables instead of a copy, one true-integer check, tree drafters that
-#: accepted wrappers nobody passed, one policy function for both drivers, ``choose_ks`` checking
-#: every cost it needs once, up front, the retry timer's default stored by ``setdefault``, and
-#: ``Scheduler.retire`` releasing through ``release``; 3 back for ``speculative_generate``
-#: refusing a bad ``adaptive`` before its prefill, as it did before the shared policy function;
-#: 2 for the goodput policy's hurdle, a least predicted gain a drafting plan must show; then 80
-#: cut: ``Llama.run_layers``, the layer stack the target and the EAGLE head both ran, written
-#: once; a ``LookupDrafter`` base for the three model-free drafters' ``propose``; the hybrid's
-#: source choice in one method; tree drafters made from one source object each; one-caller
-#: wrappers folded into their callers, in models and drafters; then 16 more: ``BlockManager.free``
-#: releasing through ``truncate_to``, its one-caller ``_release`` folded in; ``unpack_block``
-#: folded into ``make_eager``; ``copy_positions`` folded into ``KVCache.compact``; the loop's
-#: true-integer checks through ``is_int``; one import line in the engine, one wrapped generator;
-#: then 9 more: the one-caller ``_keep_top_k`` and ``hub_offline`` folded into their callers;
-#: ``Sequence.fail``'s message as one expression; ``per_position_acceptance`` zipping the rounds
-#: once; prompt lookup's early exit, which its final check repeats; ``KVCacheSpace`` listing its
-#: caches once, at construction; 9 back for the goodput policy keeping a plain plan while its
-#: inputs stand and re-checking with one row, which took its cost where it does not draft from
-#: 4-7 % of the plain engine's time to about 1 % at batch sizes 4-32, ``benchmarks/lockstep.py``;
-#: then 20 more: the one-caller ``_keep_top_p``, the engine's ``_outputs`` and ``_cache_factory``
-#: and the scheduler's ``_preempt`` (now releasing through ``release``) folded into their callers;
-#: six assign-and-test walruses; the loop's draft cache and the head's shape error on fewer lines;
-#: 18 back for the goodput plan pricing a lagging draft cache's catch-up, spread over the tokens
-#: its request has left: ``Sequence.draft_lag``, ``Sequence.tokens_left``, ``StepCosts.catch_up``).
-#: This ceiling is a ratchet: the count may fall, and a change that adds code must pay for it
-#: elsewhere or raise the ceiling in the open, with its reason.
-MAX_CODE_LINES = 3_871
+#: Code lines the reading layers may hold: a ratchet. The count may fall; a change that adds code
+#: pays for it elsewhere or raises the ceiling in the open, with its reason in the commit message.
+#: The goal is ``GOAL``, counted whole (the issue "The accept rule a student reads is the one that
+#: runs" asks for it); the layers are over it, and this test says by how much.
+MAX_CODE_LINES = 4_032
 #: The goal, set before suffix and hybrid drafting and the timed kernel choice were asked for;
 #: what the layers hold without those (``LATER``) is held to it.
 GOAL = 3_600
 #: The features later issues added, as (file, top-level name or None for the whole file).
 LATER = (("drafters/suffix.py", None), ("drafters/hybrid.py", None),
-         ("drafters/trees.py", "SuffixTreeDrafter"), ("models/packed.py", "choose_blas_rows"),
+         ("drafters/trees.py", "SuffixTreeDrafter"), ("models/static_step.py", None),
+         ("models/graphs.py", None), ("models/packed.py", "choose_blas_rows"),
          ("models/packed.py", "set_blas_rows"))
 
 

@@ -102,6 +102,7 @@ def speculative_generate(
     max_seq_len: int | None = None,
     branching: Seq[int] | None = None,
     adaptive: bool | None = None,
+    graphs: bool | None = None,
 ) -> GenerationResult:
     """Speculative decoding of one sequence (Leviathan et al. 2023, Algorithm 1).
 
@@ -135,6 +136,9 @@ def speculative_generate(
             chain of drafts; a seeded sampled request keeps ``k``, so its tokens depend on its
             seed only. ``False``: every round drafts ``k``, the fixed gamma the theorems are
             about (the lessons that test them say so).
+        graphs: run the target as static-shape steps, captured as CUDA graphs on a GPU
+            ([`minispec.models.static_step`][minispec.models.static_step]); ``None`` (the
+            default): on a GPU only; on the CPU ``True`` runs the same step eagerly.
 
     Returns:
         A [`GenerationResult`][minispec.decoding.loop.GenerationResult]; greedy output is
@@ -146,7 +150,7 @@ def speculative_generate(
     """
     runner, seq, policy = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling,
                                  tokenizer, stop, stop_token_ids, eos_token_id, max_seq_len,
-                                 branching, adaptive)
+                                 branching, adaptive, graphs)
     while not seq.is_finished:       # draft, verify, roll back, emit: the Engine's round, B = 1
         runner.round([seq], [seq.round_k(seq.stats.k)], policy)   # k = 0 without a drafter
     if runner.drafter is not None:
@@ -157,7 +161,7 @@ def speculative_generate(
 
 
 def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
-           eos_token_id, max_seq_len, branching, adaptive
+           eos_token_id, max_seq_len, branching, adaptive, graphs=None
            ) -> tuple[SpeculativeRunner, Sequence, GoodputK | None]:
     """Validate the call, make the caches, the sequence, the runner and the draft-length policy,
     prefill the target (every check runs before any forward)."""
@@ -173,7 +177,7 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
     if keeps_cache(drafter):                                 # a draft model's or a head's cache
         drafter.attach(ContiguousKVCache.for_model(drafter.model, 1, seq.max_seq_len))
         seq.draft_slot = drafter.cache.allocate()
-    runner = SpeculativeRunner(target, cache, drafter, branching)
+    runner = SpeculativeRunner(target, cache, drafter, branching, graphs)
     if (reason := seq.done_before_start()) is not None:
         seq.finish(reason)
     else:

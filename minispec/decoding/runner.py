@@ -49,6 +49,7 @@ from minispec.core.tree import TreeProposal, TreeVerdict, verify_proposal, walk_
 from minispec.decoding.goodput import GoodputK
 from minispec.drafters.base import Drafter
 from minispec.models.llama import Llama, TreeAttention
+from minispec.models.static_step import StaticForward
 
 __all__ = ["SpeculativeRunner"]
 
@@ -62,13 +63,19 @@ class SpeculativeRunner:
         drafter: a [`Drafter`][minispec.drafters.base.Drafter], or ``None`` (plain decoding).
         branching: draft trees with ``branching[t]`` children per node at depth ``t``; ``None``:
             chains.
+        graphs: run the target's forwards as static-shape steps
+            ([`StaticForward`][minispec.models.static_step.StaticForward]), captured as CUDA
+            graphs on a GPU, run eagerly on the CPU; ``None`` (default): on a GPU only.
     """
 
     def __init__(self, target: Llama, target_cache, drafter: Drafter | None = None,
-                 branching: tuple[int, ...] | None = None) -> None:
+                 branching: tuple[int, ...] | None = None, graphs: bool | None = None) -> None:
         self.target, self.target_cache, self.drafter = target, target_cache, drafter
         self.branching, self.device = branching, target.device
         self.target_forwards = self.prefill_forwards = 0
+        if graphs is None:
+            graphs = target.device.type == "cuda"
+        self.static = StaticForward(target, target_cache) if graphs else None
 
     @property
     def draft_forwards(self) -> int:
@@ -271,6 +278,9 @@ class SpeculativeRunner:
         """The target on (B, T) ids at (B, T) positions (-1 = padding) of the rows' cache slots."""
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)          # (B, T)
         pos_t = torch.tensor(pos, dtype=torch.long, device=self.device)          # (B, T)
+        slots = [s.slot for s in seqs]
+        if self.static is not None and (out := self.static(ids_t, pos_t, slots, tree)):
+            return out                                    # a static bucket held the batch
         return self.target(ids_t, pos_t, self.target_cache, [s.slot for s in seqs],
                            return_hidden=True, tree=tree)
 

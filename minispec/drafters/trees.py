@@ -132,7 +132,9 @@ class LevelTreeDrafter(SingleTreeDrafter):
 
     def _choose(self, seq: Sequence, logits: Tensor, path: list[int], b: int):
         """``b`` children of the node at ``path`` (below the root): greedy top-b (q None), else b
-        i.i.d. draws from q; each as ``(token, q, its path)``."""
+        i.i.d. draws from q; each as ``(token, q, its path)``. NaN logits fail the request."""
+        if torch.isnan(logits).any():
+            raise ValueError("draft logits contain NaN")
         if seq.sampling.greedy:
             return [(int(t), None, path + [int(t)]) for t in logits.topk(b).indices]
         q = probs_for_rows(logits[None], [seq.sampling], [seq.context + path])[0]       # (V,)
@@ -383,12 +385,18 @@ class TreeDrafter(Drafter):
 
     def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
                       ) -> list[TreeProposal]:
+        """Each row's tree, drafted row by row; a row whose drafter raises fails alone (its
+        proposal is the root alone, which the runner skips) and the others go on."""
         for seq, branching in zip(seqs, branchings, strict=True):
+            root = TreeProposal.chain(seq.context[-1], [])  # empty branching: no room to draft
             drafter = self._instance(seq)
             before = drafter.forwards
-            # an empty branching (no room to draft): the root alone
-            self.proposals[seq.request_id] = (drafter.propose_tree(seq, branching) if branching
-                                              else TreeProposal.chain(seq.context[-1], []))
+            try:
+                self.proposals[seq.request_id] = (drafter.propose_tree(seq, branching)
+                                                  if branching else root)
+            except Exception as error:       # this request's drafter is broken: it alone fails
+                seq.fail(error)
+                self.proposals[seq.request_id] = root
             seq.stats.draft_forwards += drafter.forwards - before
             self.forwards += drafter.forwards - before
         return [self.proposals[seq.request_id] for seq in seqs]

@@ -239,7 +239,11 @@ class KVCache(ABC):
 
     def _allocate_stores(self, rows: int, positions: int, num_kv_heads: int, head_dim: int,
                          device: torch.device | str | None, dtype: torch.dtype) -> None:
-        """``self.k``, ``self.v``: per layer, (rows, positions, n_kv, hd), left uninitialised.
+        """``self.k``, ``self.v``: per layer, (rows + 1, positions, n_kv, hd), left uninitialised.
+
+        The last row is scratch, owned by nobody: a static-shape step
+        ([`minispec.models.static_step`][minispec.models.static_step]) writes its padding tokens
+        there (flat index ``self.scratch``), so a padded row never touches a sequence's memory.
 
         Nothing is read before it is written: attention masks every column that holds no key and
         zeroes it first (``non_keys``), so whatever the memory holds, NaN included, cannot leak.
@@ -247,7 +251,8 @@ class KVCache(ABC):
         written: a default ``Engine`` on SmolLM2-135M reserves 3 GB (8 slots x 8,192 positions)
         but holds only what its requests use.
         """
-        shape = (rows, positions, num_kv_heads, head_dim)
+        shape = (rows + 1, positions, num_kv_heads, head_dim)
+        self.scratch = rows * positions                   # flat index of the scratch row
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
         self.device = self.k[0].device

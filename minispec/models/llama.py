@@ -227,7 +227,7 @@ class Attention(nn.Module):
             k.transpose(1, 2),  # (B, n_kv, S, hd)
             v.transpose(1, 2),  # (B, n_kv, S, hd)
             attn_mask=mask,
-            enable_gqa=self.n_kv != self.n_h,  # each kv head serves n_h / n_kv query heads
+            enable_gqa=k.shape[2] != self.n_h,  # each kv head serves n_h / n_kv query heads
         )  # (B, n_h, T, hd)
         out = out.transpose(1, 2).reshape(B, T, self.n_h * self.hd)  # (B, T, n_h * hd)
         return self.o_proj(out)  # (B, T, D)

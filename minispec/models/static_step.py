@@ -1,0 +1,211 @@
+"""A static-shape forward: the target's step over a padded batch, read from preallocated buffers.
+
+A GPU runs a small model's decode step faster than the host can launch its kernels (hundreds of
+small kernels a step), so serving engines record the step once as a CUDA graph and replay it
+(nano-vllm, vLLM, SGLang; gpt-fast through ``torch.compile``). A graph replays fixed shapes and
+fixed memory addresses, so the step it records must
+
+* take its inputs from **buffers allocated once** (token ids, RoPE positions, where each new token
+  is written, each row's block table, lengths, the tree mask) and copied into before each replay;
+* have **one shape per bucket**: the batch is padded to ``B`` rows (1, 2, 4, ..., 64), each row to
+  ``T`` new tokens (1, ``k + 1`` or a tree's nodes), the keys to ``M`` blocks of the paged pool;
+* **never sync with the host**: no ``.item()``, ``.tolist()``, ``nonzero`` or shape that depends
+  on data. The mask is computed inside the step from the buffers, once, for all layers.
+
+Padding is harmless by construction: a padding token writes its key and value to the cache's
+scratch row (``KVCache.scratch``), which no sequence owns, and every key column that is not the
+row's own (past its length, a block-table pad) is zeroed before attention, as the dynamic path
+does, so one request's NaN can never reach another.
+
+[`StaticStep`][minispec.models.static_step.StaticStep] holds one bucket's buffers and runs the
+step eagerly (on the CPU that is all it does, giving the dynamic path's tokens);
+[`minispec.models.graphs`][minispec.models.graphs] captures it on CUDA.
+[`StaticForward`][minispec.models.static_step.StaticForward] picks the bucket for a batch, fills
+it, and falls back to the dynamic forward where no bucket fits.
+
+Shapes: B rows (the bucket), T new tokens a row, M blocks a row, S = M x block positions, n_h
+query heads, n_kv key/value heads, hd head dim, V vocabulary, D hidden size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minispec.models.kv_cache import ForwardPlan, KVCache
+from minispec.models.llama import Llama, TreeAttention
+from minispec.models.paged_cache import PagedKVCache
+
+__all__ = ["BATCH_BUCKETS", "StaticForward", "StaticStep"]
+
+#: Batch sizes a step is padded to (nano-vllm and vLLM capture the same kind of ladder).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket(n: int, sizes: tuple[int, ...]) -> int | None:
+    """The smallest of ``sizes`` that holds ``n``, or None."""
+    return next((size for size in sizes if size >= n), None)
+
+
+class StaticStep:
+    """One bucket's buffers and its forward: ``B`` rows of ``T`` new tokens over ``M`` blocks.
+
+    Args:
+        model: the target [`Llama`][minispec.models.llama.Llama].
+        cache: its KV cache (paged: blocks of ``block_size``; contiguous: one block per slot).
+        B, T, S: rows, new tokens per row, key positions per row (a multiple of the paged
+            cache's block size: ``M = S / block_size`` blocks).
+        expand_kv: repeat each key/value head for its query heads before attention, so that
+            CUDA's fused kernels (which take an arbitrary mask but not grouped heads) run.
+    """
+
+    def __init__(self, model: Llama, cache: KVCache, B: int, T: int, S: int,
+                 expand_kv: bool = False) -> None:
+        self.model, self.cache, self.key, self.S = model, cache, (B, T, S), S
+        self.paged = isinstance(cache, PagedKVCache)
+        M = S // cache.block_size if self.paged else 1           # contiguous: a slot's prefix
+        self.expand_kv = expand_kv
+        device, long = model.device, torch.long
+        self.input_ids = torch.zeros(B, T, dtype=long, device=device)
+        self.positions = torch.zeros(B, T, dtype=long, device=device)      # RoPE positions
+        self.slot_mapping = torch.full((B, T), cache.scratch, dtype=long, device=device)
+        self.block_tables = torch.zeros(B, M, dtype=long, device=device)
+        self.lengths = torch.zeros(B, dtype=long, device=device)      # after this step's writes
+        self.start = torch.zeros(B, dtype=long, device=device)        # first new cache position
+        self.tree_mask = torch.eye(T, dtype=torch.bool, device=device).expand(B, T, T).clone()
+        self.columns = torch.arange(self.S, device=device)             # (S,) key positions
+
+    def load(self, input_ids: Tensor, positions: Tensor, plan: ForwardPlan, start: list[int],
+             tree_mask: Tensor, block_tables: Tensor) -> None:
+        """Copy one batch (b <= B rows, t <= T tokens) into the buffers; the rest is padding.
+
+        Args: input_ids, positions (b, t); plan -- the cache's plan for this forward (where each
+        token is written, the lengths after it); start -- (b,) each row's first new cache
+        position; tree_mask (b, t, t) -- which new tokens each new token sees (causal for a
+        chain); block_tables (b, <= M) the blocks each row reads (contiguous: its slot).
+        """
+        b, t = input_ids.shape
+        slot_mapping = torch.full((b * t,), self.cache.scratch, dtype=torch.long,
+                                  device=input_ids.device)
+        slot_mapping[plan.src if plan.src is not None else slice(None)] = plan.dst
+        self.slot_mapping.fill_(self.cache.scratch)
+        self.slot_mapping[:b, :t].copy_(slot_mapping.view(b, t))
+        self.input_ids.zero_()
+        self.input_ids[:b, :t].copy_(input_ids)
+        self.positions.zero_()
+        self.positions[:b, :t].copy_(positions.clamp(min=0))
+        self.block_tables.zero_()
+        self.block_tables[:b, :block_tables.shape[1]].copy_(block_tables)
+        self.lengths.zero_()
+        self.lengths[:b].copy_(torch.tensor(plan.new_lengths))
+        self.start.zero_()
+        self.start[:b].copy_(torch.tensor(start))
+        self.tree_mask.copy_(torch.eye(self.key[1], dtype=torch.bool).expand_as(self.tree_mask))
+        self.tree_mask[:b, :t, :t].copy_(tree_mask)
+
+    # ------------------------------------------------------------------ the step (no host sync)
+
+    def run(self) -> tuple[Tensor, Tensor]:
+        """The forward over the buffers: logits (B, T, V) and final hidden states (B, T, D)."""
+        model = self.model
+        x = model.embed_tokens(self.input_ids)                                    # (B, T, D)
+        cos = model.rope_cos[self.positions].to(x.dtype).unsqueeze(2)            # (B, T, 1, hd)
+        sin = model.rope_sin[self.positions].to(x.dtype).unsqueeze(2)            # (B, T, 1, hd)
+        mask = self._mask(x.dtype)                                                # (B, 1, T, S)
+        for layer in model.layers:             # the cache argument is this step (``update``)
+            x = layer(x, cos, sin, mask, self, None)
+        x = model.norm(x)                                                         # (B, T, D)
+        head = model.packed_head
+        logits = head(x) if head is not None else F.linear(x, model.output_weight)
+        return logits, x                                                          # (B, T, V)
+
+    def _mask(self, dtype: torch.dtype) -> Tensor:
+        """The additive mask (B, 1, T, S), built once a step: 0 where a query sees a key, -inf
+        elsewhere. A key is seen if it is the row's (column < its length) and either committed
+        (before ``start``) or a new token the tree mask allows (causal for a chain)."""
+        B, T, _ = self.tree_mask.shape
+        valid = self.columns < self.lengths[:, None]                              # (B, S)
+        offset = self.columns - self.start[:, None]                               # (B, S)
+        new = (offset >= 0) & (offset < T)                                        # (B, S)
+        index = offset.clamp(0, T - 1)[:, None, :].expand(B, T, -1)               # (B, T, S)
+        allowed = torch.gather(self.tree_mask, 2, index) & new[:, None, :]        # (B, T, S)
+        visible = valid[:, None, :] & ((offset < 0)[:, None, :] | allowed)        # (B, T, S)
+        # a padding query sees every column (they are zeroed if not keys): finite, ignored
+        visible = visible | ~visible.any(dim=-1, keepdim=True)
+        self.valid = valid[:, :, None, None]                                      # (B, S, 1, 1)
+        zero = torch.zeros((), dtype=dtype, device=visible.device)
+        return torch.where(visible, zero, float("-inf"))[:, None]                 # (B, 1, T, S)
+
+    def update(self, layer: int, plan: None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this layer's new k, v (B, T, n_kv, hd) through the slot mapping, then gather
+        each row's keys and values (B, S, n_kv or n_h, hd), zeroed where they are not its own."""
+        B = k.shape[0]
+        out = []
+        for pool, new in ((self.cache.k[layer], k), (self.cache.v[layer], v)):
+            flat = pool.view(-1, *pool.shape[2:])                        # (entries, n_kv, hd)
+            flat.index_copy_(0, self.slot_mapping.flatten(), new.reshape(-1, *pool.shape[2:]))
+            blocks = pool if self.paged else pool[:, :self.S]   # contiguous: a slot's prefix
+            rows = blocks.index_select(0, self.block_tables.flatten()).view(B, self.S,
+                                                                             *pool.shape[2:])
+            rows = torch.where(self.valid, rows, 0.0)              # masked is not enough: NaN
+            if self.expand_kv:                     # (B, S, n_h, hd): one copy per query head
+                rows = rows.repeat_interleave(self.model.config.num_attention_heads
+                                              // pool.shape[2], dim=2)
+            out.append(rows)
+        return out[0], out[1]
+
+
+class StaticForward:
+    """The target's forward through static-shape buckets, replayed as CUDA graphs on a GPU.
+
+    Called as the model is (``ids``, ``positions``, ``slots``, ``tree``), it plans the cache
+    writes on the host as the dynamic path does, picks the bucket ``(B, T, S)`` -- the batch
+    padded to [`BATCH_BUCKETS`][minispec.models.static_step.BATCH_BUCKETS], the keys to a power
+    of two -- fills that bucket's buffers and runs its step. A batch no bucket holds (more than 64
+    rows, a tree level that also sees earlier levels) returns ``None``: the caller runs the model.
+
+    Args:
+        model: the target; cache: its KV cache.
+        graphs: capture each bucket as a CUDA graph on first use and replay it (CUDA only; on
+            the CPU the same step runs eagerly).
+    """
+
+    def __init__(self, model: Llama, cache: KVCache, graphs: bool = True) -> None:
+        from minispec.models.graphs import CudaGraphs
+
+        self.model, self.cache = model, cache
+        self.steps: dict[tuple[int, int, int], StaticStep] = {}
+        cuda = model.device.type == "cuda"
+        self.graphs = CudaGraphs() if graphs and cuda else None
+        self.expand_kv = cuda               # CUDA's fused kernels take a mask, not grouped heads
+
+    def __call__(self, input_ids: Tensor, positions: Tensor, slots: list[int],
+                 tree: TreeAttention | None = None) -> tuple[Tensor, Tensor] | None:
+        """Logits (b, t, V) and hidden states (b, t, D) of the batch, or None (no bucket)."""
+        b, t = input_ids.shape
+        rows = bucket(b, BATCH_BUCKETS)
+        if rows is None or (tree is not None and tree.mask.shape[2] != t):
+            return None
+        storage = positions if tree is None else tree.storage
+        plan = self.cache.prepare(slots, storage)                    # host bookkeeping
+        step = self._step(rows, t, max(plan.new_lengths))
+        start = (tree.start if tree is not None else positions[:, 0]).tolist()
+        causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
+        tables = (plan.block_tables if step.paged
+                  else torch.tensor(slots, device=self.model.device)[:, None])
+        step.load(input_ids, positions, plan, start, causal if tree is None else tree.mask,
+                  tables)
+        logits, hidden = self.graphs.run(step) if self.graphs is not None else step.run()
+        self.cache.commit(plan)
+        return logits[:b, :t].clone(), hidden[:b, :t].clone()  # the buffers are reused
+
+    def _step(self, rows: int, t: int, length: int) -> StaticStep:
+        """The bucket's step (made on first use): keys padded to a power of two of blocks."""
+        unit = self.cache.block_size if isinstance(self.cache, PagedKVCache) else 64
+        limit = -(-self.cache.max_seq_len // unit)
+        units = min(limit, 1 << max(0, (-(-length // unit) - 1).bit_length()))
+        key = (rows, t, units * unit if unit != 64 else min(units * unit, self.cache.max_seq_len))
+        if key not in self.steps:
+            self.steps[key] = StaticStep(self.model, self.cache, *key, expand_kv=self.expand_kv)
+        return self.steps[key]
