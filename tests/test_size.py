@@ -23,15 +23,10 @@ MAX_FUNCTION = 50
 #: pays for it elsewhere or raises the ceiling in the open, with its reason in the commit message.
 #: The goal is ``GOAL``, counted whole (the issue "The accept rule a student reads is the one that
 #: runs" asks for it); the layers are over it, and this test says by how much.
-MAX_CODE_LINES = 4_032
-#: The goal, set before suffix and hybrid drafting and the timed kernel choice were asked for;
-#: what the layers hold without those (``LATER``) is held to it.
+MAX_CODE_LINES = 4_169
+#: The goal for the reading layers counted whole (nothing subtracted). Not met: the ceiling above
+#: holds the count where it is, and the failure message of the ceiling test gives the gap.
 GOAL = 3_600
-#: The features later issues added, as (file, top-level name or None for the whole file).
-LATER = (("drafters/suffix.py", None), ("drafters/hybrid.py", None),
-         ("drafters/trees.py", "SuffixTreeDrafter"), ("models/static_step.py", None),
-         ("models/graphs.py", None), ("models/packed.py", "choose_blas_rows"),
-         ("models/packed.py", "set_blas_rows"))
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:
@@ -83,32 +78,8 @@ def test_the_reading_layers_stay_within_their_line_budget():
              for path in read_files()}
     largest = sorted(total.items(), key=lambda item: -item[1])[:5]
     assert sum(total.values()) <= MAX_CODE_LINES, (
-        f"{sum(total.values())} code lines in the reading layers, over {MAX_CODE_LINES}; "
-        f"largest files: {largest}")
-
-
-def later_lines() -> int:
-    """Code lines of the ``LATER`` features."""
-    lines = 0
-    for file, name in LATER:
-        source = (PACKAGE / file).read_text()
-        code = code_lines(source)
-        if name is None:
-            lines += len(code)
-            continue
-        [node] = [n for n in ast.parse(source).body if getattr(n, "name", None) == name]
-        lines += len(code & set(range(node.lineno, node.end_lineno + 1)))
-    return lines
-
-
-def test_without_the_later_features_the_layers_meet_the_goal():
-    """Not the goal met: the whole layers are held by ``MAX_CODE_LINES``. What the goal was set
-    on -- the layers, trees in the engine included, less what later issues added -- is held to
-    it, so that no other code grows into the room the later features take."""
-    total = sum(len(code_lines(path.read_text())) for path in read_files())
-    later = later_lines()
-    assert later > 250, f"the later features hold {later} lines: is LATER still right?"
-    assert total - later <= GOAL, f"{total} - {later} later = {total - later} > {GOAL}"
+        f"{sum(total.values())} code lines in the reading layers, over {MAX_CODE_LINES} (the goal "
+        f"is {GOAL}); largest files: {largest}")
 
 
 def test_the_reading_path_gives_each_files_true_length():

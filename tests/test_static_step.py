@@ -189,8 +189,7 @@ def test_the_engine_on_the_static_step_equals_single_requests(pair, kv_cache, br
     prompts = PROMPTS + [[7] * 9, [3, 1, 4, 1, 5, 9, 2, 6]]
     pool = dict(num_blocks=24) if kv_cache == "paged" else {}
     engine = ms.Engine(target, draft=draft, k=3, max_batch_size=4, kv_cache=kv_cache,
-                       block_size=4, branching=branching, adaptive=False, **pool)
-    engine.runner.static = StaticForward(target, engine.target_cache)
+                       block_size=4, branching=branching, adaptive=False, graphs=True, **pool)
     results = engine.generate(prompts, progress=False, max_new_tokens=16)
     assert [r.tokens for r in results] == [ms.generate(target, p, 16).tokens for p in prompts]
     assert engine.runner.static.steps                         # the static step ran

@@ -118,6 +118,9 @@ class Sequence:
         stop_token_ids: extra ids that end it with ``"stop"`` (kept in the output).
         stop: stop strings (need ``tokenizer``); the text is cut before the first one.
         tokenizer: decodes the output and matches stop strings (optional).
+        tenant: who sent it (``None``: nobody in particular); a drafter that shares text between
+            requests drafts it only from its own tenant's (see
+            [`SuffixStore`][minispec.drafters.suffix.SuffixStore]).
     """
 
     request_id: str
@@ -141,6 +144,7 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     rounds: list[Round] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.perf_counter)
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt:

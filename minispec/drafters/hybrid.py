@@ -42,11 +42,12 @@ from typing import Any
 
 from torch import Tensor
 
+from minispec.core.sampling import _is_real, is_int
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
 from minispec.drafters.base import Drafter, PerRequestDrafter, as_drafter
 from minispec.drafters.ngram import PromptLookupDrafter
-from minispec.drafters.suffix import SuffixDrafter
+from minispec.drafters.suffix import SuffixDrafter, check_args
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
 
@@ -115,16 +116,17 @@ class HybridDrafter(Drafter):
 
     def __init__(self, context: Any = None, head: Drafter | None = None, *, min_match: int = 1,
                  head_cost: float = 0.3, decay: float = 0.3) -> None:
-        if not isinstance(head, Drafter):
-            raise ValueError(f"head must be a batched drafter (an EagleDrafter), got {head!r}")
+        check_args("HybridDrafter", [
+            ("head", head, isinstance(head, Drafter), "a batched drafter (an EagleDrafter)"),
+            ("min_match", min_match, is_int(min_match) and min_match >= 1, "an integer >= 1"),
+            ("head_cost", head_cost, _is_real(head_cost) and head_cost >= 0,
+             "a finite number >= 0"),
+            ("decay", decay, _is_real(decay) and 0 < decay <= 1, "a number in (0, 1]")])
         spec = SuffixDrafter() if context is None else context
         source = as_drafter(spec, copy_per_request=True)
-        if not isinstance(source, PerRequestDrafter):
-            raise ValueError(f"context must be a single-sequence drafter (a SuffixDrafter or a "
-                             f"PromptLookupDrafter), got {context!r}")
-        if min_match < 1 or head_cost < 0 or not 0 < decay <= 1:
-            raise ValueError(f"need min_match >= 1, head_cost >= 0, 0 < decay <= 1, got "
-                             f"{min_match}, {head_cost}, {decay}")
+        check_args("HybridDrafter", [("context", context, isinstance(source, PerRequestDrafter),
+                                      "a single-sequence drafter (a SuffixDrafter or a "
+                                      "PromptLookupDrafter)")])
         self.spec, self.context, self.head = spec, source, head
         self.min_match, self.head_cost, self.decay = min_match, head_cost, decay
         self.wants_hidden, self.model, self.max_seq_len = (head.wants_hidden, head.model,

@@ -27,18 +27,37 @@ tens of ms for a real model's forward).
 holds at most ``max_tokens`` tokens in at most ``max_docs`` documents, oldest evicted first, and at
 most ``2 * max_tokens`` positions (evicted documents leave stale positions behind, dropped once
 they are as many as the live ones).
+
+**Privacy**: a shared store drafts one request's text into another's. Outputs stay exact, but the
+*drafts* -- visible in each request's ``rounds``, and in its timing -- can hold another user's
+text (a password, a document) whenever a request's text ends as the words before it do. Share a
+store only between requests that may see each other's text, or give each request a ``tenant``
+(the ``tenant=`` of [`Engine.add_request`][minispec.serving.engine.Engine.add_request] and
+``Engine.generate``, or ``SuffixDrafter(store, tenant=...)``): a request then drafts only from
+documents of its own tenant.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
+from typing import Any
 
+from minispec.core.sampling import _is_real, is_int
 from minispec.drafters.ngram import LookupDrafter
 
 __all__ = ["Match", "SuffixDrafter", "SuffixStore"]
 
 Position = tuple[int, int]            # (document id, index of a token in it)
+
+
+def check_args(owner: str, checks: list[tuple[str, Any, bool, str]]) -> None:
+    """``ValueError`` for the first ``(name, value, ok, allowed)`` that is not ``ok``, naming
+    ``owner``'s argument, its value and what is allowed."""
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise ValueError(f"{owner}: {name} must be {allowed}, got {value!r}")
 
 
 @dataclass
@@ -80,8 +99,16 @@ class SuffixStore:
 
     Pass one store to several drafters (``SuffixDrafter(store=...)``) to let requests draft from
     each other's text: each request writes its prompt and accepted tokens into a document of its
-    own as it goes, and drafts from every other document. Outputs stay exact: a store changes only
-    which drafts are proposed.
+    own as it goes, and drafts from every other document of its tenant. Outputs stay exact: a
+    store changes only which drafts are proposed.
+
+    **Privacy.** The drafts are another request's text: after a request whose prompt held a
+    password, a request whose text matches the words before it may be *drafted* the password (in
+    its ``rounds``; verify then rejects it unless the target says it too). Share a store only
+    between requests that may read each other's text, or tag them with tenants: every document
+    belongs to the tenant of the request that wrote it (``None``: the shared pool of requests
+    without one), and ``find`` scans the positions of one tenant only, so a tenant's text is never
+    drafted into another's request.
 
     Args:
         max_tokens: most tokens kept over all documents (``None``: no limit); when exceeded, the
@@ -90,20 +117,24 @@ class SuffixStore:
     """
 
     def __init__(self, max_tokens: int | None = 65536, max_docs: int = 4096) -> None:
-        if (max_tokens is not None and max_tokens < 1) or max_docs < 1:
-            raise ValueError(f"need max_tokens >= 1 (or None) and max_docs >= 1, got {max_tokens}, "
-                             f"{max_docs}")
+        check_args("SuffixStore", [
+            ("max_tokens", max_tokens,
+             max_tokens is None or (is_int(max_tokens) and max_tokens >= 1),
+             "an integer >= 1 or None"),
+            ("max_docs", max_docs, is_int(max_docs) and max_docs >= 1, "an integer >= 1")])
         self.max_tokens, self.max_docs = max_tokens, max_docs
         self.docs: dict[int, list[int]] = {}          # doc id -> tokens; dict order = age
-        self.positions: dict[int, list[Position]] = {}    # token -> where it occurs, as added
+        self.tenants: dict[int, str | None] = {}      # doc id -> the tenant that wrote it
+        # (tenant, token) -> where it occurs, as added: a lookup reads one tenant's positions
+        self.positions: dict[tuple[str | None, int], list[Position]] = {}
         self.num_tokens = 0                           # tokens in live documents
         self.num_positions = 0                        # positions held, stale ones included
         self._next_doc = 0
 
-    def open(self) -> int:
-        """A new, empty document (the newest); its id."""
+    def open(self, tenant: str | None = None) -> int:
+        """A new, empty document of ``tenant`` (the newest); its id."""
         doc, self._next_doc = self._next_doc, self._next_doc + 1
-        self.docs[doc] = []
+        self.docs[doc], self.tenants[doc] = [], tenant
         self._evict()
         return doc
 
@@ -112,7 +143,7 @@ class SuffixStore:
         if (text := self.docs.get(doc)) is None:
             return
         for token in tokens:
-            self.positions.setdefault(token, []).append((doc, len(text)))
+            self.positions.setdefault((self.tenants[doc], token), []).append((doc, len(text)))
             text.append(token)
         self.num_tokens += len(tokens)
         self.num_positions += len(tokens)
@@ -123,21 +154,25 @@ class SuffixStore:
         as many as the live ones (amortized O(1) per token)."""
         while self.docs and (len(self.docs) > self.max_docs or
                              (self.max_tokens is not None and self.num_tokens > self.max_tokens)):
-            self.num_tokens -= len(self.docs.pop(next(iter(self.docs))))
+            oldest = next(iter(self.docs))
+            self.num_tokens -= len(self.docs.pop(oldest))
+            del self.tenants[oldest]
         if self.num_positions > 2 * self.num_tokens:
             live = {t: kept for t, ps in self.positions.items()
                     if (kept := [p for p in ps if p[0] in self.docs])}
             self.positions, self.num_positions = live, self.num_tokens
 
-    def find(self, pattern: list[int], max_candidates: int = 256, exclude: int | None = None
-             ) -> Match:
-        """The longest suffix of ``pattern`` that occurs with at least one token after it.
+    def find(self, pattern: list[int], max_candidates: int = 256, exclude: int | None = None,
+             tenant: str | None = None) -> Match:
+        """The longest suffix of ``pattern`` that occurs with at least one token after it, in the
+        documents of ``tenant``.
 
-        Scans the occurrences of ``pattern[-1]`` newest first (at most ``max_candidates`` of them,
-        skipping document ``exclude``) and keeps every one with the longest agreement.
+        Scans the occurrences of ``pattern[-1]`` in ``tenant``'s documents newest first (at most
+        ``max_candidates`` of them, skipping document ``exclude``) and keeps every one with the
+        longest agreement.
         """
         best, ends, seen = 0, [], 0
-        for doc, end in reversed(self.positions.get(pattern[-1], ())) if pattern else ():
+        for doc, end in reversed(self.positions.get((tenant, pattern[-1]), ())) if pattern else ():
             if (text := self.docs.get(doc)) is None or doc == exclude or end + 1 >= len(text):
                 continue                          # evicted, excluded, or nothing follows it
             n = 1
@@ -160,17 +195,22 @@ class SuffixDrafter(LookupDrafter):
     Each ``propose`` syncs the drafter's own index with ``context`` (a context that does not
     extend the last one is a new request: the index starts over) and writes the new tokens into
     its document of ``store``, if any. A copy (``copy.deepcopy``, which the engine makes per
-    request) shares the store and starts with an empty index.
+    request) is of the same class (a subclass keeps its overrides), shares the store and starts
+    with an empty index.
 
     Args:
         store: a [`SuffixStore`][minispec.drafters.suffix.SuffixStore] shared with other
-            requests, or ``None``: the request's own text only.
+            requests, or ``None``: the request's own text only. Read its privacy note: a shared
+            store drafts one request's text into another's.
         max_match: longest suffix looked up.
         min_match: shortest match worth a draft.
         draft_factor: draft at most ``ceil(draft_factor * match length)`` tokens (short matches
             are weak evidence; SuffixDecoding's ``max_spec_factor``), ``None``: always ``k``.
         min_prob: stop when the empirical probability of the drafted path falls below this.
         max_candidates: occurrences of the last token examined per source and round.
+        tenant: whose documents of ``store`` it writes and drafts from (``None``: the shared pool
+            of requests without a tenant). The engine sets it per request (the ``tenant=`` of
+            [`Engine.add_request`][minispec.serving.engine.Engine.add_request]).
 
     Attributes:
         last_match: tokens of context the last draft was matched on (0: none).
@@ -179,16 +219,23 @@ class SuffixDrafter(LookupDrafter):
 
     def __init__(self, store: SuffixStore | None = None, *, max_match: int = 32, min_match: int = 1,
                  draft_factor: float | None = 1.0, min_prob: float = 0.1,
-                 max_candidates: int = 256) -> None:
-        if not 1 <= min_match <= max_match or max_candidates < 1:
-            raise ValueError(f"need 1 <= min_match <= max_match and max_candidates >= 1, got "
-                             f"{min_match}, {max_match}, {max_candidates}")
-        if (draft_factor is not None and draft_factor <= 0) or not 0 <= min_prob <= 1:
-            raise ValueError(f"need draft_factor > 0 (or None) and min_prob in [0, 1], got "
-                             f"{draft_factor}, {min_prob}")
-        self.store = store
-        self.params = dict(max_match=max_match, min_match=min_match, draft_factor=draft_factor,
-                           min_prob=min_prob, max_candidates=max_candidates)
+                 max_candidates: int = 256, tenant: str | None = None) -> None:
+        check_args("SuffixDrafter", [
+            ("store", store, store is None or isinstance(store, SuffixStore),
+             "a SuffixStore or None"),
+            ("max_match", max_match, is_int(max_match) and max_match >= 1, "an integer >= 1"),
+            ("min_match", min_match, is_int(min_match) and 1 <= min_match  # max_match: above
+             and (not is_int(max_match) or min_match <= max_match),
+             f"an integer in [1, max_match={max_match!r}]"),
+            ("draft_factor", draft_factor,
+             draft_factor is None or (_is_real(draft_factor) and draft_factor > 0),
+             "a finite number > 0 or None"),
+            ("min_prob", min_prob, _is_real(min_prob) and 0 <= min_prob <= 1,
+             "a number in [0, 1]"),
+            ("max_candidates", max_candidates, is_int(max_candidates) and max_candidates >= 1,
+             "an integer >= 1"),
+            ("tenant", tenant, tenant is None or isinstance(tenant, str), "a string or None")])
+        self.store, self.tenant = store, tenant
         self.max_match, self.min_match, self.draft_factor = max_match, min_match, draft_factor
         self.min_prob, self.max_candidates = min_prob, max_candidates
         self.last_match, self.last_source = 0, None
@@ -201,7 +248,15 @@ class SuffixDrafter(LookupDrafter):
         self.doc: int | None = None                    # its document in the store, once opened
 
     def __deepcopy__(self, memo: dict) -> SuffixDrafter:
-        return SuffixDrafter(self.store, **self.params)
+        """A copy of the same class and settings (a subclass's own state deep-copied), sharing the
+        store, with an empty index."""
+        memo[id(self.store)] = self.store
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(copy.deepcopy({name: value for name, value in vars(self).items()
+                                            if name not in ("own", "doc")}, memo))
+        twin.last_match, twin.last_source = 0, None
+        twin.reset()
+        return twin
 
     def sync(self, context: list[int]) -> None:
         """Index the tokens of ``context`` not seen yet (start over if it is another request)."""
@@ -211,7 +266,7 @@ class SuffixDrafter(LookupDrafter):
         self.own.extend(0, new)
         if self.store is not None and new:
             if self.doc is None:
-                self.doc = self.store.open()
+                self.doc = self.store.open(self.tenant)
             self.store.extend(self.doc, new)
 
     def match(self, context: list[int]) -> Match:
@@ -222,7 +277,7 @@ class SuffixDrafter(LookupDrafter):
         match = self.own.find(pattern, self.max_candidates)
         match.wraps, self.last_source = True, "context"
         if self.store is not None:
-            other = self.store.find(pattern, self.max_candidates, exclude=self.doc)
+            other = self.store.find(pattern, self.max_candidates, self.doc, self.tenant)
             if other.length > match.length:
                 match, self.last_source = other, "store"
         if match.length < self.min_match:

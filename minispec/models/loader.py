@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -35,14 +37,68 @@ from minispec.zoo import path as zoo_path
 REQUIRED_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                         "num_attention_heads")
 
-#: Integer config.json fields that must be >= 1 when present (the required ones always are).
-SIZE_KEYS = (*REQUIRED_CONFIG_KEYS, "num_key_value_heads", "head_dim", "max_position_embeddings")
+#: Integer config.json fields, each in ``[1, MAX_SIZE]`` when present (the required ones are).
+SIZE_KEYS = (*REQUIRED_CONFIG_KEYS, "num_key_value_heads", "head_dim")
 
-#: The largest ``max_position_embeddings`` accepted. The RoPE tables (cos and sin, ``P x head_dim``
-#: float32) are computed for every position when a model loads: ``2**22`` positions (4M tokens,
-#: far more than a CPU run can use) take 4 GiB at ``head_dim=128``; a mistyped or hostile ``2**40``
-#: would take terabytes, so it is refused before anything is allocated.
+#: The largest size accepted (``hidden_size``, ``vocab_size``, heads, ...): far above any Llama's
+#: (the widest have ``hidden_size=16384``, vocabularies reach ``2**18``), and small enough that no
+#: weight shape the config implies overflows when the model is built on the meta device.
+MAX_SIZE = 2**20
+
+#: The largest ``max_position_embeddings`` accepted (4M tokens, far more than a CPU run can use).
 MAX_POSITIONS = 2**22
+
+#: The most memory the RoPE tables may take. They are computed for every position when a model
+#: loads: cos and sin, each ``max_position_embeddings x head_dim`` float32 (``rope_tables``), so
+#: ``2**20`` positions at ``head_dim=128`` take exactly this; a mistyped or hostile config asking
+#: for more is refused, with the size it would need, before anything is allocated.
+MAX_ROPE_BYTES = 2**30
+
+#: Optional keys whose ``null`` means "derive it" or "none"; no other key may be ``null``.
+NULLABLE_KEYS = ("num_key_value_heads", "head_dim", "bos_token_id", "eos_token_id")
+
+#: The check of one config value: (test, what is allowed -- said by the error message).
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def _integer(low: int, high: int) -> Rule:
+    return lambda v: type(v) is int and low <= v <= high, f"an integer >= {low} and <= {high}"
+
+
+def _number(low: float, high: float = math.inf) -> Rule:
+    upper = f" and < {high:g}" if high < math.inf else ""
+    return (lambda v: type(v) in (int, float) and low < v < high and v <= sys.float_info.max,
+            f"a finite number > {low:g}{upper}")
+
+
+def _token_ids(vocab_size: int) -> Rule:
+    def test(v: Any) -> bool:
+        return all(type(i) is int and 0 <= i < vocab_size for i in (v if type(v) is list else [v]))
+    return test, f"an integer >= 0 and < vocab_size ({vocab_size}), or a list of them"
+
+
+_BOOLEAN: Rule = (lambda v: type(v) is bool, "true or false (a JSON boolean)")
+
+#: How every config.json value that minispec reads must look (token ids: see ``build_config``).
+CONFIG_RULES: dict[str, Rule] = {
+    **{key: _integer(1, MAX_SIZE) for key in SIZE_KEYS},
+    "max_position_embeddings": _integer(1, MAX_POSITIONS),
+    "rms_norm_eps": _number(0, 1),
+    "rope_theta": _number(0),
+    "hidden_act": (lambda v: v == "silu", "'silu'"),
+    **{key: _BOOLEAN for key in ("tie_word_embeddings", "attention_bias", "mlp_bias")},
+}
+
+#: The RoPE types ``rope_inv_freq`` computes, each with the keys it reads.
+ROPE_TYPES = {"default": (), "linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings")}
+
+#: How the values of ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5) must look.
+ROPE_RULES: dict[str, Rule] = {
+    **{key: _number(0) for key in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor")},
+    "original_max_position_embeddings": _integer(1, MAX_POSITIONS),
+}
 
 #: What a hub download fetches: weights as safetensors, the configs, the tokenizer and its template.
 HUB_PATTERNS = [
@@ -73,12 +129,12 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
 
     Raises:
         FileNotFoundError: the name is neither registered, a directory, nor a reachable hub id.
-        ValueError: an unsupported architecture, a config without a required key or with an
-            impossible size (named), pickle-only or unreadable (truncated, corrupt) weights, a
-            missing, extra, misshapen or integer-typed tensor (named), an index without
-            ``weight_map`` or with a shard outside the checkpoint folder, an unusable ``device``
-            -- each message names the file, field or tensor. All of it is checked before any
-            weight is read or any table computed.
+        ValueError: an unsupported architecture, a config without a required key or with a
+            value outside what is allowed (``build_config``), pickle-only or unreadable
+            (truncated, corrupt) weights, a missing, extra, misshapen or integer-typed tensor
+            (named), an index without ``weight_map`` or with a shard outside the checkpoint folder,
+            an unusable ``device`` -- each message names the file, field or tensor. All of it is
+            checked before any weight is read or any table computed.
     """
     directory = resolve(name_or_path, local_files_only=local_files_only)
     config_dict = read_config(directory / "config.json")
@@ -134,7 +190,7 @@ def read_config(path: Path) -> dict[str, Any]:
     """Parse ``config.json``; raise ValueError naming the file for bad JSON or a missing key."""
     try:
         config = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
     if not isinstance(config, dict):
         raise ValueError(f"{path} holds {type(config).__name__}, not a JSON object")
@@ -148,47 +204,81 @@ def check_architecture(config: dict[str, Any], where: Path | str = "config.json"
     """Raise ValueError unless ``config`` describes a Llama causal LM."""
     model_type = config.get("model_type")
     architectures = config.get("architectures") or ["LlamaForCausalLM"]
-    if model_type != "llama" or "LlamaForCausalLM" not in architectures:
+    if model_type != "llama" or type(architectures) is not list or (
+            "LlamaForCausalLM" not in architectures):
         raise ValueError(f"{where}: model_type={model_type!r}, architectures={architectures} is "
                          f"not supported; minispec loads Llama-architecture checkpoints "
                          f"(model_type 'llama', architectures ['LlamaForCausalLM'])")
 
 
 def build_config(config: dict[str, Any], path: Path | str = "config.json") -> ModelConfig:
-    """``ModelConfig`` of a parsed ``config.json``, refusing sizes no Llama can have.
+    """``ModelConfig`` of a parsed ``config.json``, refusing values no Llama can have.
+
+    Every value is checked where it enters, before anything is built or allocated.
 
     Raises:
-        ValueError: naming the field: a size that is not an integer >= 1, heads that do not divide
-            ``hidden_size`` (without ``head_dim``) or by ``num_key_value_heads``, an odd head
-            dimension, ``max_position_embeddings`` above ``MAX_POSITIONS``, or RoPE settings
-            (``rope_theta``, ``rope_scaling``) that give non-finite frequencies.
+        ValueError: one message naming the field, its value and what is allowed: a value that
+            breaks ``CONFIG_RULES`` or ``ROPE_RULES`` (a size that is not an integer in
+            ``[1, MAX_SIZE]``, a boolean given as a string, a NaN or negative ``rms_norm_eps``),
+            a token id outside the vocabulary, an unsupported ``rope_type``, heads that do not
+            divide ``hidden_size`` (without ``head_dim``) or by ``num_key_value_heads``, an odd
+            head dimension, RoPE tables above ``MAX_ROPE_BYTES``, or non-finite RoPE frequencies.
     """
-    for key in SIZE_KEYS:
-        value = config.get(key)
-        if value is None and key not in REQUIRED_CONFIG_KEYS:  # optional: derived or defaulted
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{path}: {key} must be an integer >= 1, got {value!r}")
+    check_values(config, CONFIG_RULES, path)
+    ids = _token_ids(config["vocab_size"])
+    check_values(config, {"bos_token_id": ids, "eos_token_id": ids}, path)
+    for key in ("rope_scaling", "rope_parameters"):
+        check_rope(config.get(key), f"{path}: {key}")
     try:
-        model_config = ModelConfig.from_hf_config(config)
-        inv_freq = rope_inv_freq(model_config)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
-        raise ValueError(f"{path}: {error!r}") from error
-    c = model_config
+        c = ModelConfig.from_hf_config(config)
+    except ValueError as error:  # num_attention_heads not a multiple of num_key_value_heads
+        raise ValueError(f"{path}: {error}") from error
     problems = {
         "hidden_size": config.get("head_dim") is None and c.hidden_size % c.num_attention_heads
         and f"must be divisible by num_attention_heads ({c.num_attention_heads}) without head_dim",
         "head_dim": c.head_dim % 2 and "must be even (RoPE rotates pairs of dimensions)",
-        "max_position_embeddings": c.max_position_embeddings > MAX_POSITIONS
-        and f"must be at most {MAX_POSITIONS} (its RoPE tables would not fit in memory)",
-        "rope_theta": not (math.isfinite(c.rope_theta) and c.rope_theta > 0)
-        and "must be a finite number > 0",
-        "rope_scaling": not torch.isfinite(inv_freq).all() and "gives non-finite RoPE frequencies",
     }
     for key, problem in problems.items():
         if problem:
             raise ValueError(f"{path}: {key} {problem}, got {getattr(c, key)!r}")
-    return model_config
+    positions, hd = c.max_position_embeddings, c.head_dim
+    if 2 * positions * hd * 4 > MAX_ROPE_BYTES:  # cos and sin, (positions, hd) float32 each
+        raise ValueError(f"{path}: max_position_embeddings={positions} with head_dim={hd} needs "
+                         f"{2 * positions * hd * 4 / 2**30:g} GiB of RoPE tables (cos and sin, "
+                         f"{positions} x {hd} float32 each); at most {MAX_ROPE_BYTES / 2**30:g} "
+                         f"GiB is allowed")
+    if not torch.isfinite(rope_inv_freq(c)).all():
+        raise ValueError(f"{path}: rope_scaling gives non-finite RoPE frequencies, got "
+                         f"{c.rope_scaling!r}")
+    return c
+
+
+def check_values(values: dict[str, Any], rules: dict[str, Rule], where: Path | str) -> None:
+    """Raise ValueError naming the first key of ``rules`` whose value in ``values`` breaks its rule
+    (an absent optional key takes its default; ``null`` is allowed only for ``NULLABLE_KEYS``)."""
+    for key, (test, allowed) in rules.items():
+        value = values.get(key)
+        if key not in values and key not in REQUIRED_CONFIG_KEYS:
+            continue  # absent: its default
+        if not (value is None and key in NULLABLE_KEYS) and not test(value):
+            raise ValueError(f"{where}: {key} must be {allowed}, got {value!r}")
+
+
+def check_rope(rope: Any, where: str) -> None:
+    """Raise ValueError unless ``rope`` (``rope_scaling`` or ``rope_parameters``) is null, or an
+    object of a ``ROPE_TYPES`` type with the keys it needs, each valid by ``ROPE_RULES``."""
+    if rope is None:
+        return
+    if type(rope) is not dict:
+        raise ValueError(f"{where} must be a JSON object or null, got {rope!r}")
+    kind = rope.get("rope_type", rope.get("type", "default"))  # "type": the older spelling
+    if not isinstance(kind, str) or kind not in ROPE_TYPES:
+        raise ValueError(f"{where}: rope_type must be one of {', '.join(map(repr, ROPE_TYPES))}, "
+                         f"got {kind!r}")
+    if missing := [key for key in ROPE_TYPES[kind] if key not in rope]:
+        raise ValueError(f"{where}: rope_type {kind!r} needs {', '.join(ROPE_TYPES[kind])}, "
+                         f"got no {', '.join(missing)}")
+    check_values(rope, ROPE_RULES, where)
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -206,7 +296,8 @@ def weight_files(directory: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text()).get("weight_map")
-        except (json.JSONDecodeError, AttributeError) as error:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError,  # nested too deep
+                AttributeError) as error:
             raise ValueError(f"{index} is not a JSON object ({error})") from error
         if not isinstance(weight_map, dict) or not weight_map or not all(
                 isinstance(shard, str) for shard in weight_map.values()):
@@ -314,13 +405,15 @@ def minispec_name(name: str, config: ModelConfig) -> str | None:
 
 
 def load_tokenizer(directory: Path) -> Any:
-    """``transformers.AutoTokenizer`` for ``directory``, or None when it has no tokenizer files."""
+    """``transformers.AutoTokenizer`` for ``directory`` (built-in tokenizer classes only, never
+    remote code), or None when it has no tokenizer files."""
     names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
     if not any((directory / n).is_file() for n in names):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(directory))
+    # a tokenizer_config.json may name Python code to import (auto_map): never run it
+    return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
 
 
 def _pick_device(device: torch.device | str | None) -> torch.device:

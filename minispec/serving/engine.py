@@ -34,13 +34,20 @@ from minispec.core.tree import tree_size
 from minispec.decoding.goodput import KChoice, StepCosts, policy_for
 from minispec.decoding.loop import GenerationResult, as_drafter_for, context_limit, make_sequence
 from minispec.decoding.runner import SpeculativeRunner
-from minispec.drafters.base import Drafter, keeps_cache
+from minispec.drafters.base import Drafter, PerRequestDrafter, keeps_cache
+from minispec.drafters.hybrid import HybridDrafter
+from minispec.drafters.suffix import SuffixDrafter
+from minispec.drafters.trees import TreeDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
 from minispec.models.paged_cache import PagedKVCache
 from minispec.serving.scheduler import KVCacheSpace, Scheduler
 
-__all__ = ["Engine", "StepOutput"]
+__all__ = ["BLOCK_BOOKKEEPING", "Engine", "StepOutput", "check_kv_memory", "device_memory"]
+
+#: Bytes of Python bookkeeping per block of a paged pool (the block manager's free list and
+#: reference counts), counted with the tensors when the engine checks its memory.
+BLOCK_BOOKKEEPING = 48
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,9 @@ class Engine:
         kv_cache: ``"paged"`` (a block pool shared by all requests) or ``"contiguous"``.
         block_size: positions per block of the paged pool.
         num_blocks: blocks in the paged pool (default: room for every slot to be full); a draft
-            model's pool gets as many. A small pool forces preemption. Paged only.
+            model's pool gets as many. A small pool forces preemption. Paged only. The caches
+            these settings size are refused before allocation if they exceed the device's
+            memory ([`check_kv_memory`][minispec.serving.engine.check_kv_memory]).
         max_seq_len: limit on prompt + new tokens (default and maximum: the models' context).
         tokenizer: for chat-message prompts and stop strings (optional).
         adaptive: choose each step's draft length per request (0..k) to maximise the batch's
@@ -104,6 +113,9 @@ class Engine:
         branching: draft trees instead of chains: ``branching[t]`` children per node at depth
             ``t`` (e.g. ``(3, 2, 1, 1)``), verified in the same batched forward with tree attention
             and compacted to the accepted path (a paged cache frees the rejected nodes' blocks).
+        graphs: run the target's steps as static shapes padded to a batch bucket, captured as
+            CUDA graphs on a GPU ([`minispec.models.static_step`][minispec.models.static_step]);
+            ``None`` (the default): on a GPU only; ``True`` on the CPU runs the same step eagerly.
 
     One [`step`][minispec.serving.engine.Engine.step]:
 
@@ -127,7 +139,7 @@ class Engine:
                  num_blocks: int | None = None, max_seq_len: int | None = None,
                  tokenizer: Any = None, adaptive: bool | None = None,
                  max_num_batched_tokens: int | None = None,
-                 branching: Seq[int] | None = None) -> None:
+                 branching: Seq[int] | None = None, graphs: bool | None = None) -> None:
         spec = _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
                                   max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -136,6 +148,9 @@ class Engine:
         self.k = k if drafter is not None else 0
         self.policy = policy_for(adaptive, self.k, self.branching is None)  # goodput k or None
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
+        check_kv_memory([target] + ([drafter.model] if keeps_cache(drafter) else []),
+                        kv_cache == "paged", max_batch_size, self.max_seq_len + extra, block_size,
+                        num_blocks)
         if kv_cache == "contiguous":    # the target's and a draft model's caches: the same shape
             make = lambda m: ContiguousKVCache.for_model(m, max_batch_size, self.max_seq_len, extra)
         else:
@@ -149,7 +164,8 @@ class Engine:
         space = KVCacheSpace(self.target_cache, self.draft_cache)
         watermark = max(1, space.num_blocks() // 100) if kv_cache == "paged" else 0
         self.scheduler = Scheduler(space, max_batch_size, self.k, watermark, extra)
-        self.runner = SpeculativeRunner(target, self.target_cache, drafter, self.branching)
+        self.runner = SpeculativeRunner(target, self.target_cache, drafter, self.branching,
+                                        graphs)
         self._ids = itertools.count()
         self._sequences: dict[str, Sequence] = {}       # unfinished requests
         self._owners: dict[str, deque[StepOutput]] = {}  # request -> its stream's output queue
@@ -196,28 +212,39 @@ class Engine:
     def add_request(self, prompt_ids: Any, sampling: SamplingParams | None = None,
                     request_id: str | None = None, max_new_tokens: int = 64,
                     stop_token_ids: Seq[int] = (), stop: str | Seq[str] = (),
-                    eos_token_id: int | Seq[int] | None = None) -> str:
+                    eos_token_id: int | Seq[int] | None = None, tenant: str | None = None) -> str:
         """Queue a request; returns its id. Its outputs are returned by
         [`step`][minispec.serving.engine.Engine.step]. Arguments as
-        [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate].
+        [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate], and:
+
+        Args:
+            tenant: who sends it. A drafter that shares text between requests (a
+                [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] with a store, also in a
+                ``HybridDrafter`` or a tree) writes the request into that tenant's documents and
+                drafts it only from them, so tenants never see each other's text in their drafts.
+                ``None``: the pool of requests without a tenant (as the drafter's own ``tenant``).
 
         Raises:
             ValueError: for a bad request (the same checks as ``speculative_generate``: ids outside
                 the vocabulary, a non-integral ``max_new_tokens``, a too long prompt, ...), a
-                duplicate id, or a request that could never fit in the KV pool.
+                tenant that is not a string, a duplicate id, or a request that could never fit in
+                the KV pool.
         """
         return self._add(prompt_ids, sampling, request_id, max_new_tokens, stop_token_ids, stop,
-                         eos_token_id, owner=None)
+                         eos_token_id, tenant, owner=None)
 
     def _add(self, prompt_ids, sampling, request_id, max_new_tokens, stop_token_ids, stop,
-             eos_token_id, owner: deque[StepOutput] | None) -> str:
+             eos_token_id, tenant, owner: deque[StepOutput] | None) -> str:
         request_id = self._new_id() if request_id is None else str(request_id)
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if tenant is not None and not isinstance(tenant, str):
+            raise ValueError(f"tenant must be a string or None, got {tenant!r}")
         seq = make_sequence(request_id, self.target, prompt_ids, sampling,
                             max_new_tokens=max_new_tokens, max_seq_len=self.max_seq_len, k=self.k,
                             tokenizer=self.tokenizer, stop=stop, stop_token_ids=stop_token_ids,
                             eos_token_id=eos_token_id)
+        seq.tenant = tenant
         if (reason := seq.done_before_start()) is None:
             self.scheduler.add(seq)                     # ValueError if it can never fit
         self._sequences[request_id] = seq
@@ -226,7 +253,23 @@ class Engine:
         if reason is not None:                          # ends before any round
             seq.finish(reason)
             self._route(self._last_output(seq, []))
+        elif tenant is not None:
+            self._bind_tenant(seq)
         return request_id
+
+    def _bind_tenant(self, seq: Sequence) -> None:
+        """Make the request's own suffix drafter now (a per-request or tree drafter's, also as a
+        ``HybridDrafter``'s context source) and give it ``seq.tenant``."""
+        source = self.drafter.context if isinstance(self.drafter, HybridDrafter) else self.drafter
+        if isinstance(source, (PerRequestDrafter, TreeDrafter)):
+            try:
+                instance = source.make(seq) if isinstance(source, TreeDrafter) else source.make()
+            except Exception:              # a broken factory: the request fails in its round
+                return
+            source.instances[seq.request_id] = instance
+            suffix = getattr(instance, "suffix", instance)   # a SuffixTreeDrafter's chain drafter
+            if isinstance(suffix, SuffixDrafter):
+                suffix.tenant = seq.tenant
 
     def abort(self, request_id: str) -> None:
         """Cancel a waiting or running request: it finishes with ``"abort"`` and its blocks are
@@ -334,8 +377,8 @@ class Engine:
     def generate(self, prompts: Seq[Any],
                  sampling: SamplingParams | Seq[SamplingParams] | None = None,
                  progress: bool = True, max_new_tokens: int = 64, stop_token_ids: Seq[int] = (),
-                 stop: str | Seq[str] = (), eos_token_id: int | Seq[int] | None = None
-                 ) -> list[GenerationResult]:
+                 stop: str | Seq[str] = (), eos_token_id: int | Seq[int] | None = None,
+                 tenant: str | Seq[str | None] | None = None) -> list[GenerationResult]:
         """Run ``prompts`` to completion; results in prompt order (the type ``generate`` returns).
 
         Args:
@@ -351,12 +394,14 @@ class Engine:
             stop: as [`add_request`][minispec.serving.engine.Engine.add_request], for every prompt.
             eos_token_id: as [`add_request`][minispec.serving.engine.Engine.add_request] (``[]``:
                 every request runs to ``max_new_tokens``).
+            tenant: as [`add_request`][minispec.serving.engine.Engine.add_request]: one for all
+                prompts, or one per prompt.
 
         Raises:
             ValueError: for any bad prompt; then no request of this call is left behind.
         """
         ids, queue = self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop,
-                                   eos_token_id)
+                                   eos_token_id, tenant)
         disable = not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
         with tqdm(total=len(ids), disable=disable, desc="requests", unit="req") as bar:
             for out in self._drive(ids, queue, keep_results=True):
@@ -366,7 +411,8 @@ class Engine:
     def stream(self, prompts: Seq[Any],
                sampling: SamplingParams | Seq[SamplingParams] | None = None,
                max_new_tokens: int = 64, stop_token_ids: Seq[int] = (), stop: str | Seq[str] = (),
-               eos_token_id: int | Seq[int] | None = None) -> Iterator[StepOutput]:
+               eos_token_id: int | Seq[int] | None = None,
+               tenant: str | Seq[str | None] | None = None) -> Iterator[StepOutput]:
         """Like [`generate`][minispec.serving.engine.Engine.generate], but yield each ``StepOutput``
         of these prompts as it is accepted (several per step when drafts are accepted).
 
@@ -375,7 +421,7 @@ class Engine:
         aborts its unfinished requests and frees their slots.
         """
         ids, queue = self._add_all(prompts, sampling, max_new_tokens, stop_token_ids, stop,
-                                   eos_token_id)
+                                   eos_token_id, tenant)
         yield from self._drive(ids, queue, keep_results=False)
 
     def _drive(self, ids: list[str], queue: deque[StepOutput], keep_results: bool
@@ -405,24 +451,22 @@ class Engine:
             if not keep_results:
                 self._results.pop(rid, None)
 
-    def _add_all(self, prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id
-                 ) -> tuple[list[str], deque[StepOutput]]:
+    def _add_all(self, prompts, sampling, max_new_tokens, stop_token_ids, stop, eos_token_id,
+                 tenant) -> tuple[list[str], deque[StepOutput]]:
         """Queue every prompt, or none: on a bad one, the ones queued already are aborted. The ids
         and the queue their outputs go to."""
         if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a list of prompts (token ids, strings or chat "
                              f"messages), got {type(prompts).__name__}; "
                              "wrap a single prompt: [prompt]")
-        samplings = (list(sampling) if isinstance(sampling, (list, tuple))
-                     else [sampling] * len(prompts))
-        if len(samplings) != len(prompts):
-            raise ValueError(f"{len(samplings)} SamplingParams for {len(prompts)} prompts")
+        samplings, tenants = (_per_prompt(sampling, prompts, "SamplingParams"),
+                              _per_prompt(tenant, prompts, "tenants"))
         ids: list[str] = []
         queue: deque[StepOutput] = deque()
         try:
-            for prompt, sp in zip(prompts, samplings, strict=True):
+            for prompt, sp, who in zip(prompts, samplings, tenants, strict=True):
                 ids.append(self._add(prompt, sp, None, max_new_tokens, stop_token_ids, stop,
-                                     eos_token_id, owner=queue))
+                                     eos_token_id, who, owner=queue))
         except Exception:
             self._close(ids)
             raise
@@ -467,3 +511,42 @@ def _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_bat
 
 def _positive_int(x: Any) -> bool:
     return is_int(x) and x >= 1
+
+
+def _per_prompt(value: Any, prompts: Seq[Any], what: str) -> list[Any]:
+    """One value for every prompt, or a list or tuple of one per prompt."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * len(prompts)
+    if len(values) != len(prompts):
+        raise ValueError(f"{len(values)} {what} for {len(prompts)} prompts")
+    return values
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory on ``device``: a GPU's total, else the machine's physical RAM."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):       # no sysconf (Windows): no known limit
+        return 2**63
+
+
+def check_kv_memory(models: list[Llama], paged: bool, num_slots: int, seq_len: int,
+                    block_size: int, num_blocks: int | None) -> None:
+    """``ValueError``, before anything is allocated, when the KV caches of ``models`` would need
+    more than [`device_memory`][minispec.serving.engine.device_memory]: keys and values of every
+    layer at every position (``num_slots * seq_len`` positions, or a paged pool of ``num_blocks *
+    block_size``, by default room for every slot to be full), plus
+    [`BLOCK_BOOKKEEPING`][minispec.serving.engine.BLOCK_BOOKKEEPING] bytes per block."""
+    blocks = (num_blocks or num_slots * -(-seq_len // block_size)) if paged else 0
+    positions = blocks * block_size if paged else num_slots * seq_len
+    per_position = sum(2 * m.config.num_hidden_layers * m.config.num_key_value_heads
+                       * m.config.head_dim * m.dtype.itemsize for m in models)
+    need = positions * per_position + blocks * BLOCK_BOOKKEEPING * len(models)
+    have = device_memory(models[0].device)
+    if need > have:
+        raise ValueError(
+            f"the KV cache would need {need / 2**30:,.1f} GiB ({positions:,} positions x "
+            f"{per_position:,} bytes of keys and values{', two models' if len(models) > 1 else ''}"
+            f"), more than the {have / 2**30:,.1f} GiB of memory on {models[0].device}: lower "
+            "max_batch_size, num_blocks, block_size or max_seq_len")

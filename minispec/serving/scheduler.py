@@ -36,6 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from minispec.core.sampling import is_int
 from minispec.core.sequence import Sequence, SequenceStatus
 
 __all__ = ["CacheSpace", "KVCacheSpace", "Scheduler", "SchedulerOutput"]
@@ -157,8 +158,11 @@ class Scheduler:
 
     def __init__(self, space: CacheSpace, max_batch_size: int, k: int, watermark_blocks: int = 0,
                  extra_positions: int = 0) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        for name, value, low in (("max_batch_size", max_batch_size, 1), ("k", k, 0),
+                                 ("watermark_blocks", watermark_blocks, 0),
+                                 ("extra_positions", extra_positions, 0)):
+            if not (is_int(value) and value >= low):
+                raise ValueError(f"Scheduler: {name} must be an integer >= {low}, got {value!r}")
         self.space = space
         self.max_batch_size = max_batch_size
         self.k = k

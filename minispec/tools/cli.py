@@ -14,6 +14,13 @@ import torch
 
 import minispec as ms
 from minispec.tools import viz
+from minispec.tools.argtypes import (
+    MAX_THREADS,
+    non_negative_int,
+    positive_int,
+    positive_int_list,
+    thread_count,
+)
 
 #: What a benchmark's times are read from: wall time, or this process's CPU time.
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -124,8 +131,32 @@ def generate_command(args: argparse.Namespace) -> int:
                                   tokenizer=tokenizer,
                                   adaptive=False if args.fixed_k and drafter is not None else None)
     print(viz.trace(out, tokenizer) if args.trace else out.text)
-    print(f"\n[{out.finish_reason}] {out.stats.summary()}")
+    print(f"\n[{out.finish_reason}] {stats_report(out.stats, _chooses_k(args, drafter))}")
     return 0
+
+
+def _chooses_k(args: argparse.Namespace, drafter) -> bool:
+    """Whether the draft-length policy picks each round's k (a drafter, and no ``--fixed-k``)."""
+    return drafter is not None and not args.fixed_k
+
+
+def stats_report(stats: ms.SpecStats, chose_k: bool) -> str:
+    """``stats.summary()``; when the draft-length policy chose k = 0 in most rounds, its
+    acceptance rate says how few drafts it rests on, and a last line says that k was 0.
+
+    Args:
+        stats: the run's statistics (``out.stats``; ``k_per_round`` holds each round's k).
+        chose_k: whether a policy chose each round's k (False with ``--fixed-k`` or no drafter).
+    """
+    summary = stats.summary()
+    plain, rounds = stats.k_per_round.count(0), len(stats.k_per_round)
+    if not chose_k or 2 * plain <= rounds:
+        return summary
+    tested = (f"acceptance {stats.acceptance_rate:.3f} on the {stats.tested} drafts tested"
+              if stats.tested else "no draft tested")
+    summary = summary.replace(f"acceptance {stats.acceptance_rate:.3f}", tested, 1)
+    return (f"{summary}\nk chosen: 0 in {plain} of {rounds} rounds: drafting judged not to pay "
+            "here; --fixed-k drafts anyway")
 
 
 def _stream(target, drafter, prompt, sampling, tokenizer, args) -> int:
@@ -140,7 +171,7 @@ def _stream(target, drafter, prompt, sampling, tokenizer, args) -> int:
             text = tokenizer.decode(tokens, skip_special_tokens=True)
             print(text[len(shown):], end="", flush=True)       # decode all: merges stay right
             shown = text
-    print(f"\n\n[{last.finish_reason}] {last.stats.summary()}")
+    print(f"\n\n[{last.finish_reason}] {stats_report(last.stats, _chooses_k(args, drafter))}")
     return 0 if last.finish_reason != "error" else 1
 
 
@@ -207,18 +238,6 @@ def _report_runs(runs: dict) -> int:
     return 0 if all(out.tokens == base.tokens for out in runs.values()) else 1
 
 
-def _int_list(text: str) -> list[int]:
-    """``"1-8"`` or ``"1,2,4"`` -> a list of ints."""
-    values: list[int] = []
-    for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            values += range(int(lo), int(hi) + 1)
-        elif part:
-            values.append(int(part))
-    return values
-
-
 def _bench_prompts(tokenizer, vocab_size: int, count: int) -> dict[str, list[list[int]]]:
     """The bench's prompt sets as ids; without a tokenizer, fixed pseudo-random ids of the same
     sizes."""
@@ -230,18 +249,6 @@ def _bench_prompts(tokenizer, vocab_size: int, count: int) -> dict[str, list[lis
     g = torch.Generator().manual_seed(0)
     rand = [torch.randint(0, vocab_size, (16,), generator=g).tolist() for _ in range(count)]
     return {"shakespeare": rand, "repetitive": [3 * ids + ids[:8] for ids in rand]}
-
-
-def _threads(text: str) -> int:
-    """``--threads``: an integer >= 0 (0: torch's own choice); argparse reports anything else."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (0: torch's choice), "
-                                         f"got {text!r}")
-    return value
 
 
 def _sha256(path) -> str | None:
@@ -267,10 +274,9 @@ def bench_workloads(args: argparse.Namespace) -> int:
             setattr(args, name, value)
     if args.quick and args.tasks is None:
         args.tasks = "chat,code_edit"
-    if (args.max_new_tokens < 1 or args.repeats < 1 or args.warmup < 0 or args.k_ngram < 1
-            or args.prompts < 1):
-        print("minispec bench: --max-new-tokens, --repeats, --k-ngram and --prompts must be >= 1, "
-              "--warmup >= 0", file=sys.stderr)
+    if args.max_new_tokens < 1 or args.repeats < 1 or args.prompts < 1:
+        print("minispec bench: --max-new-tokens, --repeats and --prompts must be >= 1",
+              file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -330,15 +336,16 @@ def bench_command(args: argparse.Namespace) -> int:
 
     if args.quick:      # smaller settings, except where a flag was given explicitly
         quick = {"prompts": (8, 2), "max_new_tokens": (128, 32), "repeats": (5, 1),
-                 "ks": ("1-8", "1,2,4"), "hf_ks": ("2,4", "4"), "cost_repeats": (100, 10)}
+                 "ks": (list(range(1, 9)), [1, 2, 4]), "hf_ks": ([2, 4], [4]),
+                 "cost_repeats": (100, 10)}
         for name, (default, small) in quick.items():
             if getattr(args, name) == default:
                 setattr(args, name, small)
     if args.threads:
         torch.set_num_threads(args.threads)
-    ks, hf_ks = _int_list(args.ks), _int_list(args.hf_ks)
-    if not ks or min(ks) < 1 or args.prompts < 1 or args.max_new_tokens < 1 or args.repeats < 1:
-        print("minispec bench: -k values, --prompts, --max-new-tokens and --repeats must be >= 1",
+    ks, hf_ks = args.ks, args.hf_ks
+    if args.prompts < 1 or args.max_new_tokens < 1 or args.repeats < 1:
+        print("minispec bench: --prompts, --max-new-tokens and --repeats must be >= 1",
               file=sys.stderr)
         return 2
     target, tokenizer = ms.load(args.target)
@@ -472,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--head", default=None, metavar="NAME_OR_DIR",
                    help="with --model: an EAGLE head to time as 'minispec eagle' (default: the "
                         "shipped head for that model, when there is one)")
-    b.add_argument("--k-eagle", type=int, default=2,
+    b.add_argument("--k-eagle", type=positive_int, default=2,
                    help="with --model: draft length of the EAGLE head (default 2: with its "
                         "measured alpha ~0.3 and c ~0.05, theory.optimal_gamma gives 1-2 on this "
                         "CPU)")
@@ -488,19 +495,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "per task or category (default 8: all of the multi-task set's 5)")
     b.add_argument("--max-new-tokens", type=int, default=128,
                    help="new tokens per prompt (default 128)")
-    b.add_argument("--ks", default="1-8",
-                   help="draft lengths for the draft model, e.g. 1-8 or 2,4 (default 1-8)")
-    b.add_argument("--k-ngram", type=int, default=4,
-                   help="draft length of n-gram / prompt lookup (default 4)")
-    b.add_argument("--hf-ks", default="2,4",
-                   help="draft lengths for transformers' assisted generation (default 2,4)")
+    b.add_argument("--ks", type=positive_int_list, default="1-8",
+                   help="draft lengths for the draft model, >= 1, e.g. 1-8 or 2,4 (default 1-8)")
+    b.add_argument("--k-ngram", type=positive_int, default=4,
+                   help="draft length of n-gram / prompt lookup, >= 1 (default 4)")
+    b.add_argument("--hf-ks", type=positive_int_list, default="2,4",
+                   help="draft lengths for transformers' assisted generation, >= 1 "
+                        "(default 2,4)")
     b.add_argument("--repeats", type=int, default=5,
                    help="timed repeats; medians are reported (default 5)")
-    b.add_argument("--warmup", type=int, default=1, help="discarded warm-up repeats (default 1)")
-    b.add_argument("--cost-repeats", type=int, default=100,
-                   help="timed forwards per shape for c and r (default 100)")
-    b.add_argument("--threads", type=_threads, default=0,
-                   help="torch.set_num_threads, >= 1 (default 0: torch's choice)")
+    b.add_argument("--warmup", type=non_negative_int, default=1,
+                   help="discarded warm-up repeats, >= 0 (default 1)")
+    b.add_argument("--cost-repeats", type=positive_int, default=100,
+                   help="timed forwards per shape for c and r, >= 1 (default 100)")
+    b.add_argument("--threads", type=thread_count, default=None,
+                   help=f"torch.set_num_threads, 1 to {MAX_THREADS} on this machine (4 per CPU; "
+                        "default: torch's choice)")
     b.add_argument("--clock", default="wall", choices=("wall", "cpu"),
                    help="with --model: wall time, or this process's CPU time (steadier on a shared "
                         "machine; use with --threads 1)")

@@ -46,6 +46,13 @@ from minispec.decoding.goodput import StepCosts
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama, ModelConfig
 from minispec.models.packed import PackedLinear, is_fast, make_fast
+from minispec.tools.argtypes import (
+    MAX_THREADS,
+    non_negative_int,
+    positive_int,
+    probability,
+    thread_count,
+)
 
 #: Clocks for timing: wall time, or the process's CPU time, which leaves out the time other
 #: processes hold the cores (use it with ``--threads 1`` on a shared machine: with more threads
@@ -416,9 +423,8 @@ def format_speedups(rows: Sequence[SpeedupRow]) -> str:
 SHIPPED_PAIR = ("shakespeare-target", "shakespeare-draft")
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") -> int:
-    """Command-line entry point (``minispec bench costs``, alias ``minispec bench roofline``);
-    returns the exit status."""
+def build_parser(prog: str = "minispec bench costs") -> argparse.ArgumentParser:
+    """The options of ``minispec bench costs``; every number is checked by its ``type=``."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description="A decode step against the memory roofline, eager and fast (oneDNN-packed "
@@ -441,21 +447,27 @@ def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") 
     parser.add_argument("--fast", action="store_true",
                         help="accepted for symmetry with 'minispec bench --model --fast'; changes "
                              "nothing: eager and fast are always measured side by side")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8],
-                        help="batch sizes (default: 1 8)")
-    parser.add_argument("--context", type=int, default=300, help="cached tokens per row")
-    parser.add_argument("--max-k", type=int, default=8, help="largest k (k+1 tokens verified)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (medians)")
-    parser.add_argument("--alpha", type=float, nargs="+", default=[0.6, 0.8],
-                        help="acceptance rates for the predicted speedup")
-    parser.add_argument("--threads", type=_threads, default=None,
-                        help="torch threads, >= 1 (default: torch's own choice)")
+    parser.add_argument("--batch", type=positive_int, nargs="+", default=[1, 8],
+                        help="batch sizes, each >= 1, one of them 1 (default: 1 8)")
+    parser.add_argument("--context", type=positive_int, default=300,
+                        help="cached tokens per row, >= 1 (default 300)")
+    parser.add_argument("--max-k", type=non_negative_int, default=8,
+                        help="largest k, >= 0 (k+1 tokens verified; default 8)")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed repeats, >= 1 (medians; default 5)")
+    parser.add_argument("--alpha", type=probability, nargs="+", default=[0.6, 0.8],
+                        help="acceptance rates in [0, 1] for the predicted speedup "
+                             "(default: 0.6 0.8)")
+    parser.add_argument("--threads", type=thread_count, default=None,
+                        help=f"torch threads, 1 to {MAX_THREADS} on this machine (4 per CPU; "
+                             "default: torch's own choice)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights' dtype; bfloat16 is a different (rounded) model")
     parser.add_argument("--speedups", action="store_true",
                         help="also time greedy decoding with each drafter, eager and fast "
                              "(needs a loadable target with a tokenizer)")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per --speedups run")
+    parser.add_argument("--new-tokens", type=positive_int, default=64,
+                        help="tokens per --speedups run, >= 1 (default 64)")
     parser.add_argument("--clock", default="wall", choices=list(CLOCKS),
                         help="wall time, or this process's CPU time (steadier on a shared "
                              "machine; use with --threads 1)")
@@ -463,9 +475,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") 
                         help="also write the report as JSON to FILE")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="also write the report as JSON to DIR/costs.json")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") -> int:
+    """Command-line entry point (``minispec bench costs``, alias ``minispec bench roofline``, or
+    ``python -m minispec.tools.costs``); returns the exit status."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
-    if min(args.batch) < 1 or args.max_k < 0 or args.repeats < 1 or args.context < 1:
-        parser.error("--batch, --repeats and --context must be >= 1, --max-k >= 0")
     if 1 not in args.batch:
         parser.error("--batch must include 1 (r and the predicted speedup are at batch 1)")
     if args.fast:
@@ -500,11 +517,4 @@ def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") 
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
-
-
-def _threads(text: str) -> int:
-    """``--threads``: an integer >= 1; argparse reports anything else as a usage error."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return int(text)
+    raise SystemExit(main(prog="python -m minispec.tools.costs"))

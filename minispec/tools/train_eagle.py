@@ -56,6 +56,7 @@ from minispec.models import packed
 from minispec.models.eagle_head import LAYOUTS, EagleHead, save_head
 from minispec.models.loader import load
 from minispec.tools import eagle_data
+from minispec.tools.argtypes import MAX_THREADS, thread_count
 from minispec.zoo import smollm2
 
 CHECKPOINT_EVERY_S = 120
@@ -370,7 +371,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-tokens", type=int, default=96,
                    help="new tokens per task in the final evaluation")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=thread_count, default=None,
+                   help=f"torch threads, 1 to {MAX_THREADS} on this machine (4 per CPU; default: "
+                        "torch's)")
     p.add_argument("--device", default="cpu",
                    help="where the target and the head run ('cuda': training under bfloat16 "
                         "autocast)")

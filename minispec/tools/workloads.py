@@ -216,7 +216,8 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
     if target_dir is not None and temperature == 0:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32,
+                                                  trust_remote_code=False).eval()
         call = hf_greedy(hf, max_new_tokens)
         hf_greedy(hf, 4)(next(iter(sets.values()))[0])  # warm-up
     # a task's methods run back to back, so a change in the machine's load hits them alike

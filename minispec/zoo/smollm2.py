@@ -195,9 +195,10 @@ def convert(gguf: Path, out: Path, progress: bool = True) -> None:
     steps = tqdm(total=4, desc=f"convert {NAME}", unit="step", disable=not progress)
     # gguf_file is looked up relative to a local directory (a bare name would be a hub id)
     folder, name = str(gguf.parent.resolve()), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
     steps.update()
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                 trust_remote_code=False)
     steps.update()
     out.mkdir(parents=True)
     tied = model.config.tie_word_embeddings
