@@ -18,7 +18,7 @@ statistic and its threshold); ``print(report)`` explains it. A function that rai
 * [`verifier`][minispec.check.chains.verifier] --
   ``fn(draft_tokens, draft_probs, target_probs, generator) -> tokens``: the law of whole 4-token
   streams over several rounds (toy Markov target and draft, exact law by enumeration), greedy
-  mode, the seed honoured;
+  mode, the seed honoured, and a hint when it never emits the bonus token;
 * [`tree_verifier`][minispec.check.trees.tree_verifier] --
   ``fn(tree, target_probs, draft_probs, generator) -> tokens``: the same for a draft tree's walk;
 * [`drafter`][minispec.check.drafting.drafter] -- an object with ``propose``, or
@@ -27,6 +27,11 @@ statistic and its threshold); ``print(report)`` explains it. A function that rai
 * [`rollback`][minispec.check.caches.rollback] (alias ``kv_cache``) --
   ``cache_factory(model, num_slots, max_seq_len)``: after ``truncate_to`` the next logits equal a
   cache-free forward; lengths and paged blocks right.
+
+Every call of the student's code runs under a deadline (``timeout=``, seconds per call, default
+5): a function that hangs, or returns an endless generator, fails with the case that showed it,
+and so does a result of the wrong type (a float where a token id belongs, a complex residual);
+a check never crashes on what the student's code does.
 
 Every check is seeded (the same verdict on every run), runs in seconds on two cores, and fails a
 correct implementation with probability at most ``1e-3`` over the choice of seed (the statistical

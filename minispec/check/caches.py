@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from minispec.check.harness import Failure, call, run_cases
+from minispec.check.harness import TIMEOUT, Failure, StudentError, as_int, call, run_cases
 from minispec.check.models import tiny_llama
 from minispec.check.report import Case, CheckReport, Counterexample
 from minispec.models.llama import Llama
@@ -49,11 +49,12 @@ def _compare(got: torch.Tensor, want: torch.Tensor, what: str, inputs: dict) -> 
 def _bookkeeping(cache: Any, slot: int, n: int, inputs: dict) -> None:
     """The length after truncation, and (paged caches) the blocks kept: ``ceil(n / block)``."""
     length = call(cache.length, slot, inputs=inputs)
-    if length != n:
+    if as_int(length) != n:
         raise Failure(Counterexample(f"after truncate_to(slot, {n}) the cache reports length "
                                      f"{length}", inputs))
     if hasattr(cache, "block_table"):
-        held, need = len(cache.block_table(slot)), math.ceil(n / cache.block_size)
+        held = len(call(cache.block_table, slot, inputs=inputs))
+        need = math.ceil(n / cache.block_size)
         if held != need:
             raise Failure(Counterexample(
                 f"after truncate_to(slot, {n}) the slot holds {held} blocks of "
@@ -82,9 +83,19 @@ def _round(model, cache, slot, context, g, one_by_one: bool) -> list[int]:
     return context + drafts[:accepted] + [int(torch.randint(0, V, (), generator=g))]
 
 
+def _make(factory: Callable, model: Llama, num_slots: int) -> Any:
+    """``factory(model, num_slots, MAX_LEN)``, failing unless it returns a KV cache."""
+    inputs = {"num_slots": num_slots, "max_seq_len": MAX_LEN}
+    cache = call(factory, model, num_slots, MAX_LEN, inputs=inputs)
+    if not all(hasattr(cache, m) for m in ("allocate", "length", "truncate_to")):
+        raise Failure(Counterexample("the factory must return a KV cache (with allocate, length, "
+                                     f"truncate_to), not {type(cache).__name__}", inputs))
+    return cache
+
+
 def _rounds_case(factory: Callable, model: Llama, seed: int) -> Case:
     g = torch.Generator().manual_seed(seed)
-    cache = call(factory, model, 2, MAX_LEN, inputs={"num_slots": 2, "max_seq_len": MAX_LEN})
+    cache = _make(factory, model, 2)
     slots = [call(cache.allocate), call(cache.allocate)]
     V = model.config.vocab_size
     contexts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (7, 11)]
@@ -99,18 +110,20 @@ def _rounds_case(factory: Callable, model: Llama, seed: int) -> Case:
 
 def _contract_case(factory: Callable, model: Llama, seed: int) -> Case:
     g = torch.Generator().manual_seed(seed)
-    cache = call(factory, model, 1, MAX_LEN)
+    cache = _make(factory, model, 1)
     slot = call(cache.allocate)
     ids = torch.randint(0, model.config.vocab_size, (20,), generator=g).tolist()
     _forward(model, cache, slot, ids[:19], 0)
+    inputs, raised = {"length": 19, "n": 20}, None
     try:
-        cache.truncate_to(slot, 20)
-    except ValueError:
-        pass
-    else:
+        call(cache.truncate_to, slot, 20, inputs=inputs)
+    except StudentError as err:
+        raised = err.error
+    if not isinstance(raised, ValueError):
+        got = f"it raised {type(raised).__name__}: {raised}" if raised else "it returned"
         raise Failure(Counterexample("truncate_to(slot, n) with n > length must raise ValueError "
-                                     "(there is nothing to keep past the cached length)",
-                                     {"length": 19, "n": 20}))
+                                     f"(there is nothing to keep past the cached length); {got}",
+                                     inputs))
     inputs = {"length": 19, "truncate_to": 0}
     call(cache.truncate_to, slot, 0, inputs=inputs)                  # forget everything,
     _bookkeeping(cache, slot, 0, inputs)
@@ -120,7 +133,8 @@ def _contract_case(factory: Callable, model: Llama, seed: int) -> Case:
     return Case("n > length raises ValueError; truncating to 0 empties the slot", True)
 
 
-def rollback(cache_factory: Callable, *, seed: int = 0) -> CheckReport:
+def rollback(cache_factory: Callable, *, seed: int = 0,
+             timeout: float = TIMEOUT) -> CheckReport:
     """Check that ``truncate_to`` makes a cache equal to one that never saw the rejected tokens.
 
     A tiny random Llama (2 layers, GQA, 64 tokens) decodes with a cache from
@@ -141,6 +155,8 @@ def rollback(cache_factory: Callable, *, seed: int = 0) -> CheckReport:
     Args:
         cache_factory: makes the cache under test.
         seed: seeds the tokens and the acceptance lengths.
+        timeout: seconds each call of the cache (or the factory, or a forward through it) may
+            take before the check fails it (no hang).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -148,7 +164,7 @@ def rollback(cache_factory: Callable, *, seed: int = 0) -> CheckReport:
     model = tiny_llama(64, seed=seed + 200, max_positions=MAX_LEN)
     cases = [("rounds of verify and rollback", lambda: _rounds_case(cache_factory, model, seed)),
              ("truncate_to's contract", lambda: _contract_case(cache_factory, model, seed + 1))]
-    return run_cases("rollback", cases, 0.0)
+    return run_cases("rollback", cases, 0.0, timeout)
 
 
 kv_cache = rollback

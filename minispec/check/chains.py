@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from minispec.check.harness import Failure, as_tokens, call, reproducible_case, run_cases
+from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, reproducible_case, run_cases
 from minispec.check.markov import GREEDY, SAMPLED, Chain, law_case
-from minispec.check.report import CheckReport, Counterexample
+from minispec.check.report import Case, CheckReport, Counterexample
 from minispec.check.statistics import BUDGET, per_test_alpha
 
 __all__ = ["make_round", "verifier"]
@@ -30,7 +30,7 @@ STREAMS = {"sampled": 600, "deterministic": 400, "greedy": 60}
 
 def _emitted(out: Any, drafts: list[int], k: int, vocab: int, inputs: dict) -> list[int]:
     """The tokens of one round, after checking the shape every verifier's output must have."""
-    tokens = as_tokens(out, inputs)
+    tokens = as_tokens(out, inputs, k + 1)
     inputs = dict(inputs, emitted=tokens)
     if not 1 <= len(tokens) <= k + 1:
         raise Failure(Counterexample(f"a round must emit 1 to k+1 = {k + 1} tokens, "
@@ -98,8 +98,32 @@ def _reproducible(fn: Callable, seed: int):
     return name, lambda: reproducible_case(name, run, seed, {"k": 3})
 
 
-def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
-             seed: int = 0) -> CheckReport:
+def _bonus(fn: Callable, hints: list[str]):
+    """An exact case: drafts that follow a one-hot target's chain; a hint without the bonus."""
+    name = "every draft right: the target's chain (and the bonus token)"
+
+    def case() -> Case:
+        chain = [2, 1, 2, 1]                                # GREEDY's chain after its start, 1
+        drafts, p = chain[:3], GREEDY.rows(GREEDY.start, chain[:3])
+        inputs = {"draft_tokens": drafts, "draft_probs": None, "target_probs": p}
+        out = call(fn, torch.tensor(drafts), None, p, torch.Generator().manual_seed(0),
+                   inputs=inputs)
+        tokens = _emitted(out, drafts, 3, GREEDY.vocab, inputs)
+        if tokens != chain[:len(tokens)]:
+            raise Failure(Counterexample("with one-hot target rows the emitted tokens must be "
+                                         "the target's greedy chain", dict(inputs, emitted=tokens)))
+        if len(tokens) < 4:
+            hints.append(f"no bonus token: all k = 3 drafts were right and the function emitted "
+                         f"{len(tokens)} tokens, not k+1 = 4 tokens; after accepting every draft, "
+                         "Algorithm 1 adds one from the last target row (lossless without it, "
+                         "but it is a free token per round)")
+        return Case(name, True, f"{len(tokens)} tokens")
+
+    return name, case
+
+
+def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: int = 0,
+             timeout: float = TIMEOUT) -> CheckReport:
     """Check that ``fn`` is a lossless verifier: the emitted stream has the target's law.
 
     Each case decodes many independent streams of ``LENGTH = 4`` tokens, round after round, with a
@@ -115,10 +139,13 @@ def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
     * greedy mode: one-hot target rows (temperature 0), ``k = 3`` sampled and ``k = 2``
       deterministic drafts (60 streams each): every stream must be the target's greedy chain.
 
-    Every round's output must also have the shape of Algorithm 1's: ``1..k+1`` tokens, all but the
-    last equal to the drafts at their positions. The check does not ask *how* tokens are chosen:
-    any lossless rule passes (e.g. accepting ``x`` with probability ``p(x)`` and resampling from
-    ``p`` without ``x``), and minispec's [`verify`][minispec.core.speculative.verify] passes.
+    Every round's output must also have the shape of Algorithm 1's: ``1..k+1`` integer token ids,
+    all but the last equal to the drafts at their positions. A last, exact case hands ``fn`` three
+    drafts that follow a one-hot target's chain: the report carries a ``hint`` when it does not
+    emit the bonus token after them (lossless, so not a failure). The check does not ask *how*
+    tokens are chosen: any lossless rule passes (e.g. accepting ``x`` with probability ``p(x)``
+    and resampling from ``p`` without ``x``), and minispec's
+    [`verify`][minispec.core.speculative.verify] passes.
 
     **False alarms.** Each sampled law case runs two Pearson tests, first token (2 df) and whole
     stream (pooled to about 30 df); the 6 tests share a budget of ``1e-3`` by Bonferroni, each at
@@ -139,11 +166,13 @@ def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
         sampled: run the sampled-mode cases.
         greedy: run the greedy-mode cases.
         seed: seeds the drafts and the generator handed to ``fn``.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
 
     Returns:
-        A [`CheckReport`][minispec.check.report.CheckReport].
+        A [`CheckReport`][minispec.check.report.CheckReport]; a lossless verifier that never
+        emits the bonus token passes with a ``hint`` saying so.
     """
-    cases = []
+    cases, hints = [], []
     alpha = per_test_alpha(6)
     if sampled:
         cases += [_law(fn, SAMPLED, 1, True, STREAMS["sampled"], alpha, seed),
@@ -155,4 +184,7 @@ def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
                   _law(fn, GREEDY, 2, False, STREAMS["greedy"], 1.0, seed + 4)]
     if not cases:
         raise ValueError("nothing to check: sampled and greedy are both False")
-    return run_cases("verifier", cases, BUDGET if sampled else 0.0)
+    report = run_cases("verifier", [*cases, _bonus(fn, hints)], BUDGET if sampled else 0.0,
+                       timeout)
+    report.hint = " ".join(hints) if report.passed else ""
+    return report

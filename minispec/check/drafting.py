@@ -11,13 +11,22 @@ from) or ``None`` (deterministic: one-hot ``q``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from minispec.check.harness import Failure, call, perturbed_global_rng, run_cases
+from minispec.check.harness import (
+    TIMEOUT,
+    Failure,
+    as_int,
+    as_tokens,
+    call,
+    perturbed_global_rng,
+    run_cases,
+)
 from minispec.check.models import tiny_llama
 from minispec.check.report import Case, CheckReport, Counterexample, fmt
 from minispec.check.statistics import BUDGET, fit, per_test_alpha
@@ -42,33 +51,40 @@ class FunctionDrafter:
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
                 generator: torch.Generator | None = None) -> Draft:
-        """``fn(context, k)``'s ids as a ``Draft`` with ``probs=None`` (one-hot ``q``)."""
-        return Draft(torch.as_tensor(list(self.fn(list(context), k)), dtype=torch.long))
+        """``fn(context, k)``'s ids as a ``Draft`` with ``probs=None`` (one-hot ``q``); at most
+        ``k + 1`` are read (a generator may never end), and ids that are not integers are kept
+        as they are, for the check to report."""
+        ids = list(itertools.islice(self.fn(list(context), k), k + 1))
+        exact = [as_int(x) for x in ids]
+        return Draft(ids if None in exact else torch.tensor(exact, dtype=torch.long))
+
+
+def _declared_q(probs: Any, tokens: list[int], vocab: int) -> bool:
+    """Whether ``probs`` is a real floating-point ``[n, V]`` tensor of distributions that gives
+    each proposed token ``q > 0``."""
+    if not isinstance(probs, Tensor) or not probs.is_floating_point() or \
+            probs.shape != (len(tokens), vocab):
+        return False
+    probs = probs.double()
+    return bool((probs >= 0).all() and ((probs.sum(-1) - 1).abs() < 1e-3).all()) and \
+        all(probs[i, t] > 0 for i, t in enumerate(tokens))
 
 
 def _propose(d: Any, context: list[int], k: int, sampling: SamplingParams, g, vocab: int):
     """Call ``propose`` and check the draft's form; returns ``(tokens, probs or None)``."""
     inputs = {"context": context, "k": k, "temperature": sampling.temperature}
     out = call(d.propose, list(context), k, sampling, g, inputs=inputs)
-    tokens, probs = getattr(out, "tokens", out), getattr(out, "probs", None)
-    try:
-        tokens = torch.as_tensor(tokens, dtype=torch.long).flatten().tolist()
-    except (TypeError, ValueError) as error:
-        what = f"the proposal is not a list of ids: {out!r}"
-        raise Failure(Counterexample(what, inputs)) from error
+    tokens, probs = as_tokens(out, inputs, k), getattr(out, "probs", None)
     inputs["proposed"] = tokens
-    if len(tokens) > k or any(not 0 <= t < vocab for t in tokens):
-        what = f"a proposal has at most k tokens, each in [0, {vocab})"
-        raise Failure(Counterexample(what, inputs))
-    if probs is not None:
-        probs = torch.as_tensor(probs).double()
-        ok = probs.shape == (len(tokens), vocab) and (probs >= 0).all() and \
-            bool(((probs.sum(-1) - 1).abs() < 1e-3).all())
-        if not ok or any(probs[i, t] <= 0 for i, t in enumerate(tokens)):
-            raise Failure(Counterexample(
-                "declared probs must be [n, V] distributions giving each proposed token q > 0 "
-                "(the q it was drawn from)", dict(inputs, probs_shape=tuple(probs.shape))))
-    return tokens, probs
+    if any(not 0 <= t < vocab for t in tokens):
+        raise Failure(Counterexample(f"a proposed id is not in [0, {vocab})", inputs))
+    if probs is not None and not _declared_q(probs, tokens, vocab):
+        raise Failure(Counterexample(
+            "declared probs must be a real floating-point [n, V] tensor of distributions giving "
+            "each proposed token q > 0 (the q it was drawn from)",
+            dict(inputs, probs=f"{getattr(probs, 'dtype', type(probs).__name__)} "
+                               f"{list(getattr(probs, 'shape', []))}")))
+    return tokens, None if probs is None else probs.double()
 
 
 def _contexts(vocab: int, g: torch.Generator) -> list[list[int]]:
@@ -167,7 +183,7 @@ def _parity_case(d: Any, target: Llama, vocab: int, seed: int) -> Case:
 
 
 def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool = False,
-            seed: int = 0) -> CheckReport:
+            seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
     """Check a drafter: well-formed proposals that agree with the declared ``q``, and parity.
 
     Cases, in order:
@@ -197,6 +213,8 @@ def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool =
             drafter's vocabulary and EOS ids (those of ``obj.model.config``, else 64 tokens).
         continues_patterns: also run case 3.
         seed: seeds contexts, prompts and generators.
+        timeout: seconds each call of the drafter (each ``propose``, and each whole decoding of
+            the parity case) may take before the check fails it (no hang).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -214,4 +232,4 @@ def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool =
         cases.append(("continues a repeated pattern", lambda: _pattern_case(d, vocab)))
     cases.append(("greedy decoding with it equals plain greedy decoding",
                   lambda: _parity_case(d, target, vocab, seed + 3)))
-    return run_cases("drafter", cases, BUDGET)
+    return run_cases("drafter", cases, BUDGET, timeout)

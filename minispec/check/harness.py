@@ -1,26 +1,39 @@
-"""How a check runs a student's code: calls that turn exceptions into verdicts, the case loop, and
-a guard that proves a function draws its randomness from the generator it is given.
+"""How a check runs a student's code: calls under a deadline that turn exceptions and hangs into
+verdicts, the reading of a result as token ids, the case loop, and a guard that proves a function
+draws its randomness from the generator it is given.
 
 A function that raises ``NotImplementedError`` (an exercise's stub) gives a clean report with
 ``passed=False`` and ``not_implemented=True``; any other exception raised *by the student's code*
-is a failure that names the exception and the inputs that provoked it. Exceptions raised by the
-checker itself are not caught: they are the checker's bugs.
+is a failure that names the exception and the inputs that provoked it, and so is a call that does
+not return within the check's ``timeout`` (seconds per call). A result the check cannot read (a
+wrong type, a float where a token id belongs, an endless generator) is a failure too: a check
+never crashes and never hangs on what the student's code does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import operator
+import queue
 import random
+import threading
+import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from minispec.check.report import Case, CheckReport, Counterexample
 
-__all__ = ["Failure", "StudentError", "as_tokens", "call", "perturbed_global_rng",
-           "reproducible_case", "run_cases"]
+__all__ = ["TIMEOUT", "Failure", "StudentError", "as_int", "as_tokens", "call",
+           "perturbed_global_rng", "reproducible_case", "run_cases"]
+
+#: Seconds one call of the student's function may take: every check's ``timeout`` default. A
+#: correct call takes milliseconds; the margin covers a loaded machine.
+TIMEOUT = 5.0
+_case = threading.local()       # on a case's thread: ``watch``, the student's call running now
 
 
 class _Stub(Exception):
@@ -44,26 +57,104 @@ class Failure(Exception):
 
 
 def call(fn: Callable[..., Any], *args: Any, inputs: dict[str, Any] | None = None) -> Any:
-    """Call the student's ``fn(*args)``, turning its exceptions into the check's verdicts."""
+    """Call the student's ``fn(*args)``, turning its exceptions into the check's verdicts.
+
+    Every grader calls the student's code through here. On a case's thread (see ``run_cases``)
+    the call is watched: when it runs longer than the check's ``timeout``, the case fails.
+    """
+    watch = getattr(_case, "watch", None)
+    if watch is not None:
+        if watch.get("abandoned"):          # its case has failed already: end its thread here
+            raise SystemExit
+        watch["call"] = (time.monotonic(), inputs or {})
     try:
         return fn(*args)
     except NotImplementedError as error:
         raise _Stub(str(error)) from error
     except Exception as error:  # the student's bug, reported with its inputs
         raise StudentError(error, inputs or {}) from error
+    finally:
+        if watch is not None:
+            watch["call"] = None
 
 
-def as_tokens(out: Any, inputs: dict[str, Any]) -> list[int]:
-    """The emitted tokens of a verifier's result: a list, a tensor or an object with ``.tokens``."""
-    out = getattr(out, "tokens", out)
+def _watched(run: Callable[[], Case], timeout: float) -> Case:
+    """``run()`` on a new thread; its case, or its exception raised again here.
+
+    Meanwhile this thread checks every 50 ms whether a call of the student's code (through
+    ``call``) has been running for more than ``timeout`` seconds, and then fails the case. That
+    call is abandoned, not stopped (should it return, its thread ends at its next ``call``): its
+    thread is a daemon, so it never holds up the interpreter's exit, but until then it stays, with
+    its memory (and a busy loop keeps using a core: restart the Jupyter kernel to stop it). No
+    signals: this works off the main thread too (Jupyter). The caller's grad and inference modes,
+    which are per-thread, are carried over.
+    """
+    watch: dict[str, Any] = {"call": None}
+    reply: queue.SimpleQueue = queue.SimpleQueue()
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def job() -> None:
+        _case.watch = watch
+        try:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                reply.put((True, run()))
+        except BaseException as error:  # handed to the caller, whatever it is
+            reply.put((False, error))
+
+    threading.Thread(target=job, daemon=True).start()
     try:
-        if isinstance(out, torch.Tensor):
-            out = out.flatten().tolist()
-        return [int(x) for x in out]
-    except (TypeError, ValueError) as error:
-        raise Failure(Counterexample(
-            f"the result is not a list of token ids: {type(out).__name__} ({error})", inputs)
-        ) from error
+        while True:
+            try:
+                ok, value = reply.get(timeout=0.05)
+            except queue.Empty:
+                running = watch["call"]
+                if running is not None and time.monotonic() - running[0] > timeout:
+                    raise Failure(Counterexample(
+                        f"the function did not return within {timeout:g} s: it hangs or is far "
+                        "too slow (a call takes milliseconds here; the check's timeout= sets the "
+                        "limit)", running[1])) from None
+                continue
+            if not ok:
+                raise value
+            return value
+    finally:
+        watch["abandoned"] = True       # a case left behind (a timeout, Ctrl-C) stops at its call
+
+
+def as_int(x: Any) -> int | None:
+    """``x`` as an ``int`` if it is a true integer (a Python or numpy integer, or an integer
+    tensor of one element), else ``None``: ``1.5``, ``inf``, ``True`` are not token ids."""
+    if isinstance(x, torch.Tensor):
+        x = x.item() if x.numel() == 1 and not (x.is_floating_point() or x.is_complex()) else None
+    try:
+        return None if isinstance(x, bool) else operator.index(x)
+    except TypeError:
+        return None
+
+
+def _first(out: Any, n: int) -> list | None:
+    """The first ``n`` items of an iterable (a generator may never end), or ``None``."""
+    return list(itertools.islice(out, n)) if isinstance(out, Iterable) else None
+
+
+def as_tokens(out: Any, inputs: dict[str, Any], most: int) -> list[int]:
+    """The token ids of a result: a list, a tensor, any iterable, or an object with ``.tokens``.
+
+    At most ``most + 1`` items are read (reading a generator runs the student's code: under the
+    deadline too). An item that is not an integer, or more than ``most`` of them, is a failure.
+    """
+    out = getattr(out, "tokens", out)
+    items = (out.flatten()[: most + 1].tolist() if isinstance(out, torch.Tensor)
+             else call(_first, out, most + 1, inputs=inputs))
+    ids = [as_int(x) for x in items or ()]
+    if items is None or None in ids:
+        bad = out if items is None else items[ids.index(None)]
+        raise Failure(Counterexample("the result must be a list of integer token ids, not "
+                                     f"{bad!r} ({type(bad).__name__})", inputs))
+    if len(ids) > most:
+        raise Failure(Counterexample(f"the result holds more token ids than the {most} possible "
+                                     "here", dict(inputs, first=ids)))
+    return ids
 
 
 @contextlib.contextmanager
@@ -109,17 +200,16 @@ def reproducible_case(name: str, run: Callable[[torch.Generator], list[int]], se
     return Case(name, True, f"{len(outs[0])} tokens identical in two runs")
 
 
-def _raised(check: str, cases: list[Case], err: StudentError, rate: float) -> CheckReport:
-    frames = traceback.extract_tb(err.error.__traceback__)
+def _raised(name: str, error: BaseException, inputs: dict[str, Any], what: str) -> Case:
+    """The failed case ``name``: ``what``, the exception, the line that raised it, the inputs."""
+    frames = traceback.extract_tb(error.__traceback__)
     where = f" (at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
-    what = f"the function raised {type(err.error).__name__}: {err.error}{where}"
-    cases.append(Case("the function runs", False, type(err.error).__name__))
-    return CheckReport(check, False, cases, "the function raised an exception",
-                       Counterexample(what, err.inputs), false_alarm_rate=rate)
+    return Case(name, False, f"raised {type(error).__name__}",
+                Counterexample(f"{what} {type(error).__name__}: {error}{where}", inputs))
 
 
 def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], Case]]],
-              false_alarm_rate: float) -> CheckReport:
+              false_alarm_rate: float, timeout: float = TIMEOUT) -> CheckReport:
     """Run ``cases`` (name, thunk) in order; stop at the first failure; build the report.
 
     Args:
@@ -127,20 +217,25 @@ def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], Case]]],
         cases: each thunk returns a [`Case`][minispec.check.report.Case] or raises
             [`Failure`][minispec.check.harness.Failure].
         false_alarm_rate: the documented bound, copied into the report.
+        timeout: seconds each call of the student's code may take (each case runs on its own
+            thread, watched: see ``_watched``).
     """
     done: list[Case] = []
     for name, run in cases:
         try:
-            case = run()
+            case = _watched(run, timeout)
         except _Stub as stub:
             why = f": {stub}" if str(stub) else ""
             summary = f"not implemented yet (NotImplementedError{why})"
             return CheckReport(check, False, done, summary,
                                not_implemented=True, false_alarm_rate=false_alarm_rate)
         except StudentError as err:
-            return _raised(check, done, err, false_alarm_rate)
+            case = _raised(name, err.error, err.inputs, "the function raised")
         except Failure as failure:
             case = Case(name, False, "", failure.counterexample)
+        except Exception as error:  # a result of a form no check foresaw
+            case = _raised(name, error, {}, "the check cannot read the function's result (if it "
+                           "looks right, this is a bug of the check):")
         done.append(case)
         if not case.passed:
             return CheckReport(check, False, done, f"failed: {case.name}", case.counterexample,

@@ -83,6 +83,8 @@ class CheckReport:
         not_implemented: the function raised ``NotImplementedError`` (an unfinished exercise).
         false_alarm_rate: the probability, over the check's seed, that a *correct*
             implementation fails (the documented bound).
+        hint: advice that is not a failure (e.g. a lossless verifier that never emits the
+            bonus token), or ``""``.
     """
 
     check: str
@@ -92,6 +94,7 @@ class CheckReport:
     counterexample: Counterexample | None = None
     not_implemented: bool = False
     false_alarm_rate: float = 0.0
+    hint: str = ""
 
     def __str__(self) -> str:
         verdict = ("PASSED" if self.passed
@@ -102,6 +105,8 @@ class CheckReport:
             lines.append(f"  [{mark}] {case.name}" + (f" ({case.note})" if case.note else ""))
         if self.counterexample is not None:
             lines.append("Counterexample: " + str(self.counterexample).replace("\n", "\n  "))
+        if self.hint:
+            lines.append("hint: " + self.hint)
         if self.not_implemented:
             pass
         elif self.false_alarm_rate == 0:

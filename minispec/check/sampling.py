@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.check.harness import Failure, call, reproducible_case, run_cases
+from minispec.check.harness import TIMEOUT, Failure, as_int, call, reproducible_case, run_cases
 from minispec.check.report import Case, CheckReport, Counterexample, fmt
 from minispec.check.statistics import BUDGET, fit, hoeffding_excess, per_test_alpha
 
@@ -41,11 +41,13 @@ def _draw(fn: Callable, p: Tensor, q: Tensor, g: torch.Generator) -> tuple[int, 
     inputs = {"p": p, "q": q}
     out = call(fn, p.clone(), q.clone(), g, inputs=inputs)
     try:
-        token, accepted = out
-        token, accepted = int(token), bool(accepted)
-    except (TypeError, ValueError) as error:
-        raise Failure(Counterexample(f"the result must be (token, accepted), got {out!r}",
-                                     inputs)) from error
+        token, accepted = out if isinstance(out, (tuple, list)) else ()   # never a generator
+        token, accepted = as_int(token), bool(accepted)
+    except (TypeError, ValueError, RuntimeError):   # RuntimeError: bool of a many-element tensor
+        token = None
+    if token is None:
+        raise Failure(Counterexample("the result must be (token, accepted) with an integer token "
+                                     f"id and one flag, got {out!r}", inputs))
     if not 0 <= token < p.shape[0]:
         raise Failure(Counterexample(f"token {token} is not in [0, V = {p.shape[0]})", inputs))
     return token, accepted
@@ -83,7 +85,7 @@ def _law_case(fn: Callable, name: str, p: Tensor, q: Tensor, n: int, alpha: floa
     return name, case
 
 
-def sampler(fn: Callable, *, seed: int = 0) -> CheckReport:
+def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
     """Check that ``fn(p, q, generator) -> (token, accepted)`` emits tokens with law ``p``.
 
     Five ``(p, q)`` pairs over ``V = 4`` tokens (``PAIRS``) cover every regime of the accept rule:
@@ -107,6 +109,7 @@ def sampler(fn: Callable, *, seed: int = 0) -> CheckReport:
     Args:
         fn: the sampler under test.
         seed: seeds the generator handed to ``fn``.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -118,7 +121,7 @@ def sampler(fn: Callable, *, seed: int = 0) -> CheckReport:
     name = "same seed, same tokens (randomness comes from the generator only)"
     cases.append((name, lambda: reproducible_case(
         name, lambda g: [_draw(fn, p, q, g)[0] for _ in range(40)], seed, {"p": p, "q": q})))
-    return run_cases("sampler", cases, BUDGET)
+    return run_cases("sampler", cases, BUDGET, timeout)
 
 
 def _residual_pairs(seed: int) -> list[tuple[Tensor, Tensor]]:
@@ -142,9 +145,10 @@ def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
     out = call(fn, p_in, q_in, inputs=inputs)
     if not torch.equal(p_in, p) or not torch.equal(q_in, q):
         raise Failure(Counterexample("the function changed its inputs in place", inputs))
-    if not isinstance(out, Tensor) or out.shape != p.shape:
-        raise Failure(Counterexample(f"the result must be a [V] = [{p.shape[0]}] tensor, got "
-                                     f"{getattr(out, 'shape', type(out).__name__)}", inputs))
+    if not isinstance(out, Tensor) or out.shape != p.shape or not out.is_floating_point():
+        got = f"{out.dtype} {list(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
+        raise Failure(Counterexample(f"the result must be a real floating-point [V] = "
+                                     f"[{p.shape[0]}] tensor, got {got}", inputs))
     out = out.double()
     excess = (p.double() - q.double()).clamp_min(0)
     inputs["returned"] = out
@@ -161,7 +165,7 @@ def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
         raise Failure(Counterexample("the result is not norm(max(0, p - q))", inputs, table))
 
 
-def residual(fn: Callable, *, seed: int = 0) -> CheckReport:
+def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
     """Check that ``fn(p, q)`` returns the residual ``norm(max(0, p - q))`` ``[V]``.
 
     Deterministic: 20 pairs (the sampler's, one-hot corners, 12 random pairs with zeros) are
@@ -172,6 +176,7 @@ def residual(fn: Callable, *, seed: int = 0) -> CheckReport:
     Args:
         fn: the residual under test.
         seed: seeds the random pairs.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -183,4 +188,4 @@ def residual(fn: Callable, *, seed: int = 0) -> CheckReport:
             _residual_case(fn, p, q)
         return Case(f"{len(pairs)} (p, q) pairs", True, "exact within 1e-5")
 
-    return run_cases("residual", [("residual of every pair", case)], 0.0)
+    return run_cases("residual", [("residual of every pair", case)], 0.0, timeout)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from minispec.check.harness import Failure, as_tokens, call, reproducible_case, run_cases
+from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, reproducible_case, run_cases
 from minispec.check.markov import GREEDY, SAMPLED, Chain, law_case
 from minispec.check.report import CheckReport, Counterexample
 from minispec.check.statistics import BUDGET, per_test_alpha
@@ -77,7 +77,7 @@ def make_round(fn: Callable, chain: Chain, width: int, sampled: bool,
         p = chain.rows(last, tree.tokens[1:])         # (N, V): Markov, row i = P[token of node i]
         inputs: dict[str, Any] = {"drafts": drafts, "draft_probs": qs, "target_probs": p,
                                   "tree_parents": tree.parents}
-        tokens = as_tokens(call(fn, tree, p, qs, g, inputs=inputs), inputs)
+        tokens = as_tokens(call(fn, tree, p, qs, g, inputs=inputs), inputs, 3)  # depth 2 + 1
         _check_path(tree, tokens, chain.vocab, dict(inputs, emitted=tokens))
         return tokens
 
@@ -109,8 +109,8 @@ def _reproducible(fn: Callable, seed: int):
     return name, lambda: reproducible_case(name, run, seed, {"drafts per round": 3})
 
 
-def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
-                  seed: int = 0) -> CheckReport:
+def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: int = 0,
+                  timeout: float = TIMEOUT) -> CheckReport:
     """Check that ``fn`` is a lossless tree verifier: the emitted stream has the target's law.
 
     As [`minispec.check.verifier`][minispec.check.chains.verifier], on draft trees: every round
@@ -136,6 +136,7 @@ def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
         sampled: run the sampled-mode cases.
         greedy: run the greedy-mode cases.
         seed: seeds the drafts and the generator handed to ``fn``.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -151,4 +152,4 @@ def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True,
                   _law(fn, GREEDY, 2, False, STREAMS["greedy"], 1.0, seed + 4)]
     if not cases:
         raise ValueError("nothing to check: sampled and greedy are both False")
-    return run_cases("tree_verifier", cases, BUDGET if sampled else 0.0)
+    return run_cases("tree_verifier", cases, BUDGET if sampled else 0.0, timeout)
