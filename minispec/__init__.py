@@ -1,29 +1,26 @@
 """minispec: an educational reference implementation of speculative decoding.
 
-Notation used everywhere (code, docstrings, lessons): ``p`` is the target distribution, ``q`` the
-draft distribution, ``k`` (gamma in the papers) the number of draft tokens per round, ``alpha`` the
-expected acceptance rate, ``c`` the cost of a draft step relative to a target step, ``r`` the cost
-of verifying ``k + 1`` tokens relative to one target step.
+Notation everywhere (code, docstrings, lessons): ``p`` the target distribution, ``q`` the draft's,
+``k`` (gamma in the papers) draft tokens per round, ``alpha`` the expected acceptance rate, ``c``
+a draft step's cost and ``r`` the cost of verifying ``k + 1`` tokens, both in target steps.
 
-The package is built in layers, one folder each, read bottom-up; a module imports only from its
-own folder or the folders below it (``tests/test_layers.py`` checks it):
+Layers, one folder each, read bottom-up; a module imports only from its own folder or the ones
+below it (``tests/test_layers.py`` checks it):
 
 1. [`minispec.core`][minispec.core] -- the maths: sampling, the accept rule, trees, theory,
    statistics, one request's bookkeeping. Tensors in, tensors out; no model, no cache.
 2. [`minispec.zoo`][minispec.zoo] -- the registry of shipped and fetched models (names to folders).
-3. [`minispec.models`][minispec.models] -- the machinery: a minimal Llama, KV caches (contiguous
-   and paged), the loader, chat templates, the EAGLE head, the packed CPU path.
+3. [`minispec.models`][minispec.models] -- a minimal Llama, KV caches (contiguous and paged), the
+   loader, chat templates, the EAGLE head, the packed CPU path.
 4. [`minispec.drafters`][minispec.drafters] -- who proposes drafts: the ``Drafter`` base class,
    a draft model, n-gram tables and prompt lookup, an EAGLE head, and their tree forms.
-5. [`minispec.decoding`][minispec.decoding] -- the one speculative round and the single-sequence
-   loop (``generate``, ``speculative_generate``), request validation, the draft-length policy
-   (goodput ``k``, both drivers).
+5. [`minispec.decoding`][minispec.decoding] -- the one speculative round, the single-sequence loop
+   (``generate``, ``speculative_generate``), request validation, the draft-length policy.
 6. [`minispec.serving`][minispec.serving] -- continuous batching: scheduler, ``Engine``.
-7. [`minispec.check`][minispec.check] -- graders for a student's own implementation of the
-   pieces above (``ms.check.verifier(fn)`` ...), and a lab of real bugs they catch.
-8. [`minispec.tools`][minispec.tools] -- faces that may use everything: benchmarks, cost
-   reports, workloads, pictures, the command line, the training recipes. This facade does not
-   import them: ``from minispec.tools import viz``.
+7. [`minispec.check`][minispec.check] -- graders for a student's own implementation of the pieces
+   above (``ms.check.verifier(fn)`` ...), and a lab of real bugs they catch.
+8. [`minispec.tools`][minispec.tools] -- benchmarks, cost reports, workloads, pictures, the command
+   line, the training recipes; not imported here: ``from minispec.tools import viz``.
 
 This module re-exports the API coursework uses.
 """

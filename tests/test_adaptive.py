@@ -81,9 +81,9 @@ def test_k_follows_the_acceptance_and_the_cost(target, right, monkeypatch):
 def test_a_seeded_sampled_request_keeps_its_k(target):
     draft = tiny_llama(seed=1, max_pos=200)
     sampling = ms.SamplingParams(temperature=1.0, seed=0)
-    fixed = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling,
-                                    adaptive=False)
-    chosen = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling)
+    fixed = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling)
+    chosen = ms.speculative_generate(target, draft, [1, 2, 3], 40, k=4, sampling=sampling,
+                                     adaptive=True)
     assert chosen.tokens == fixed.tokens
     assert chosen.stats.k_per_round == fixed.stats.k_per_round
 
@@ -96,13 +96,14 @@ def test_without_a_drafter_every_round_is_recorded_plain(target):
     assert out.stats.k_per_round == [0] * 8 and out.stats.k == 0
 
 
-def test_goodput_k_is_the_loops_default_and_a_fixed_k_is_asked_for(target):
-    """As in the engine: with a chain drafter ``k`` is the upper bound unless ``adaptive=False``."""
+def test_k_means_k_in_the_loop_and_the_policy_is_asked_for(target):
+    """``speculative_generate(k=4)`` drafts exactly 4 a round; ``adaptive=True`` lets the
+    engine's policy choose (``k`` the upper bound), as the ``Engine`` does by default."""
     prompt, n = [3, 1, 4, 1, 5], 80
     plain = ms.generate(target, prompt, n)
     wrong = OracleDrafter(prompt, plain.tokens, right=False)
-    default = ms.speculative_generate(target, wrong, prompt, n, k=4)
-    fixed = ms.speculative_generate(target, wrong, prompt, n, k=4, adaptive=False)
+    default = ms.speculative_generate(target, wrong, prompt, n, k=4, adaptive=True)
+    fixed = ms.speculative_generate(target, wrong, prompt, n, k=4)
     assert default.tokens == fixed.tokens == plain.tokens
     assert set(fixed.stats.k_per_round[:-4]) == {4}             # shrunk only near the budget
     assert 0 in default.stats.k_per_round                 # drafts that never pay: plain steps

@@ -64,9 +64,9 @@ def test_generate_with_shipped_pair(flag, capsys):
 
 @pytest.mark.skipif(not SHIPPED, reason="the shipped pair is not built in this checkout")
 @pytest.mark.parametrize("stream", [[], ["--stream"]])
-def test_generate_with_a_fixed_k_gives_the_same_greedy_text(stream, capsys, one_thread):
+def test_generate_with_the_policy_gives_the_same_greedy_text(stream, capsys, one_thread):
     args = ["generate", "KING. What say you", "--ngram", "--max-new-tokens", "24", *stream]
-    chosen, fixed = outputs_without_and_with(args, "--fixed-k", capsys)
+    fixed, chosen = outputs_without_and_with(args, "--adaptive", capsys)
     assert generated_text(fixed) == generated_text(chosen) and "[length] 24 tokens" in fixed
 
 

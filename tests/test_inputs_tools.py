@@ -342,7 +342,8 @@ def _stats(k_per_round: list[int], accepted: int = 0) -> ms.SpecStats:
     return stats
 
 
-NOTE = "k chosen: 0 in {} of {} rounds: drafting judged not to pay here; --fixed-k drafts anyway"
+NOTE = ("k chosen: 0 in {} of {} rounds: drafting judged not to pay here; without --adaptive "
+        "every round drafts k")
 
 
 def test_the_report_says_when_the_policy_chose_k_0_in_most_rounds():
@@ -373,10 +374,10 @@ def test_generate_says_when_the_policy_mostly_chose_not_to_draft(stream, capsys,
 
     monkeypatch.setattr(GoodputK, "choose", seldom)
     args = ["generate", "KING. What say you", "--draft", "shakespeare-draft",
-            "--max-new-tokens", "48", *stream]
+            "--max-new-tokens", "48", "--adaptive", *stream]
     assert cli.main(args) == 0
     plain, rounds = map(int, re.search(r"k chosen: 0 in (\d+) of (\d+) rounds",
                                        capsys.readouterr().out).groups())
     assert 2 * plain > rounds
-    assert cli.main([*args, "--fixed-k"]) == 0
+    assert cli.main([a for a in args if a != "--adaptive"]) == 0
     assert "k chosen" not in capsys.readouterr().out

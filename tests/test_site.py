@@ -837,3 +837,18 @@ def test_speedup_explorer_follows_its_sliders(site: Path, server: str, browser,
         assert points["points"], "the Results page's measured points did not reach the explorer"
         assert widget.locator(".ms-speedup__measured").count() == len(points["points"])
         assert not errors, errors
+
+
+def test_every_notebook_page_links_its_notebook_for_download(site: Path):
+    """Take it home: each lesson and exercise page starts with a download link to its notebook,
+    served beside the page (mkdocs-jupyter's ``include_source``); the home page tells how to run
+    everything (the README's commands and ``mkdocs serve``)."""
+    pages = sorted((site / "lessons").glob("**/index.html"))
+    assert len(pages) >= 12, pages
+    for page in pages:
+        found = re.search(r'<p class="ms-download"><a href="([^"]+\.ipynb)" download>',
+                          page.read_text(encoding="utf-8"))
+        assert found, f"{page}: no download link"
+        assert (page.parent / found.group(1)).is_file(), f"{page}: {found.group(1)} not served"
+    home = (site / "index.html").read_text(encoding="utf-8")
+    assert "Run it yourself" in home and "mkdocs serve" in home

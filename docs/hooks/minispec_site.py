@@ -395,9 +395,12 @@ def _dashes(part: str) -> str:
 
 def on_page_content(html_text: str, page, config, files: Files) -> str:
     """File paths wrap only at their separators; on API pages, docstring TeX in code spans is set
-    as math and `` -- `` as a dash."""
+    as math and `` -- `` as a dash. A notebook page starts with a link to download its notebook
+    (``include_source`` serves it beside the page)."""
     if page.file.src_uri.endswith(".ipynb"):
-        return html_text
+        name = Path(page.file.src_uri).name
+        return (f'<p class="ms-download"><a href="{name}" download>Download this notebook '
+                f"({name})</a> to run it yourself</p>\n" + html_text)
     api = page.file.src_uri.startswith("api/")
 
     def code(m: re.Match) -> str:
@@ -464,7 +467,8 @@ def on_page_context(context, page, config, nav):
     return context
 
 
-_NOTEBOOK_HREF = re.compile(r'href="(?!https?:|/)([^"#]+\.ipynb)(#[^"]*)?"')
+# a download link (``download`` attribute) keeps pointing at the notebook file itself
+_NOTEBOOK_HREF = re.compile(r'href="(?!https?:|/)([^"#]+\.ipynb)(#[^"]*)?"(?! download)')
 
 
 def _site_href(m: re.Match, src_uri: str) -> str:

@@ -10,40 +10,14 @@ The function under test has the signature of [`minispec.verify`][minispec.core.s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, reproducible_case, run_cases
-from minispec.check.markov import GREEDY, SAMPLED, Chain, law_case
-from minispec.check.report import Case, CheckReport, Counterexample
-from minispec.check.statistics import BUDGET, per_test_alpha
-
-__all__ = ["make_round", "verifier"]
-
-#: Tokens kept per stream; 2 to 4 rounds each.
-LENGTH = 4
-#: Streams per sampled case (see the docstring of ``verifier`` for why these suffice).
-STREAMS = {"sampled": 600, "deterministic": 400, "greedy": 60}
-
-
-def _emitted(out: Any, drafts: list[int], k: int, vocab: int, inputs: dict) -> list[int]:
-    """The tokens of one round, after checking the shape every verifier's output must have."""
-    tokens = as_tokens(out, inputs, k + 1)
-    inputs = dict(inputs, emitted=tokens)
-    if not 1 <= len(tokens) <= k + 1:
-        raise Failure(Counterexample(f"a round must emit 1 to k+1 = {k + 1} tokens, "
-                                     f"this one emitted {len(tokens)}", inputs))
-    if any(not 0 <= t < vocab for t in tokens):
-        raise Failure(Counterexample(f"an emitted token is not in [0, V = {vocab})", inputs))
-    n = len(tokens) - 1
-    if tokens[:n] != drafts[:n]:
-        raise Failure(Counterexample(
-            "the emitted tokens must be the accepted drafts d_1..d_n and then one new token; "
-            "here a token before the last differs from the draft at its position (Algorithm 1 "
-            "stops at the first rejection: nothing after it may be kept)", inputs))
-    return tokens
+from minispec.check.harness import TIMEOUT, Failure, call
+from minispec.check.markov import GREEDY, Chain, emitted, grade_streams
+from minispec.check.report import CheckReport, Counterexample
 
 
 def make_round(fn: Callable, chain: Chain, k: int, sampled: bool,
@@ -67,57 +41,29 @@ def make_round(fn: Callable, chain: Chain, k: int, sampled: bool,
         p = chain.rows(last, drafts)                                    # (k+1, V)
         inputs = {"draft_tokens": drafts, "draft_probs": q, "target_probs": p}
         out = call(fn, torch.tensor(drafts, dtype=torch.long), q, p, generator, inputs=inputs)
-        return _emitted(out, drafts, k, chain.vocab, inputs)
+        return emitted(out, [drafts], chain.vocab, inputs)
 
     return round_
 
 
-def _law(fn: Callable, chain: Chain, k: int, sampled: bool, n: int, alpha: float,
-         seed: int) -> Callable:
-    name = (f"{'greedy (one-hot p), ' if chain is GREEDY else ''}k={k}, "
-            f"{'drafts sampled from q' if sampled else 'deterministic drafts (draft_probs=None)'}")
-
-    def case():
-        g = torch.Generator().manual_seed(seed)
-        inputs = {"k": k, "drafts": "sampled from Q" if sampled else "argmax chain of Q, q one-hot"}
-        return law_case(name, chain, make_round(fn, chain, k, sampled, g), n, LENGTH, alpha, inputs)
-
-    return name, case
-
-
-def _reproducible(fn: Callable, seed: int):
-    name = "same seed, same tokens (randomness comes from the generator only)"
-
-    def run(g: torch.Generator) -> list[int]:
-        round_ = make_round(fn, SAMPLED, 3, True, g)
-        tokens: list[int] = []
-        while len(tokens) < 24:
-            tokens += round_(tokens[-1] if tokens else SAMPLED.start)
-        return tokens
-
-    return name, lambda: reproducible_case(name, run, seed, {"k": 3})
-
-
-def _bonus(fn: Callable, hints: list[str]):
+def _bonus(fn: Callable, hints: list[str]) -> tuple[str, Callable[[], str]]:
     """An exact case: drafts that follow a one-hot target's chain; a hint without the bonus."""
     name = "every draft right: the target's chain (and the bonus token)"
 
-    def case() -> Case:
-        chain = [2, 1, 2, 1]                                # GREEDY's chain after its start, 1
-        drafts, p = chain[:3], GREEDY.rows(GREEDY.start, chain[:3])
-        inputs = {"draft_tokens": drafts, "draft_probs": None, "target_probs": p}
-        out = call(fn, torch.tensor(drafts), None, p, torch.Generator().manual_seed(0),
-                   inputs=inputs)
-        tokens = _emitted(out, drafts, 3, GREEDY.vocab, inputs)
-        if tokens != chain[:len(tokens)]:
-            raise Failure(Counterexample("with one-hot target rows the emitted tokens must be "
-                                         "the target's greedy chain", dict(inputs, emitted=tokens)))
+    def case() -> str:
+        oracle = Chain(GREEDY.P, GREEDY.P, GREEDY.start)    # its drafts: GREEDY's chain, 2 1 2
+        round_ = make_round(fn, oracle, 3, False, torch.Generator().manual_seed(0))
+        tokens = round_(GREEDY.start)
+        if tokens != [2, 1, 2, 1][:len(tokens)]:
+            raise Failure(Counterexample(
+                "with one-hot target rows the emitted tokens must be the target's greedy chain",
+                {"draft_tokens": [2, 1, 2], "target_chain": [2, 1, 2, 1], "emitted": tokens}))
         if len(tokens) < 4:
             hints.append(f"no bonus token: all k = 3 drafts were right and the function emitted "
                          f"{len(tokens)} tokens, not k+1 = 4 tokens; after accepting every draft, "
                          "Algorithm 1 adds one from the last target row (lossless without it, "
                          "but it is a free token per round)")
-        return Case(name, True, f"{len(tokens)} tokens")
+        return f"{len(tokens)} tokens"
 
     return name, case
 
@@ -172,19 +118,10 @@ def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: i
         A [`CheckReport`][minispec.check.report.CheckReport]; a lossless verifier that never
         emits the bonus token passes with a ``hint`` saying so.
     """
-    cases, hints = [], []
-    alpha = per_test_alpha(6)
-    if sampled:
-        cases += [_law(fn, SAMPLED, 1, True, STREAMS["sampled"], alpha, seed),
-                  _law(fn, SAMPLED, 3, True, STREAMS["sampled"], alpha, seed + 1),
-                  _law(fn, SAMPLED, 4, False, STREAMS["deterministic"], alpha, seed + 5),
-                  _reproducible(fn, seed + 2)]
-    if greedy:
-        cases += [_law(fn, GREEDY, 3, True, STREAMS["greedy"], 1.0, seed + 3),
-                  _law(fn, GREEDY, 2, False, STREAMS["greedy"], 1.0, seed + 4)]
-    if not cases:
-        raise ValueError("nothing to check: sampled and greedy are both False")
-    report = run_cases("verifier", [*cases, _bonus(fn, hints)], BUDGET if sampled else 0.0,
-                       timeout)
+    hints: list[str] = []
+    report = grade_streams("verifier", functools.partial(make_round, fn),
+                           [(1, True, 0), (3, True, 1), (4, False, 5)],
+                           lambda k: (f"k={k}", {"k": k}), sampled=sampled, greedy=greedy,
+                           seed=seed, timeout=timeout, extra=[_bonus(fn, hints)])
     report.hint = " ".join(hints) if report.passed else ""
     return report

@@ -18,24 +18,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.check.harness import (
-    TIMEOUT,
-    Failure,
-    as_int,
-    as_tokens,
-    call,
-    perturbed_global_rng,
-    run_cases,
-)
+from minispec.check import harness
+from minispec.check.harness import TIMEOUT, Failure, as_int, as_tokens, call, expect_law, run_cases
 from minispec.check.models import tiny_llama
-from minispec.check.report import Case, CheckReport, Counterexample, fmt
-from minispec.check.statistics import BUDGET, fit, per_test_alpha
+from minispec.check.report import CheckReport, Counterexample, fmt
+from minispec.check.statistics import BUDGET, per_test_alpha
 from minispec.core.sampling import SamplingParams
 from minispec.core.speculative import Draft
 from minispec.decoding.loop import generate, speculative_generate
 from minispec.models.llama import Llama
-
-__all__ = ["FunctionDrafter", "drafter"]
 
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=0.7, top_p=0.8)
@@ -62,12 +53,12 @@ class FunctionDrafter:
 def _declared_q(probs: Any, tokens: list[int], vocab: int) -> bool:
     """Whether ``probs`` is a real floating-point ``[n, V]`` tensor of distributions that gives
     each proposed token ``q > 0``."""
-    if not isinstance(probs, Tensor) or not probs.is_floating_point() or \
-            probs.shape != (len(tokens), vocab):
+    if not (isinstance(probs, Tensor) and probs.is_floating_point()
+            and probs.shape == (len(tokens), vocab)):
         return False
     probs = probs.double()
-    return bool((probs >= 0).all() and ((probs.sum(-1) - 1).abs() < 1e-3).all()) and \
-        all(probs[i, t] > 0 for i, t in enumerate(tokens))
+    return bool((probs >= 0).all() and ((probs.sum(-1) - 1).abs() < 1e-3).all()
+                and all(probs[i, t] > 0 for i, t in enumerate(tokens)))
 
 
 def _propose(d: Any, context: list[int], k: int, sampling: SamplingParams, g, vocab: int):
@@ -93,26 +84,23 @@ def _contexts(vocab: int, g: torch.Generator) -> list[list[int]]:
             torch.randint(0, vocab, (2,), generator=g).tolist()]
 
 
-def _form_case(d: Any, vocab: int, seed: int) -> Case:
-    g = torch.Generator().manual_seed(seed)
-    declared = False
-    for context in _contexts(vocab, g):
-        for k in (1, 3, 5):
-            for sampling in (GREEDY, SAMPLED):
-                tokens, probs = _propose(d, context, k, sampling, g, vocab)
-                declared |= probs is not None
-                if probs is None:        # one-hot q: the proposal cannot depend on randomness
-                    with perturbed_global_rng(seed + 1):
-                        again, _ = _propose(d, context, k, sampling,
-                                            torch.Generator().manual_seed(seed + 7), vocab)
-                    if again != tokens:
-                        raise Failure(Counterexample(
-                            "the drafter declares no q (probs=None: a deterministic, one-hot q) "
-                            "but proposes different tokens for the same context when the random "
-                            "numbers change; declare the q the tokens are sampled from",
-                            {"context": context, "k": k, "run_1": tokens, "run_2": again}))
-    note = "declares q" if declared else "deterministic (one-hot q)"
-    return Case("proposals are well-formed", True, f"18 calls; {note}")
+def _form_case(d: Any, vocab: int, seed: int) -> str:
+    g, declared = torch.Generator().manual_seed(seed), False
+    for context, k, sampling in itertools.product(_contexts(vocab, g), (1, 3, 5),
+                                                  (GREEDY, SAMPLED)):
+        tokens, probs = _propose(d, context, k, sampling, g, vocab)
+        declared |= probs is not None
+        if probs is None:                # one-hot q: the proposal cannot depend on randomness
+            with harness.perturbed_global_rng(seed + 1):
+                again, _ = _propose(d, context, k, sampling,
+                                    torch.Generator().manual_seed(seed + 7), vocab)
+            if again != tokens:
+                raise Failure(Counterexample(
+                    "the drafter declares no q (probs=None: a deterministic, one-hot q) but "
+                    "proposes different tokens for the same context when the random numbers "
+                    "change; declare the q the tokens are sampled from",
+                    {"context": context, "k": k, "run_1": tokens, "run_2": again}))
+    return "18 calls; " + ("declares q" if declared else "deterministic (one-hot q)")
 
 
 def _pit(probs: Tensor, tokens: list[int], g: torch.Generator) -> list[float]:
@@ -122,7 +110,7 @@ def _pit(probs: Tensor, tokens: list[int], g: torch.Generator) -> list[float]:
     return [float(cdf[i, t] - probs[i, t] + u[i] * probs[i, t]) for i, t in enumerate(tokens)]
 
 
-def _law_case(d: Any, vocab: int, seed: int) -> Case:
+def _law_case(d: Any, vocab: int, seed: int) -> str:
     """The first token's counts against the declared ``q_1`` per context, then the PIT of all."""
     g, g_pit = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     contexts = _contexts(vocab, g)[:2]
@@ -132,43 +120,32 @@ def _law_case(d: Any, vocab: int, seed: int) -> Case:
         for _ in range(PROPOSALS):
             tokens, probs = _propose(d, context, 3, SAMPLED, g, vocab)
             if probs is None or not tokens:
-                return Case("declared q is the law of the proposals", True, "nothing declared")
+                return "nothing declared"
             counts[tokens[0]] += 1
             q1 = probs[0] if q1 is None else q1
             pits += _pit(probs, tokens, g_pit)
-        fitted = fit(counts, q1, alpha)
-        if not fitted.passed:
-            worst = [(f"token {i}", float(q1[i]), float(counts[i]) / PROPOSALS)
-                     for i in fitted.impossible + fitted.worst][:5]
-            raise Failure(Counterexample(
-                "the first proposed token does not follow the q the drafter declares for it",
-                {"context": context, "sampling": "temperature 0.7, top-p 0.8", "calls": PROPOSALS},
-                worst, f"Pearson chi-square, {fitted.df} df", fitted.statistic, fitted.threshold))
+        expect_law(counts, q1, alpha, "the first proposed token does not follow the q the drafter "
+                   "declares for it", {"context": context, "sampling": "temperature 0.7, top-p "
+                                       "0.8", "calls": PROPOSALS})
     bins = torch.bincount((torch.tensor(pits) * 10).long().clamp(0, 9), minlength=10)
-    fitted = fit(bins, torch.full((10,), 0.1, dtype=torch.float64), alpha)
-    if not fitted.passed:
-        raise Failure(Counterexample(
-            "the proposals at later positions do not follow their declared q (the randomised PIT "
-            "u = F(x-) + U q(x) must be uniform)", {"tokens tested": len(pits)},
-            [(f"u in [{i / 10:.1f}, {(i + 1) / 10:.1f})", 0.1, float(bins[i]) / len(pits))
-             for i in fitted.worst[:3]], "Pearson chi-square, 9 df", fitted.statistic,
-            fitted.threshold))
-    return Case("declared q is the law of the proposals", True,
-                f"{len(contexts) * PROPOSALS} calls; PIT p-value {fmt(fitted.pvalue)}")
+    fitted = expect_law(bins, torch.full((10,), 0.1, dtype=torch.float64), alpha,
+                        "the proposals at later positions do not follow their declared q (the "
+                        "randomised PIT u = F(x-) + U q(x) must be uniform)",
+                        {"tokens tested": len(pits)}, lambda i: f"u in [{i / 10}, {(i + 1) / 10})")
+    return f"{len(contexts) * PROPOSALS} calls; PIT p-value {fmt(fitted.pvalue)}"
 
 
-def _pattern_case(d: Any, vocab: int) -> Case:
+def _pattern_case(d: Any, vocab: int) -> str:
     context = [3, 1, 4, 5, 9] * 3 + [3, 1]
     tokens, _ = _propose(d, context, 3, GREEDY, torch.Generator().manual_seed(0), vocab)
     if tokens != [4, 5, 9]:
-        raise Failure(Counterexample("on a context that repeats a pattern, the drafter must "
-                                     "propose its continuation", {"context": context, "k": 3,
-                                                                  "proposed": tokens,
-                                                                  "expected": [4, 5, 9]}))
-    return Case("continues a repeated pattern", True)
+        raise Failure(Counterexample(
+            "on a context that repeats a pattern, the drafter must propose its continuation",
+            {"context": context, "k": 3, "proposed": tokens, "expected": [4, 5, 9]}))
+    return f"proposed {tokens}"
 
 
-def _parity_case(d: Any, target: Llama, vocab: int, seed: int) -> Case:
+def _parity_case(d: Any, target: Llama, vocab: int, seed: int) -> str:
     g = torch.Generator().manual_seed(seed)
     for prompt in _contexts(vocab, g)[:2]:
         plain = generate(target, prompt, 24).tokens
@@ -178,8 +155,7 @@ def _parity_case(d: Any, target: Llama, vocab: int, seed: int) -> Case:
             raise Failure(Counterexample("greedy speculative decoding with this drafter differs "
                                          "from plain greedy decoding",
                                          dict(inputs, plain=plain, speculative=spec)))
-    return Case("greedy decoding with it equals plain greedy decoding", True,
-                "2 prompts, 24 tokens")
+    return "2 prompts, 24 tokens"
 
 
 def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool = False,

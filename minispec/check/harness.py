@@ -1,6 +1,7 @@
 """How a check runs a student's code: calls under a deadline that turn exceptions and hangs into
-verdicts, the reading of a result as token ids, the case loop, and a guard that proves a function
-draws its randomness from the generator it is given.
+verdicts, the reading of a result as token ids, the case loop, the one law test every statistical
+case runs (with its counterexample), and a guard that proves a function draws its randomness from
+the generator it is given.
 
 A function that raises ``NotImplementedError`` (an exercise's stub) gives a clean report with
 ``passed=False`` and ``not_implemented=True``; any other exception raised *by the student's code*
@@ -23,12 +24,12 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy  # a dependency of transformers, so always installed with minispec
 import torch
+from torch import Tensor
 
 from minispec.check.report import Case, CheckReport, Counterexample
-
-__all__ = ["TIMEOUT", "Failure", "StudentError", "as_int", "as_tokens", "call",
-           "perturbed_global_rng", "reproducible_case", "run_cases"]
+from minispec.check.statistics import Fit, fit
 
 #: Seconds one call of the student's function may take: every check's ``timeout`` default. A
 #: correct call takes milliseconds; the margin covers a loaded machine.
@@ -49,11 +50,11 @@ class StudentError(Exception):
 
 
 class Failure(Exception):
-    """A case failed for certain (no statistics needed): carries its counterexample."""
+    """A case failed: carries its counterexample, and a short note for the case's line."""
 
-    def __init__(self, counterexample: Counterexample) -> None:
+    def __init__(self, counterexample: Counterexample, note: str = "") -> None:
         super().__init__(counterexample.what)
-        self.counterexample = counterexample
+        self.counterexample, self.note = counterexample, note
 
 
 def call(fn: Callable[..., Any], *args: Any, inputs: dict[str, Any] | None = None) -> Any:
@@ -62,11 +63,10 @@ def call(fn: Callable[..., Any], *args: Any, inputs: dict[str, Any] | None = Non
     Every grader calls the student's code through here. On a case's thread (see ``run_cases``)
     the call is watched: when it runs longer than the check's ``timeout``, the case fails.
     """
-    watch = getattr(_case, "watch", None)
-    if watch is not None:
-        if watch.get("abandoned"):          # its case has failed already: end its thread here
-            raise SystemExit
-        watch["call"] = (time.monotonic(), inputs or {})
+    watch = getattr(_case, "watch", {})     # off a case's thread: a dict that nobody reads
+    if watch.get("abandoned"):              # its case has failed already: end its thread here
+        raise SystemExit
+    watch["call"] = (time.monotonic(), inputs or {})
     try:
         return fn(*args)
     except NotImplementedError as error:
@@ -74,14 +74,13 @@ def call(fn: Callable[..., Any], *args: Any, inputs: dict[str, Any] | None = Non
     except Exception as error:  # the student's bug, reported with its inputs
         raise StudentError(error, inputs or {}) from error
     finally:
-        if watch is not None:
-            watch["call"] = None
+        watch["call"] = None
 
 
-def _watched(run: Callable[[], Case], timeout: float) -> Case:
-    """``run()`` on a new thread; its case, or its exception raised again here.
+def _watched(run: Callable[[], str], timeout: float) -> str:
+    """``run()`` on a new thread; its result, or its exception raised again here.
 
-    Meanwhile this thread checks every 50 ms whether a call of the student's code (through
+    Meanwhile this thread checks twenty times a second whether a call of the student's code (through
     ``call``) has been running for more than ``timeout`` seconds, and then fails the case. That
     call is abandoned, not stopped (should it return, its thread ends at its next ``call``): its
     thread is a daemon, so it never holds up the interpreter's exit, but until then it stays, with
@@ -106,6 +105,7 @@ def _watched(run: Callable[[], Case], timeout: float) -> Case:
         while True:
             try:
                 ok, value = reply.get(timeout=0.05)
+                break
             except queue.Empty:
                 running = watch["call"]
                 if running is not None and time.monotonic() - running[0] > timeout:
@@ -113,12 +113,11 @@ def _watched(run: Callable[[], Case], timeout: float) -> Case:
                         f"the function did not return within {timeout:g} s: it hangs or is far "
                         "too slow (a call takes milliseconds here; the check's timeout= sets the "
                         "limit)", running[1])) from None
-                continue
-            if not ok:
-                raise value
-            return value
     finally:
         watch["abandoned"] = True       # a case left behind (a timeout, Ctrl-C) stops at its call
+    if not ok:
+        raise value
+    return value
 
 
 def as_int(x: Any) -> int | None:
@@ -164,40 +163,64 @@ def perturbed_global_rng(seed: int) -> Iterator[None]:
     Two runs with the same explicit generator but differently seeded global generators emit the
     same tokens only if the function ignores the global ones, as it must (vLLM #13196).
     """
-    torch_state, py_state = torch.get_rng_state(), random.getstate()
-    try:
-        import numpy
-        np_state = numpy.random.get_state()  # noqa: NPY002 - the legacy global RNG is the point
-    except ImportError:  # pragma: no cover - numpy ships with torch in practice
-        numpy, np_state = None, None
-    torch.manual_seed(seed)
-    random.seed(seed)
-    if numpy is not None:
-        numpy.random.seed(seed)  # noqa: NPY002
-    try:
-        yield
-    finally:
-        torch.set_rng_state(torch_state)
-        random.setstate(py_state)
-        if numpy is not None:
+    py_state, np_state = random.getstate(), numpy.random.get_state()  # noqa: NPY002
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        numpy.random.seed(seed)  # noqa: NPY002 - the legacy global generator is the point
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
             numpy.random.set_state(np_state)  # noqa: NPY002
 
 
-def reproducible_case(name: str, run: Callable[[torch.Generator], list[int]], seed: int,
-                      inputs: dict[str, Any]) -> Case:
-    """Run ``run(generator)`` twice with generators seeded alike and the global generators seeded
-    differently: the outputs must be identical (the seed is honoured, no other source is used)."""
-    outs = []
-    for perturb in (11, 12):
-        with perturbed_global_rng(perturb):
-            outs.append(run(torch.Generator().manual_seed(seed)))
-    if outs[0] != outs[1]:
-        raise Failure(Counterexample(
-            "two runs with generators seeded alike emitted different tokens: the function draws "
-            "random numbers from somewhere other than the generator it is given "
-            "(the seed is ignored, as in vLLM #13196)",
-            dict(inputs, seed=seed, run_1=outs[0][:16], run_2=outs[1][:16])))
-    return Case(name, True, f"{len(outs[0])} tokens identical in two runs")
+#: The name of the reproducibility case of every check that hands ``fn`` a generator.
+SAME_SEED = "same seed, same tokens (randomness comes from the generator only)"
+
+
+def same_seed(run: Callable[[torch.Generator], list[int]], seed: int,
+                 inputs: dict[str, Any]) -> tuple[str, Callable[[], str]]:
+    """The case ``SAME_SEED``: ``run(generator)`` twice, with generators seeded alike and the
+    global generators seeded differently, must give identical outputs (the seed is honoured, no
+    other source of randomness is used)."""
+
+    def case() -> str:
+        outs = []
+        for perturb in (11, 12):
+            with perturbed_global_rng(perturb):
+                outs.append(run(torch.Generator().manual_seed(seed)))
+        if outs[0] != outs[1]:
+            raise Failure(Counterexample(
+                "two runs with generators seeded alike emitted different tokens: the function "
+                "draws random numbers from somewhere other than the generator it is given "
+                "(the seed is ignored, as in vLLM #13196)",
+                dict(inputs, seed=seed, run_1=outs[0][:16], run_2=outs[1][:16])))
+        return f"{len(outs[0])} tokens identical in two runs"
+
+    return SAME_SEED, case
+
+
+def expect_law(observed: Tensor, probs: Tensor, alpha: float, what: str, inputs: dict[str, Any],
+               label: Callable[[int], str] = "token {}".format) -> Fit:
+    """Pearson's test ([`fit`][minispec.check.statistics.fit]) of ``observed`` counts against the
+    exact law ``probs`` at level ``alpha``; its ``Fit`` when it passes.
+
+    Otherwise raises ``Failure``: ``what``, the ``inputs``, and the most discrepant outcomes
+    (named by ``label``), expected probability against observed frequency, with the statistic and
+    its threshold, or the outcome of probability 0 that was observed.
+    """
+    fitted = fit(observed, probs, alpha)
+    if fitted.passed:
+        return fitted
+    n = float(observed.sum())
+    table = [(label(i), float(probs[i]), float(observed[i]) / n) for i in fitted.worst]
+    if fitted.impossible:
+        raise Failure(Counterexample(f"{what}: it emitted {label(fitted.impossible[0])}, which "
+                                     "has probability 0", inputs, table), "impossible outcome")
+    stat = f"Pearson chi-square, {fitted.df} df (p-value {fitted.pvalue:.2g})"
+    raise Failure(Counterexample(what, inputs, table, stat, fitted.statistic, fitted.threshold),
+                  f"p-value {fitted.pvalue:.2g}")
 
 
 def _raised(name: str, error: BaseException, inputs: dict[str, Any], what: str) -> Case:
@@ -208,14 +231,14 @@ def _raised(name: str, error: BaseException, inputs: dict[str, Any], what: str) 
                 Counterexample(f"{what} {type(error).__name__}: {error}{where}", inputs))
 
 
-def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], Case]]],
+def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], str]]],
               false_alarm_rate: float, timeout: float = TIMEOUT) -> CheckReport:
     """Run ``cases`` (name, thunk) in order; stop at the first failure; build the report.
 
     Args:
         check: the check's name, for the report.
-        cases: each thunk returns a [`Case`][minispec.check.report.Case] or raises
-            [`Failure`][minispec.check.harness.Failure].
+        cases: each thunk returns the note of its passing case (sample size, p-value) or
+            raises [`Failure`][minispec.check.harness.Failure].
         false_alarm_rate: the documented bound, copied into the report.
         timeout: seconds each call of the student's code may take (each case runs on its own
             thread, watched: see ``_watched``).
@@ -223,7 +246,7 @@ def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], Case]]],
     done: list[Case] = []
     for name, run in cases:
         try:
-            case = _watched(run, timeout)
+            case = Case(name, True, _watched(run, timeout))
         except _Stub as stub:
             why = f": {stub}" if str(stub) else ""
             summary = f"not implemented yet (NotImplementedError{why})"
@@ -232,7 +255,7 @@ def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], Case]]],
         except StudentError as err:
             case = _raised(name, err.error, err.inputs, "the function raised")
         except Failure as failure:
-            case = Case(name, False, "", failure.counterexample)
+            case = Case(name, False, failure.note, failure.counterexample)
         except Exception as error:  # a result of a form no check foresaw
             case = _raised(name, error, {}, "the check cannot read the function's result (if it "
                            "looks right, this is a bug of the check):")

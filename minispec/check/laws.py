@@ -9,22 +9,20 @@ compares the two. These helpers are that harness, written once:
   distribution after each prefix, from one forward;
 * [`first_tokens_law`][minispec.check.laws.first_tokens_law] -- the law of the first token and of
   the first two tokens, with rare pairs grouped so that every cell is testable;
-* [`chi_square`][minispec.check.laws.chi_square] -- Pearson's test of outcomes against a law, with
-  cells expected fewer than 5 times pooled into one (Cochran's rule);
-* [`law_test`][minispec.check.laws.law_test] and
-  [`tv_tolerance`][minispec.check.laws.tv_tolerance] -- the same test on a table of counts against a
-  table of probabilities (lessons 03 and 09), with the total-variation distance and its tolerance.
+* ``chi_square``, ``law_test`` and ``tv_tolerance`` -- Pearson's test of outcomes against a law
+  (cells expected fewer than 5 times pooled into one, Cochran's rule), the same on a table of
+  counts against a table of probabilities (lessons 03 and 09), and a total-variation tolerance:
+  re-exported from [`minispec.check.statistics`][minispec.check.statistics], the one statistics
+  module of the graders and the lessons.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 
-from minispec.check.statistics import chi_square_sf
+from minispec.check.statistics import chi_square, law_test, tv_tolerance
 from minispec.core.sampling import SamplingParams, probs_from_logits
 from minispec.models.llama import Llama
 
@@ -69,59 +67,3 @@ def first_tokens_law(model: Llama, prompt: Sequence[int], n: int, exclude: Seque
     for a in likely:                                    # "a, then anything else"
         pairs[a, "other"] = p1[a].item() - sum(p for (x, _), p in top.items() if x == a)
     return p1, {a: p1[a].item() for a in range(len(p1))}, pairs
-
-
-def chi_square(outcomes: Sequence[Hashable], law: Mapping[Hashable, float],
-               min_expected: float = 5.0) -> tuple[float, int, float]:
-    """Pearson's test of ``outcomes`` against ``law`` (outcome -> probability).
-
-    Outcomes expected at least ``min_expected`` times get a cell each; all others share one pooled
-    cell. Returns ``(p-value, number of cells, smallest expected count)``.
-    """
-    n = len(outcomes)
-    kept = {key: prob for key, prob in law.items() if n * prob >= min_expected}
-    counts = Counter(key if key in kept else "pooled" for key in outcomes)
-    observed = [counts[key] for key in kept] + [counts["pooled"]]
-    expected = [n * prob for prob in kept.values()] + [n * (1 - sum(kept.values()))]
-    statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True) if e > 0)
-    cells = sum(e > 0 for e in expected)
-    return chi_square_sf(statistic, cells - 1), len(observed), min(expected)
-
-
-def law_test(counts: torch.Tensor, law: torch.Tensor,
-             min_expected: float = 5.0) -> tuple[float, float]:
-    """Pearson's test of observed ``counts`` against the exact ``law``, both tables of one shape.
-
-    Cells expected fewer than ``min_expected`` times are pooled into one; the law is renormalised in
-    float64 (float32 tables sum to 1 only up to rounding). An outcome of probability 0 that was
-    observed at all gives ``p = 0``: no amount of luck explains it.
-
-    Returns:
-        ``(p-value, TV)``: the chi-square p-value and the total-variation distance between the
-        empirical law and ``law``.
-    """
-    counts, law = counts.double().flatten(), law.double().flatten()
-    law = law / law.sum()
-    n = float(counts.sum())
-    tv = 0.5 * float((counts / n - law).abs().sum())
-    if counts[law == 0].sum() > 0:                      # a token of probability 0 was emitted
-        return 0.0, tv
-    expected = n * law
-    big = expected >= min_expected
-    small = ~big & (law > 0)
-    observed = counts[big].tolist() + ([float(counts[small].sum())] if small.any() else [])
-    wanted = expected[big].tolist() + ([float(expected[small].sum())] if small.any() else [])
-    statistic = sum((o - e) ** 2 / e for o, e in zip(observed, wanted, strict=True))
-    return chi_square_sf(statistic, len(wanted) - 1), tv
-
-
-def tv_tolerance(law: torch.Tensor, n: int, delta: float = 1e-6) -> float:
-    """A total-variation distance that ``n`` correct draws from ``law`` exceed with probability
-    below ``delta``.
-
-    ``E[TV] <= 1/2 sum_i sqrt(pi_i (1 - pi_i) / n)`` (Jensen), and one draw moves TV by at most
-    ``1/n``, so McDiarmid's inequality adds ``sqrt(ln(1/delta) / (2n))``.
-    """
-    law = law.double().flatten()
-    mean_bound = 0.5 * float(torch.sqrt(law * (1 - law) / n).sum())
-    return mean_bound + (math.log(1 / delta) / (2 * n)) ** 0.5

@@ -11,8 +11,6 @@ import torch
 
 from minispec.models.llama import Llama, ModelConfig
 
-__all__ = ["tiny_llama"]
-
 
 def tiny_llama(vocab: int = 64, seed: int = 0, scale: float = 0.35, max_positions: int = 128,
                hidden: int = 32, eos: int | list[int] | None = None) -> Llama:

@@ -14,17 +14,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["Case", "CheckReport", "Counterexample", "fmt"]
-
 
 def fmt(x: Any) -> str:
     """A short readable rendering of a tensor, a float or a list (4 decimals)."""
-    if isinstance(x, torch.Tensor):
-        x = x.tolist()
+    x = x.tolist() if isinstance(x, torch.Tensor) else x
     if isinstance(x, float):
         return f"{x:.4g}"
     if isinstance(x, (list, tuple)):
-        return "[" + ", ".join(fmt(v) for v in x) + "]"
+        return "[" + ", ".join(map(fmt, x)) + "]"
     return str(x)
 
 
@@ -107,13 +104,10 @@ class CheckReport:
             lines.append("Counterexample: " + str(self.counterexample).replace("\n", "\n  "))
         if self.hint:
             lines.append("hint: " + self.hint)
-        if self.not_implemented:
-            pass
-        elif self.false_alarm_rate == 0:
-            lines.append("(deterministic check: a correct implementation always passes)")
-        else:
-            lines.append("(false-alarm rate for a correct implementation <= "
-                         f"{self.false_alarm_rate:g})")
+        if not self.not_implemented:
+            lines.append("(deterministic check: a correct implementation always passes)"
+                         if self.false_alarm_rate == 0 else "(false-alarm rate for a correct "
+                         f"implementation <= {self.false_alarm_rate:g})")
         return "\n".join(_wrap(line) for text in lines for line in text.split("\n"))
 
 

@@ -15,11 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.check.harness import TIMEOUT, Failure, as_int, call, reproducible_case, run_cases
-from minispec.check.report import Case, CheckReport, Counterexample, fmt
-from minispec.check.statistics import BUDGET, fit, hoeffding_excess, per_test_alpha
-
-__all__ = ["PAIRS", "residual", "sampler"]
+from minispec.check.harness import TIMEOUT, Failure, as_int, call, expect_law, run_cases, same_seed
+from minispec.check.report import CheckReport, Counterexample, fmt
+from minispec.check.statistics import BUDGET, hoeffding_excess, per_test_alpha
 
 
 def _t(values: list[float]) -> Tensor:
@@ -54,33 +52,24 @@ def _draw(fn: Callable, p: Tensor, q: Tensor, g: torch.Generator) -> tuple[int, 
 
 
 def _law_case(fn: Callable, name: str, p: Tensor, q: Tensor, n: int, alpha: float, seed: int):
-    def case() -> Case:
+    def case() -> str:
         g = torch.Generator().manual_seed(seed)
         counts, accepted = torch.zeros(p.shape[0]), 0
         for _ in range(n):
             token, acc = _draw(fn, p, q, g)
             counts[token] += 1
             accepted += acc
-        fitted = fit(counts, p, alpha)
         inputs = {"p": p, "q": q, "samples": n}
-        if not fitted.passed:
-            table = [(f"token {i}", float(p[i]), float(counts[i]) / n) for i in range(p.shape[0])]
-            what = "the emitted token does not have the target's law p"
-            if fitted.impossible:
-                what += f": it emitted token {fitted.impossible[0]}, which has p = 0"
-                return Case(name, False, "impossible token", Counterexample(what, inputs, table))
-            stat = f"Pearson chi-square, {fitted.df} df (p-value {fitted.pvalue:.2g})"
-            return Case(name, False, f"p-value {fitted.pvalue:.2g}", Counterexample(
-                what, inputs, table, stat, fitted.statistic, fitted.threshold))
+        fitted = expect_law(counts, p, alpha, "the emitted token does not have the target's law p",
+                            inputs)
         beta = float(torch.minimum(p, q).sum())
         bound = 0.0 if beta == 0 else n * beta + hoeffding_excess(n, alpha)
         if beta < 1 and accepted > bound:
-            what = ("'accepted' is True more often than any lossless rule allows: a proposal can "
-                    "be kept with probability at most sum min(p, q) (Leviathan Thm 3.5)")
-            table = [("P(accepted)", beta, accepted / n)]
-            return Case(name, False, "", Counterexample(what, inputs, table, "accepted count",
-                                                        accepted, bound))
-        return Case(name, True, f"{n} samples, p-value {fmt(fitted.pvalue)}")
+            raise Failure(Counterexample(
+                "'accepted' is True more often than any lossless rule allows: a proposal can be "
+                "kept with probability at most sum min(p, q) (Leviathan Thm 3.5)", inputs,
+                [("P(accepted)", beta, accepted / n)], "accepted count", accepted, bound))
+        return f"{n} samples, p-value {fmt(fitted.pvalue)}"
 
     return name, case
 
@@ -118,9 +107,8 @@ def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckRe
     cases = [_law_case(fn, name, p, q, n, alpha, seed + i)
              for i, (name, p, q, n) in enumerate(PAIRS)]
     _, p, q, _ = PAIRS[0]
-    name = "same seed, same tokens (randomness comes from the generator only)"
-    cases.append((name, lambda: reproducible_case(
-        name, lambda g: [_draw(fn, p, q, g)[0] for _ in range(40)], seed, {"p": p, "q": q})))
+    cases.append(same_seed(lambda g: [_draw(fn, p, q, g)[0] for _ in range(40)], seed,
+                           {"p": p, "q": q}))
     return run_cases("sampler", cases, BUDGET, timeout)
 
 
@@ -130,13 +118,10 @@ def _residual_pairs(seed: int) -> list[tuple[Tensor, Tensor]]:
     pairs += [(_t([0, 1, 0]), _t([0, 1, 0])), (_t([0, 1, 0]), _t([1, 0, 0])),
               (_t([0.5, 0.5, 0]), _t([0, 0, 1]))]
     g = torch.Generator().manual_seed(seed)
-    for _ in range(12):
-        logits = torch.randn(2, 6, generator=g) * 1.5
-        logits[torch.rand(2, 6, generator=g) < 0.25] = float("-inf")
-        logits[:, 0] = logits[:, 0].nan_to_num(neginf=0.0)             # keep a token in each
-        p, q = torch.softmax(logits, dim=-1)
-        pairs.append((p, q))
-    return pairs
+    logits = torch.randn(12, 2, 6, generator=g) * 1.5                   # 12 pairs (p, q)
+    logits[torch.rand(12, 2, 6, generator=g) < 0.25] = float("-inf")
+    logits[..., 0] = logits[..., 0].nan_to_num(neginf=0.0)             # keep a token in each
+    return pairs + [(p, q) for p, q in torch.softmax(logits, dim=-1)]
 
 
 def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
@@ -149,8 +134,7 @@ def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
         got = f"{out.dtype} {list(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
         raise Failure(Counterexample(f"the result must be a real floating-point [V] = "
                                      f"[{p.shape[0]}] tensor, got {got}", inputs))
-    out = out.double()
-    excess = (p.double() - q.double()).clamp_min(0)
+    out, excess = out.double(), (p.double() - q.double()).clamp_min(0)
     inputs["returned"] = out
     if excess.sum() == 0:           # p == q: never used, but must still be a distribution
         if not (out.isfinite().all() and (out >= 0).all() and abs(float(out.sum()) - 1) < 1e-4):
@@ -183,9 +167,10 @@ def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckR
     """
     pairs = _residual_pairs(seed)
 
-    def case() -> Case:
+    def case() -> str:
         for p, q in pairs:
             _residual_case(fn, p, q)
-        return Case(f"{len(pairs)} (p, q) pairs", True, "exact within 1e-5")
+        return "exact within 1e-5"
 
-    return run_cases("residual", [("residual of every pair", case)], 0.0, timeout)
+    return run_cases("residual", [(f"the residual of {len(pairs)} (p, q) pairs", case)], 0.0,
+                     timeout)

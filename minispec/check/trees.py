@@ -15,21 +15,16 @@ or ``None`` for deterministic drafts (one-hot proposals).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, reproducible_case, run_cases
-from minispec.check.markov import GREEDY, SAMPLED, Chain, law_case
-from minispec.check.report import CheckReport, Counterexample
-from minispec.check.statistics import BUDGET, per_test_alpha
+from minispec.check.harness import TIMEOUT, call
+from minispec.check.markov import Chain, emitted, grade_streams
+from minispec.check.report import CheckReport
 from minispec.core.tree import DraftTree
-
-__all__ = ["make_round", "tree_verifier"]
-
-LENGTH = 4
-STREAMS = {"sampled": 600, "deterministic": 400, "greedy": 60}
 
 
 def _drafts(chain: Chain, last: int, width: int, depth: int, g: torch.Generator,
@@ -41,22 +36,6 @@ def _drafts(chain: Chain, last: int, width: int, depth: int, g: torch.Generator,
         return [t for t, _ in pairs], [q for _, q in pairs]
     firsts = torch.argsort(chain.Q[last], descending=True, stable=True)[:width].tolist()
     return [[x] + chain.draft(x, depth - 1, g, False)[0] for x in firsts], None
-
-
-def _check_path(tree: DraftTree, tokens: list[int], vocab: int, inputs: dict) -> None:
-    """The emitted tokens must be a root-to-node path of the tree, then one more token."""
-    depth = max(len(nodes) for nodes in tree.draft_nodes)
-    if not 1 <= len(tokens) <= depth + 1 or any(not 0 <= t < vocab for t in tokens):
-        raise Failure(Counterexample(f"a round must emit 1 to depth+1 = {depth + 1} tokens in "
-                                     f"[0, {vocab})", inputs))
-    node = 0
-    for token in tokens[:-1]:
-        child = next((c for c in tree.children(node) if tree.tokens[c] == token), None)
-        if child is None:
-            raise Failure(Counterexample(
-                "the emitted tokens before the last must follow a path of the tree from its root "
-                "(accepted nodes only); this one leaves the tree", inputs))
-        node = child
 
 
 def make_round(fn: Callable, chain: Chain, width: int, sampled: bool,
@@ -77,36 +56,9 @@ def make_round(fn: Callable, chain: Chain, width: int, sampled: bool,
         p = chain.rows(last, tree.tokens[1:])         # (N, V): Markov, row i = P[token of node i]
         inputs: dict[str, Any] = {"drafts": drafts, "draft_probs": qs, "target_probs": p,
                                   "tree_parents": tree.parents}
-        tokens = as_tokens(call(fn, tree, p, qs, g, inputs=inputs), inputs, 3)  # depth 2 + 1
-        _check_path(tree, tokens, chain.vocab, dict(inputs, emitted=tokens))
-        return tokens
+        return emitted(call(fn, tree, p, qs, g, inputs=inputs), drafts, chain.vocab, inputs)
 
     return round_
-
-
-def _law(fn: Callable, chain: Chain, width: int, sampled: bool, n: int, alpha: float, seed: int):
-    name = (f"{'greedy (one-hot p), ' if chain is GREEDY else ''}{width} drafts of depth 2, "
-            f"{'sampled from q' if sampled else 'deterministic (draft_probs=None)'}")
-
-    def case():
-        g = torch.Generator().manual_seed(seed)
-        inputs = {"drafts per round": width, "depth": 2}
-        return law_case(name, chain, make_round(fn, chain, width, sampled, g), n, LENGTH, alpha,
-                        inputs)
-
-    return name, case
-
-
-def _reproducible(fn: Callable, seed: int):
-    name = "same seed, same tokens (randomness comes from the generator only)"
-
-    def run(g: torch.Generator) -> list[int]:
-        round_, tokens = make_round(fn, SAMPLED, 3, True, g), []
-        while len(tokens) < 24:
-            tokens += round_(tokens[-1] if tokens else SAMPLED.start)
-        return tokens
-
-    return name, lambda: reproducible_case(name, run, seed, {"drafts per round": 3})
 
 
 def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: int = 0,
@@ -141,15 +93,8 @@ def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, se
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
-    cases = []
-    alpha = per_test_alpha(4)
-    if sampled:
-        cases += [_law(fn, SAMPLED, 3, True, STREAMS["sampled"], alpha, seed),
-                  _law(fn, SAMPLED, 2, False, STREAMS["deterministic"], alpha, seed + 1),
-                  _reproducible(fn, seed + 2)]
-    if greedy:
-        cases += [_law(fn, GREEDY, 3, True, STREAMS["greedy"], 1.0, seed + 3),
-                  _law(fn, GREEDY, 2, False, STREAMS["greedy"], 1.0, seed + 4)]
-    if not cases:
-        raise ValueError("nothing to check: sampled and greedy are both False")
-    return run_cases("tree_verifier", cases, BUDGET if sampled else 0.0, timeout)
+    return grade_streams("tree_verifier", functools.partial(make_round, fn),
+                         [(3, True, 0), (2, False, 1)],
+                         lambda width: (f"{width} drafts of depth 2",
+                                        {"drafts per round": width, "depth": 2}),
+                         sampled=sampled, greedy=greedy, seed=seed, timeout=timeout)

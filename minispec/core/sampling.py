@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["MIN_TEMPERATURE", "SamplingParams", "is_int", "one_hot", "probs_for_rows",
+__all__ = ["MIN_TEMPERATURE", "SamplingParams", "is_int", "is_real", "one_hot", "probs_for_rows",
            "probs_from_logits", "sample"]
 
 #: The smallest positive temperature: float32's smallest positive number, ``2**-149`` (about
@@ -60,15 +60,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         checks = [
-            ("temperature", self.temperature, _is_real(self.temperature) and (
+            ("temperature", self.temperature, is_real(self.temperature) and (
                 self.temperature == 0 or self.temperature >= MIN_TEMPERATURE),
              f"0 (greedy) or a real number >= {MIN_TEMPERATURE:.6g} (the smallest positive "
              f"float32)"),
             ("top_k", self.top_k, is_int(self.top_k) and self.top_k >= 0, "an integer >= 0"),
-            ("top_p", self.top_p, _is_real(self.top_p) and 0 < self.top_p <= 1,
+            ("top_p", self.top_p, is_real(self.top_p) and 0 < self.top_p <= 1,
              "a real number in (0, 1]"),
             ("repetition_penalty", self.repetition_penalty,
-             _is_real(self.repetition_penalty) and self.repetition_penalty > 0,
+             is_real(self.repetition_penalty) and self.repetition_penalty > 0,
              "a real number > 0"),
             ("seed", self.seed,
              self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
@@ -103,7 +103,8 @@ class SamplingParams:
         return generator
 
 
-def _is_real(x: object) -> bool:
+def is_real(x: object) -> bool:
+    """Whether ``x`` is a finite real number (an int or a float, not a bool)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

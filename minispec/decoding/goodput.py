@@ -9,67 +9,19 @@ Which side of the crossover a step is on depends on the batch size, the model, t
 request's acceptance, so nothing here is hard-coded; everything is measured:
 
 * [`StepCosts`][minispec.decoding.goodput.StepCosts] learns the seconds of a verify forward by
-  shape ``(B rows, T tokens per row)`` and of one draft step by the number of drafting rows, from
-  the engine's own steps (exponential moving averages, per batch-size bucket 1, 2, 4, 8, ...:
-  [`bucket`][minispec.decoding.goodput.bucket]). A bucket's first step is plain (it measures the
-  plain step); the engine's first drafting step is a full-``k`` one (real steps that emit tokens:
-  nothing is spent on calibration). After that a bucket with only its plain step measured borrows
-  the ratio of a wide to a plain step from the nearest bucket that has both, so the engine drafts
-  at a new batch size only when the plan says it pays, instead of paying a full-``k`` step at every
-  bucket to find out. A draft step's seconds leave out a lagging draft cache's catch-up
-  (``Drafter.catch_up_seconds``: after plain rounds a draft model feeds every token since, once):
-  counted as draft steps, catch-ups had priced a draft step at batch size 16 at 18-22 ms
-  against about 2, and a batch-size-1 engine that had paused stopped drafting for good;
+  shape ``(B rows, T tokens per row)`` and of one draft step, from the engine's own steps;
 * [`alpha_estimates`][minispec.decoding.goodput.alpha_estimates] gives each request's acceptance
-  estimate: its own accepted / tested drafts, shrunk towards the pooled acceptance of all requests
-  (a Beta prior), so a new request starts from what the engine has seen, plus ``1 / B`` standard
-  deviations of optimism at batch size ``B`` (an upper confidence bound): a request that stopped
-  drafting on an unlucky start gets to try again as the bonus outweighs the evidence, and one
-  with a long record is judged on it. The bonus shrinks with the batch because one request
-  learns from a draft while every row pays for the wider verify it brings (one standard
-  deviation for all made a wave of 16 new requests draft, and lose, at batch size 16);
+  estimate: its own record shrunk towards the pooled one, plus a little optimism;
 * [`choose_ks`][minispec.decoding.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
   every ``R``, the plan "the ``R`` requests with the highest acceptance draft ``K`` tokens, the
-  others none" with the most expected tokens per second::
-
-      tokens(K, R) = sum_{top R} [1 + P_b (E(alpha_b, K) - 1)] + (B - R)
-      seconds(K, R) = verify(B, 1) + (1 + m) [P_any (verify(B, K + 1) - verify(B, 1)) + K draft(R)]
-                      + catch_up sum_{top R} t_b lag_b / left_b,   t_b = 1 + P_b (E(alpha_b, K) - 1)
-
-  where ``P_b`` is the rate at which request ``b``'s drafter proposes anything when asked (1 for a
-  draft model; an n-gram table without a match proposes nothing, and that row yields one token)
-  and ``P_any = 1 - prod_{top R} (1 - P_b)`` the chance that the verify is wider than a plain step.
-  ``lag_b`` is what request ``b``'s draft cache must feed before it drafts
-  ([`draft_lag`][minispec.core.sequence.Sequence.draft_lag]: a draft model skips the plain steps
-  and catches up on them when next asked), ``catch_up`` its measured seconds per token, and
-  ``left_b`` the tokens the request may still generate: a catch-up buys drafting for the rest of
-  the request, so its cost is spread over those tokens, and a step pays the share of the ``t_b``
-  tokens it expects from the row. Unpriced, plans at batch size 8 on the shipped pair predicted
-  to gain 10 % paid a 9.2 ms catch-up, about a whole plain step; charged in full to the step that
-  catches up, the lag grew with every plain step until no plan could pay it, and the draft model
-  at batch size 1 stopped drafting until the next re-check (0.97-0.99x of plain). A
-  request that stops early (a stop token) leaves part of its share unpaid.
-  ``K = 0`` is plain decoding, so the choice never predicts less than the plain engine. What
-  drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 30 %). Drafting costs
-  more than the step it is planned in: requests that accept drafts run ahead of the others, so
-  the batch refills through more and smaller prefill forwards (and a draft model catches each
-  newcomer up), and a run ends in a tail of small steps. None of that is in the step's seconds:
-  at batch size 16 on the shipped pair, one-draft plans predicted to gain 3 % per step lost
-  about 15 % end to end (``benchmarks/engine.py --warm``); with a 10 % margin the default drafted
-  there, with 30 % it does not. A batch of one request has no batch to refill and no tail, so
-  it is charged no margin: with it, the draft model at batch size 1 on the shipped pair, which
-  gains 1.21x at a fixed ``k = 4``, was declined in most runs (a median of 1.08x over 6 warm
-  lockstep runs; 1.13x without it, same runs). Charging the extra cost (not the whole step)
-  keeps cheap bets: a drafter that proposes nothing costs a plain step.
-  A plan is run only if it predicts at least ``1 + h`` times plain decoding's goodput (``hurdle``,
-  10 %): the estimates it is computed from (moving averages of a few steps, an acceptance
-  learned from a few rounds) are not better than that, and a bet inside their error is a coin
-  toss that pays the drafter's machinery either way. On warm engines with the shipped pair, the
-  plans taken at batch sizes 8 and 32 had predicted gains of 0-14 % (medians 5-7 %) and lost
-  end to end.
+  others none" with the most expected tokens per second. ``K = 0`` is plain decoding, so the
+  choice never predicts less than the plain engine; a drafting plan must beat it by a hurdle;
+* [`GoodputK`][minispec.decoding.goodput.GoodputK] holds the policy for a driver: it learns from
+  every step, chooses, and lets a declined request try again now and then.
 
 The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
-(``Engine.k_choices``; a single sequence's in its result's ``k_choices``).
+(``Engine.k_choices``; a single sequence's in its result's ``k_choices``). The runs that shaped
+each guard are on the results page ("The engine: goodput control, the default").
 """
 
 from __future__ import annotations
@@ -110,8 +62,18 @@ class StepCosts:
     step also prefills its cache over every prompt): the second replaces it, the moving average
     starts there. A forward is never priced above a wider one of its bucket: a plain step measured
     once, cold, and never again (the engine drafts from then on) would otherwise make every plan
-    with drafts look better than it is (measured: 11.0 ms for a plain step at batch size 2 beside
-    9.5-10.8 ms for 3-5 tokens per row).
+    with drafts look better than it is (a cold plain step at batch size 2 once measured slower
+    than forwards of 3-5 tokens per row: the results page).
+
+    In an engine a bucket's first step is plain (it measures the plain step) and the first
+    drafting step is a full-``k`` one: real steps that emit tokens, nothing is spent on
+    calibration. After that a bucket with only its plain step measured borrows the ratio of a wide
+    to a plain step from the nearest bucket that has both, so the engine drafts at a new batch size
+    only when the plan says it pays, instead of paying a full-``k`` step at every bucket to find
+    out. A draft step's seconds leave out a lagging draft cache's catch-up
+    (``Drafter.catch_up_seconds``: after plain rounds a draft model feeds every token since, once),
+    which is kept apart in ``catch_up``: counted as draft steps, catch-ups priced a draft step
+    many times too high, and an engine at batch size 1 that had paused stopped drafting for good.
 
     Attributes:
         verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.
@@ -191,8 +153,8 @@ class StepCosts:
         tries measures the truth), else ``None``; never more than a wider forward of the bucket
         was measured to cost, nor than the line through two or more wider ones gives: an engine
         that drafts at every step never measures its plain step again, and a stale plain step
-        priced as high as a two-token one (measured: 7.36 against 7.38 ms at batch size 16, where
-        the line through the widths 2 and 5 gives 6.0) makes every one-draft plan look free."""
+        priced as high as a two-token one (it happened at batch size 16: the results page) makes
+        every one-draft plan look free."""
         rows = bucket(rows)
         wider = [(t, s) for (b, t), s in self.verify.items() if b == rows and t > tokens]
         estimate = self._estimate(rows, tokens)
@@ -255,7 +217,14 @@ def alpha_estimates(accepted: list[int], tested: list[int], pooled: float, stren
                     optimism: float = 1.0) -> list[float]:
     """Each request's acceptance: the mean of a Beta posterior whose prior is worth ``strength``
     drafts at the pooled rate, ``m = (acc + strength * pooled) / (tested + strength)``, plus
-    ``optimism`` standard deviations ``sqrt(m (1 - m) / (tested + strength + 1))``, capped at 1."""
+    ``optimism`` standard deviations ``sqrt(m (1 - m) / (tested + strength + 1))``, capped at 1.
+
+    The prior starts a new request from what the engine has seen; the engine passes
+    ``optimism = 1 / B`` at batch size ``B`` (an upper confidence bound): a request that stopped
+    drafting on an unlucky start gets to try again as the bonus outweighs the evidence, and one
+    with a long record is judged on it. The bonus shrinks with the batch because one request
+    learns from a draft while every row pays for the wider verify it brings (one standard
+    deviation for all made a wave of 16 new requests draft, and lose, at batch size 16)."""
     out = []
     for a, t in zip(accepted, tested, strict=True):
         mean = (a + strength * pooled) / (t + strength)
@@ -266,7 +235,45 @@ def alpha_estimates(accepted: list[int], tested: list[int], pooled: float, stren
 def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts,
               margin: float = 0.30, proposal_rates: list[float] | None = None,
               hurdle: float = HURDLE, lags: list[float] | None = None) -> KChoice | None:
-    """The goodput-maximising plan (module docstring); ``None`` when a needed cost is unknown.
+    """The goodput-maximising plan; ``None`` when a needed cost is unknown.
+
+    Of every ``K`` in ``0..k_max`` and every ``R``, the plan "the ``R`` requests with the highest
+    acceptance draft ``K`` tokens, the others none" with the most expected tokens per second::
+
+        tokens(K, R) = sum_{top R} t_b + (B - R),   t_b = 1 + P_b (E(alpha_b, K) - 1)
+        seconds(K, R) = verify(B, 1)
+                        + (1 + m) [P_any (verify(B, K + 1) - verify(B, 1)) + K draft(R)]
+                        + catch_up sum_{top R} t_b lag_b / left_b
+
+    where ``P_b`` is the rate at which request ``b``'s drafter proposes anything when asked (1 for
+    a draft model; an n-gram table without a match proposes nothing, and that row yields one
+    token) and ``P_any = 1 - prod_{top R} (1 - P_b)`` the chance that the verify is wider than a
+    plain step. ``lag_b`` is what request ``b``'s draft cache must feed before it drafts
+    ([`draft_lag`][minispec.core.sequence.Sequence.draft_lag]: a draft model skips the plain steps
+    and catches up on them when next asked), ``catch_up`` its measured seconds per token, and
+    ``left_b`` the tokens the request may still generate: a catch-up buys drafting for the rest of
+    the request, so its cost is spread over those tokens, and a step pays the share of the ``t_b``
+    tokens it expects from the row. Unpriced, a catch-up cost about a whole plain step that the
+    plan had not foreseen; charged in full to the step that catches up, the lag grew with every
+    plain step until no plan could pay it. A request that stops early (a stop token) leaves part
+    of its share unpaid.
+
+    What drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 0.3 by default).
+    Drafting costs more than the step it is planned in: requests that accept drafts run ahead of the
+    others, so the batch refills through more and smaller prefill forwards (and a draft model
+    catches each newcomer up), and a run ends in a tail of small steps. None of that is in the
+    step's seconds, and with a smaller margin one-draft plans that predicted a small gain per step
+    lost end to end (``benchmarks/engine.py --warm``). A batch of one request has no batch to refill
+    and no tail, so it is charged no margin: with it, the draft model at batch size 1 on the shipped
+    pair was declined in most runs where it pays. Charging the extra cost (not the whole step) keeps
+    cheap bets: a drafter that proposes nothing costs a plain step.
+
+    A plan is run only if it predicts at least ``1 + h`` times plain decoding's goodput (``hurdle``,
+    ``HURDLE`` = 0.1 by default): the estimates it is computed from (moving averages of a few steps,
+    an acceptance learned from a few rounds) are not better than that, and a bet inside their error
+    is a coin toss that pays the drafter's machinery either way; plans taken with a few per cent
+    predicted lost end to end. The results page ("The engine: goodput control, the default") has the
+    runs behind each of these choices.
 
     Args:
         alphas: acceptance estimate of each running request.
@@ -274,10 +281,9 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
         k_max: the engine's ``k``.
         costs: the measured step costs.
         margin: the factor ``m`` on what drafting adds to a step's seconds, with two requests or
-            more (module docstring).
+            more (above).
         proposal_rates: ``P_b`` of each request (default: 1, a drafter that always proposes).
-        hurdle: the least predicted gain over plain decoding a plan needs to be chosen (module
-            docstring).
+        hurdle: the least predicted gain over plain decoding a plan needs to be chosen (above).
         lags: each request's ``lag_b / left_b``, the catch-up it owes per token it may still
             generate (default: 0, none lags); of requests with equal expected gains, the one
             that owes less drafts first.
@@ -366,8 +372,9 @@ class GoodputK:
         costs at this batch size are unknown, a plain step and a full step measure them. A plain
         plan that no drafting plan beat, hurdle aside, is not searched again while its inputs
         stand: no row has drafted (the records are the same), none has come or gone and no cap
-        moved; a search costs about 1.5 % of a step at batch size 16 on the shipped pair. A plan
-        kept plain by the hurdle alone is searched every step: the costs drift, and it may win."""
+        moved; a search is a visible share of a step (the results page, "Engines in lockstep").
+        A plan kept plain by the hurdle alone is searched every step: the costs drift, and it
+        may win."""
         self.steps += 1
         # no row has drafted since the last plain plan and none came or went: the plan stands
         # (the costs' drift waits for the next re-check or change of batch)

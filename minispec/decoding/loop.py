@@ -101,7 +101,7 @@ def speculative_generate(
     eos_token_id: int | Seq[int] | None = None,
     max_seq_len: int | None = None,
     branching: Seq[int] | None = None,
-    adaptive: bool | None = None,
+    adaptive: bool = False,
     graphs: bool | None = None,
 ) -> GenerationResult:
     """Speculative decoding of one sequence (Leviathan et al. 2023, Algorithm 1).
@@ -129,13 +129,12 @@ def speculative_generate(
             attention, by the same round as a chain (a draft model, an EAGLE head or an n-gram
             table; see [`minispec.drafters.trees`][minispec.drafters.trees]). ``None``: the chain
             of Algorithm 1.
-        adaptive: choose each round's ``k`` in ``0..k`` with the engine's policy
+        adaptive: ``False`` (the default): every round drafts ``k`` (shrunk only near
+            ``max_seq_len`` and the token budget), the fixed gamma the theorems are about.
+            ``True``: the engine's draft-length policy chooses each round's ``k`` in ``0..k``
             ([`GoodputK`][minispec.decoding.goodput.GoodputK]: the step costs this call measures
-            and the running acceptance; ``k`` is the upper bound), recorded in
-            ``stats.k_per_round``. ``None`` (the default, as in the ``Engine``): adaptive for a
-            chain of drafts; a seeded sampled request keeps ``k``, so its tokens depend on its
-            seed only. ``False``: every round drafts ``k``, the fixed gamma the theorems are
-            about (the lessons that test them say so).
+            and the running acceptance), recorded in ``stats.k_per_round``; a seeded sampled
+            request keeps ``k``, so its tokens depend on its seed only.
         graphs: run the target as static-shape steps, captured as CUDA graphs on a GPU
             ([`minispec.models.static_step`][minispec.models.static_step]); ``None`` (the
             default): on a GPU only; on the CPU ``True`` runs the same step eagerly.

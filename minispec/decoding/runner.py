@@ -15,20 +15,9 @@ draft-length policy for each row's ``k`` and runs the phases in order::
     policy.learn(...)                                   # 5. the step's costs and acceptance
 
 A chain of ``k`` drafts is the tree with one child per node, so every proposal is a
-[`TreeProposal`][minispec.core.tree.TreeProposal] and every rule of a round exists once:
-
-* **the verify forward**: row ``b`` feeds the root (its last token) and every node; node ``i`` sits
-  at RoPE position ``n_b - 1 + depth(i)``, is stored at cache position ``n_b - 1 + i`` and sees the
-  context and its own ancestors (tree attention; for a batch of chains that is the causal mask,
-  and the plain path runs);
-* **the accept rule**: [`verify_proposal`][minispec.core.tree.verify_proposal] walks each row's
-  proposal with the row's own generator (on a chain: Algorithm 1's loop, Leviathan et al.);
-  plain greedy rows walk the target's argmaxes without building distributions;
-* **the rollback**: both caches keep exactly the accepted path
-  ([`KVCache.compact`][minispec.models.kv_cache.KVCache.compact]; on a chain: a truncation), and the
-  drafter sees the target's features of the accepted positions only;
-* **the stop rules** ([`Sequence.append`][minispec.core.sequence.Sequence.append]) and the
-  statistics.
+[`TreeProposal`][minispec.core.tree.TreeProposal] and every rule of a round -- the verify forward,
+the accept rule, the rollback, the stop rules -- exists once
+([`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] spells each out).
 
 A request whose logits contain NaN or +inf, or whose drafter proposes something invalid, fails alone
 (``finish_reason="error"``): it gets no verdict and no token, and the other rows go on; no phase is
@@ -56,6 +45,22 @@ __all__ = ["SpeculativeRunner"]
 
 class SpeculativeRunner:
     """The phases of a speculative round over a batch of sequences (module docstring).
+
+    A chain of ``k`` drafts is the tree with one child per node, so every rule of a round exists
+    once:
+
+    * **the verify forward**: row ``b`` feeds the root (its last token) and every node; node ``i``
+      sits at RoPE position ``n_b - 1 + depth(i)``, is stored at cache position ``n_b - 1 + i`` and
+      sees the context and its own ancestors (tree attention; for a batch of chains that is the
+      causal mask, and the plain path runs);
+    * **the accept rule**: [`verify_proposal`][minispec.core.tree.verify_proposal] walks each
+      row's proposal with the row's own generator (on a chain: Algorithm 1's loop, Leviathan et
+      al.); plain greedy rows walk the target's argmaxes without building distributions;
+    * **the rollback**: both caches keep exactly the accepted path
+      ([`KVCache.compact`][minispec.models.kv_cache.KVCache.compact]; on a chain: a truncation),
+      and the drafter sees the target's features of the accepted positions only;
+    * **the stop rules** ([`Sequence.append`][minispec.core.sequence.Sequence.append]) and the
+      statistics.
 
     Args:
         target: the target model ``p``; the runner works on its device.

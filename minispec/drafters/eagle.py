@@ -21,10 +21,6 @@ predicted feature, since the target has not scored ``d_i`` yet (EAGLE-1). Those 
 speculative pairs are dropped from the head's cache after verify; the next round re-feeds the
 positions with the target's real features. So the head never sees the feature of a rejected draft,
 and never keeps one of its own guesses.
-
-The head's KV cache is the decoding loop's draft cache, exactly as for a draft model: slot
-``seq.draft_slot``, ``seq.draft_len`` pairs held, created by the loop from ``drafter.model`` (the
-head: one layer of the target's shape).
 """
 
 from __future__ import annotations
@@ -47,6 +43,10 @@ __all__ = ["EagleDrafter", "full_vocab", "load_drafter"]
 
 class EagleDrafter(Drafter):
     """Drafts with an [`EagleHead`][minispec.models.eagle_head.EagleHead] bound to the target.
+
+    The head's KV cache is the decoding loop's draft cache, exactly as for a draft model: slot
+    ``seq.draft_slot``, ``seq.draft_len`` pairs held, created by the loop from ``drafter.model``
+    (the head: one layer of the target's shape).
 
     Args:
         head: the head, bound to the target the loop verifies with.

@@ -15,24 +15,14 @@ verify where a context draft is often shorter). After verify, the source that dr
 estimate: ``E <- (1 - decay) * E + decay * accepted``. A source that does badly loses its
 rounds, and wins them back when the other does worse.
 
-**The numbers** (defaults) were measured on SmolLM2-135M-Instruct with the shipped head, packed
-path, one thread, ``k = 4``, greedy, 64 tokens on each of minispec's five workloads
-(``benchmarks/suffix.py --calibrate``). The suffix drafter accepted 0.19 / 0.71 / 1.60 / 2.6 /
-3.19 drafts per round after matches of 1 / 2 / 3 / 4-5 / 6+ tokens (48 / 21 / 10 / 8 / 21
-rounds): ``PRIOR_CONTEXT``. The head accepted 0.34 per round (219 rounds): ``PRIOR_HEAD``. In
-CPU time a head round cost 1.36-1.48 one-token target steps (1.33 tokens per forward at
-0.90-0.98x greedy, two runs) and a suffix round 1.13-1.15 (1.74 at 1.51-1.54x), so
-``head_cost = 0.3``. With these numbers a match of any length is tried first (the context wins
-while ``E_context[m] >= 0.04``), and the head drafts when there is no match, or when matches of
-that length keep failing (five failures in a row take 0.2 below 0.04). Estimates move with
-``decay = 0.3`` (about the last three rounds of that source). A stronger head raises its own
-estimate as it drafts (at ``E_head = 1`` only matches of 2+ tokens still win) -- the rule stays.
-
-**The head's bookkeeping.** Every hook that carries features (``observe_prefill``, ``observe``)
-is forwarded to the head for every row, also in rounds where the context drafted: an EAGLE head
-needs the target's features of every committed position, in order, and catches up on the ones it
-has not fed in its next round. Statistics and choices are per request, so a request drafts the
-same alone as in a batch.
+**The numbers** (defaults: ``PRIOR_CONTEXT``, ``PRIOR_HEAD``, ``head_cost = 0.3``,
+``decay = 0.3``) come from a calibration run on SmolLM2-135M-Instruct with the shipped head
+(``benchmarks/suffix.py --calibrate``; its counts and costs are on the results page). With them a
+match of any length is tried first (the context wins while ``E_context[m] >= 0.04``), and the head
+drafts when there is no match, or when matches of that length keep failing (five failures in a
+row take 0.2 below 0.04). ``decay = 0.3`` weighs about the last three rounds of that source. A
+stronger head raises its own estimate as it drafts (at ``E_head = 1`` only matches of 2+ tokens
+still win) -- the rule stays.
 """
 
 from __future__ import annotations
@@ -42,7 +32,7 @@ from typing import Any
 
 from torch import Tensor
 
-from minispec.core.sampling import _is_real, is_int
+from minispec.core.sampling import is_int, is_real
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
 from minispec.drafters.base import Drafter, PerRequestDrafter, as_drafter
@@ -97,6 +87,12 @@ def lookup_match_length(context: list[int], max_ngram: int, min_ngram: int = 1) 
 class HybridDrafter(Drafter):
     """Drafts each row from the context or from a feature head, by the rule of the module docstring.
 
+    Every hook that carries features (``observe_prefill``, ``observe``) is forwarded to the head
+    for every row, also in rounds where the context drafted: an EAGLE head needs the target's
+    features of every committed position, in order, and catches up on the ones it has not fed in
+    its next round. Statistics and choices are per request, so a request drafts the same alone as
+    in a batch.
+
     Args:
         context: the context source, one instance per request: a
             [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] (default; a copy per
@@ -119,9 +115,9 @@ class HybridDrafter(Drafter):
         check_args("HybridDrafter", [
             ("head", head, isinstance(head, Drafter), "a batched drafter (an EagleDrafter)"),
             ("min_match", min_match, is_int(min_match) and min_match >= 1, "an integer >= 1"),
-            ("head_cost", head_cost, _is_real(head_cost) and head_cost >= 0,
+            ("head_cost", head_cost, is_real(head_cost) and head_cost >= 0,
              "a finite number >= 0"),
-            ("decay", decay, _is_real(decay) and 0 < decay <= 1, "a number in (0, 1]")])
+            ("decay", decay, is_real(decay) and 0 < decay <= 1, "a number in (0, 1]")])
         spec = SuffixDrafter() if context is None else context
         source = as_drafter(spec, copy_per_request=True)
         check_args("HybridDrafter", [("context", context, isinstance(source, PerRequestDrafter),

@@ -11,30 +11,18 @@ the path's empirical probability falls below ``min_prob``. Drafts are determinis
 one-hot (``Draft.probs is None``) and sampling stays exact.
 
 **The data structure** is an inverted index: documents (lists of token ids) and, per token id,
-the positions where it occurs. A lookup scans the positions of the context's last token, newest
-first, and measures how far back each occurrence agrees with the context. Why not a suffix
-automaton or a suffix trie? A trie of depth ``D`` holds up to ``D`` nodes per token (SuffixDecoding
-uses ``D`` = 24..64: millions of Python objects for a 100k-token store); an automaton finds the
-longest match in amortized O(1) but cannot forget a document (eviction means rebuilding it) and
-knows only the first occurrence unless every insertion walks its suffix links. The index is two
-dicts a student reads in a minute, forgets a document by dropping it, and gives the latest
-occurrence, the match length and continuation counts directly. Its price: a lookup costs
-O(``max_candidates`` x match length), and "longest" means longest among the ``max_candidates``
-most recent occurrences of the last token (256 by default: ~0.1-1 ms in Python per round, against
-tens of ms for a real model's forward).
+the positions where it occurs (why not a suffix trie or automaton:
+[`SuffixStore`][minispec.drafters.suffix.SuffixStore]). A lookup scans the positions of the
+context's last token, newest first, and measures how far back each occurrence agrees with the
+context: it costs O(``max_candidates`` x match length), and "longest" means longest among the
+``max_candidates`` most recent occurrences (256 by default: in Python, a small fraction of a real
+model's forward; the results page).
 
-**Memory**: the request's own index holds its context (bounded by its ``max_seq_len``); a store
-holds at most ``max_tokens`` tokens in at most ``max_docs`` documents, oldest evicted first, and at
-most ``2 * max_tokens`` positions (evicted documents leave stale positions behind, dropped once
-they are as many as the live ones).
+**Memory**: a request's own index holds its context; a store is bounded (``SuffixStore``).
 
-**Privacy**: a shared store drafts one request's text into another's. Outputs stay exact, but the
-*drafts* -- visible in each request's ``rounds``, and in its timing -- can hold another user's
-text (a password, a document) whenever a request's text ends as the words before it do. Share a
-store only between requests that may see each other's text, or give each request a ``tenant``
-(the ``tenant=`` of [`Engine.add_request`][minispec.serving.engine.Engine.add_request] and
-``Engine.generate``, or ``SuffixDrafter(store, tenant=...)``): a request then drafts only from
-documents of its own tenant.
+**Privacy**: a shared store drafts one request's text into another's (outputs stay exact, the
+*drafts* do not): read [`SuffixStore`][minispec.drafters.suffix.SuffixStore]'s note, and give each
+request a ``tenant`` where requests may not see each other's text.
 """
 
 from __future__ import annotations
@@ -44,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from minispec.core.sampling import _is_real, is_int
+from minispec.core.sampling import is_int, is_real
 from minispec.drafters.ngram import LookupDrafter
 
 __all__ = ["Match", "SuffixDrafter", "SuffixStore"]
@@ -104,11 +92,26 @@ class SuffixStore:
 
     **Privacy.** The drafts are another request's text: after a request whose prompt held a
     password, a request whose text matches the words before it may be *drafted* the password (in
-    its ``rounds``; verify then rejects it unless the target says it too). Share a store only
-    between requests that may read each other's text, or tag them with tenants: every document
-    belongs to the tenant of the request that wrote it (``None``: the shared pool of requests
-    without one), and ``find`` scans the positions of one tenant only, so a tenant's text is never
-    drafted into another's request.
+    its ``rounds``, and in its timing; verify then rejects it unless the target says it too).
+    Share a store only between requests that may read each other's text, or tag them with tenants
+    (the ``tenant=`` of [`Engine.add_request`][minispec.serving.engine.Engine.add_request] and
+    ``Engine.generate``, or ``SuffixDrafter(store, tenant=...)``): every document belongs to the
+    tenant of the request that wrote it (``None``: the shared pool of requests without one), and
+    ``find`` scans the positions of one tenant only, so a tenant's text is never drafted into
+    another's request.
+
+    **Why an index.** A suffix trie of depth ``D`` holds up to ``D`` nodes per token
+    (SuffixDecoding uses ``D`` = 24..64: millions of Python objects for a 100k-token store); a
+    suffix automaton finds the longest match in amortized O(1) but cannot forget a document
+    (eviction means rebuilding it) and knows only the first occurrence unless every insertion walks
+    its suffix links. The index is two dicts a student reads in a minute, forgets a document by
+    dropping it, and gives the latest occurrence, the match length and continuation counts
+    directly; its price is the lookup's scan (module docstring).
+
+    **Memory.** A request's own index holds its context (bounded by its ``max_seq_len``); a store
+    holds at most ``max_tokens`` tokens in at most ``max_docs`` documents, oldest evicted first,
+    and at most ``2 * max_tokens`` positions (evicted documents leave stale positions behind,
+    dropped once they are as many as the live ones).
 
     Args:
         max_tokens: most tokens kept over all documents (``None``: no limit); when exceeded, the
@@ -228,9 +231,9 @@ class SuffixDrafter(LookupDrafter):
              and (not is_int(max_match) or min_match <= max_match),
              f"an integer in [1, max_match={max_match!r}]"),
             ("draft_factor", draft_factor,
-             draft_factor is None or (_is_real(draft_factor) and draft_factor > 0),
+             draft_factor is None or (is_real(draft_factor) and draft_factor > 0),
              "a finite number > 0 or None"),
-            ("min_prob", min_prob, _is_real(min_prob) and 0 <= min_prob <= 1,
+            ("min_prob", min_prob, is_real(min_prob) and 0 <= min_prob <= 1,
              "a number in [0, 1]"),
             ("max_candidates", max_candidates, is_int(max_candidates) and max_candidates >= 1,
              "an integer >= 1"),

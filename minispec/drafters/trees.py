@@ -12,23 +12,17 @@ was actually drawn from, or verification is not exact):
 * **greedy** (temperature 0): the top-``b`` tokens of the drafter at the node, distinct. The target
   accepts a child only if it is its own argmax, so any choice is exact (Stratos App. A).
 * **sampled**, draft model or EAGLE head: ``b`` tokens drawn **independently, with replacement**
-  from ``q(. | node)`` -- SpecInfer's expansion, verified with its multi-step speculative
-  sampling, i.e. [`iterative_speculative_sample`][minispec.core.tree.iterative_speculative_sample]
-  (Stratos §2) at every node: the draws are tried one after another, each against what the target
-  has left. Equal draws share one child node but are each tried (a repeated proposal is exact;
-  dropping it would not be).
+  from ``q(. | node)`` (SpecInfer's expansion), verified by its multi-step speculative sampling,
+  [`iterative_speculative_sample`][minispec.core.tree.iterative_speculative_sample] (Stratos §2), at
+  every node: the draws are tried one after another, each against what the target has left. Equal
+  draws share one child node but are each tried (a repeated proposal is exact; dropping it is not).
 * n-gram table: the ``b`` most frequent distinct continuations, deterministic, so ``q`` is one-hot
   (``None``); iterative sampling with one-hot proposals stays exact.
 
-A [`TreeProposal`][minispec.core.tree.TreeProposal] numbers its nodes depth-first (like
-[`DraftTree`][minispec.core.tree.DraftTree]). Each request gets its own
-[`SingleTreeDrafter`][minispec.drafters.trees.SingleTreeDrafter], driven row by row by the batched
-[`TreeDrafter`][minispec.drafters.trees.TreeDrafter]: the draft model's
-([`TreeModelDrafter`][minispec.drafters.trees.TreeModelDrafter]) remembers what it stored and, after
-verification, compacts its own cache to the accepted path; the EAGLE head's
-([`EagleTreeDrafter`][minispec.drafters.trees.EagleTreeDrafter]) drops its tree pairs (fed with its
-own guessed features) and takes the target's features of the accepted path only.
-[`LevelTreeDrafter`][minispec.drafters.trees.LevelTreeDrafter] holds what the two share.
+Each request gets its own ``SingleTreeDrafter``, driven row by row by the batched
+[`TreeDrafter`][minispec.drafters.trees.TreeDrafter]; the draft model's and the EAGLE head's
+(``LevelTreeDrafter``) keep only the accepted path in their caches after verification.
+[`TreeProposal`][minispec.core.tree.TreeProposal] numbers nodes depth-first.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """An EAGLE-style draft head: one decoder layer that drafts from the target's own features.
 
-A draft model (Leviathan et al.) reads only tokens. The target has already done the hard work for
-every committed position: its last hidden state ``f_t`` (final-normed, what the LM head reads)
-holds what the target "thinks" comes after token ``t``. EAGLE (Li et al., 2024) drafts from
-those features: a head of about one decoder layer reads the pair
+A draft model (Leviathan et al.) reads only tokens, but the target's last hidden state ``f_t``
+(final-normed, what the LM head reads) already holds what it "thinks" comes after token ``t``. EAGLE
+(Li et al., 2024) drafts from those features: a head of about one decoder layer reads the pair
 
     (f_{t-1}, x_t)   -- the target's feature at t-1 and the token that followed it
 
-and predicts the next feature ``f'_t``; the target's own frozen LM head turns ``f'_t`` into the
-draft distribution ``q`` for token ``t + 1``. The token resolves what the feature alone cannot
-(which of the target's likely tokens was actually sampled). Draft ``i + 1`` feeds the head's own
-predicted feature for draft ``i`` (EAGLE-1), since the target has not scored the drafts yet.
+and predicts the next feature ``f'_t``, which the target's own frozen LM head turns into the draft
+distribution ``q`` for token ``t + 1``; the token resolves what the feature alone cannot (which of
+the target's likely tokens was sampled). Later drafts read the head's own predicted features
+(EAGLE-1): the target has not scored the drafts yet.
 
 The head, layer by layer (D the target's hidden size)::
 
@@ -20,21 +19,10 @@ The head, layer by layer (D the target's hidden size)::
     f'_t = norm(h)                       # the target's frozen final norm
     q    = softmax(f'_t @ W_V'^T)        # the target's LM head, rows of the draft vocabulary V'
 
-Pair ``j = t - 1`` sits at position ``j`` of the head's cache (positions and RoPE count pairs).
-The draft vocabulary ``V'`` (optional) keeps the LM head's rows of the most frequent tokens: on
-SmolLM2-135M the full head is 28 M of 135 M parameters, a fifth of a target step per draft token
-(the FR-Spec lever). ``q`` is zero outside ``V'``, so verification stays exact.
-
-Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding, norm,
-LM head and RoPE tables are the target's, bound with
-[`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
-
-Two layouts. ``"minispec"`` (above, the shipped head) normalises twice: the layer's input norm and
-the target's final norm on ``f'_t``. ``"eagle1"`` is the layout of EAGLE-1's checkpoints, which
-vLLM's and SGLang's EAGLE loaders read: ``fc`` has no bias, the layer reads ``fc``'s output
-without its input norm, and the layer's output goes to the full LM head as it is (no final norm:
-the head learns to output normed-looking features itself). A head trained in that layout can be
-served there ([`minispec.tools.export`][minispec.tools.export]).
+The draft vocabulary ``V'`` (optional) keeps the LM head's rows of the most frequent tokens (the
+FR-Spec lever: on SmolLM2-135M the full head is 28 M of 135 M parameters); ``q`` is zero outside
+``V'``, so verification stays exact. Layouts ``"minispec"`` (the shipped head's) and ``"eagle1"``
+(vLLM's and SGLang's): [`EagleHead`][minispec.models.eagle_head.EagleHead].
 """
 
 from __future__ import annotations
@@ -64,12 +52,25 @@ SHAPE = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_head
 class EagleHead(nn.Module):
     """The head's own weights, plus references to the target's frozen embedding, norm and LM head.
 
+    Pair ``j = t - 1`` sits at position ``j`` of the head's cache (positions and RoPE count pairs).
+    Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding,
+    norm, LM head and RoPE tables are the target's, bound with
+    [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
+
+    Two layouts. ``"minispec"`` (the module docstring's, the shipped head) normalises twice: the
+    layer's input norm and the target's final norm on ``f'_t``. ``"eagle1"`` is the layout of
+    EAGLE-1's checkpoints, which vLLM's and SGLang's EAGLE loaders read: ``fc`` has no bias, the
+    layer reads ``fc``'s output without its input norm, and the layer's output goes to the full LM
+    head as it is (no final norm: the head learns to output normed-looking features itself). A
+    head trained in that layout can be served there
+    ([`minispec.tools.export`][minispec.tools.export]).
+
     Args:
         config: the target's [`ModelConfig`][minispec.models.llama.ModelConfig]; the head uses one
             layer of it (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV
             cache).
         vocab: the draft vocabulary ``V'`` as sorted token ids, or ``None`` for the full one.
-        layout: ``"minispec"`` or ``"eagle1"`` (the module docstring says how they differ).
+        layout: ``"minispec"`` or ``"eagle1"`` (above).
     """
 
     def __init__(self, config: ModelConfig, vocab: torch.Tensor | None = None,

@@ -17,14 +17,12 @@ the tree nodes the mask allows. After verification the cache keeps the accepted 
 (``KVCache.compact``).
 
 Requests are isolated by construction. A batch row's key columns that are not its own sequence's
-keys (past its length, a padding token, a padded block of the paged cache) hold whatever was written
-there last: another request's keys and values, or its own rolled-back ones, possibly NaN or inf.
-The mask gives them zero weight, but ``0 * NaN = NaN``, so attention also zeroes their keys and
-values before the product (see [`non_keys`][minispec.models.llama.non_keys]): they contribute
-exactly zero whatever they hold, and one request's NaN cannot reach another.
+keys (past its length, padding) hold whatever was written there last, maybe another request's NaN;
+the mask gives them zero weight, but ``0 * NaN = NaN``, so attention also zeroes their keys and
+values first ([`non_keys`][minispec.models.llama.non_keys]): one request's NaN cannot reach another.
 
-Shapes: B batch, T new tokens, S keys attended to, D hidden size, V vocabulary,
-n_h query heads, n_kv key/value heads, hd head dim.
+Shapes: B batch, T new tokens, S keys attended to, D hidden size, V vocabulary, n_h query heads,
+n_kv key/value heads, hd head dim.
 """
 
 from __future__ import annotations
@@ -367,11 +365,12 @@ def non_keys(key_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] |
     none.
 
     A column with key position -1 is not a key of the row's sequence (past its length, a padding
-    token, a padded block): it holds whatever was written there last, maybe another request's NaN.
-    The mask hides it, yet ``0 * NaN = NaN`` in the product, so attention zeroes its key and value
-    first. The other columns are the row's own. With nothing to zero (one unpadded row, the common
-    decode step) attention pays nothing; else two small writes per layer (about 2 % of a batched
-    step of the shipped target).
+    token, a padded block of the paged cache): it holds whatever was written there last, another
+    request's keys and values or the row's own rolled-back ones, possibly NaN or inf. The mask
+    hides it, yet ``0 * NaN = NaN`` in the product, so attention zeroes its key and value first:
+    such a column contributes exactly zero whatever it holds. The other columns are the row's own.
+    With nothing to zero (one unpadded row, the common decode step) attention pays nothing; else
+    two small writes per layer, a small share of a batched step (the results page).
 
     Args: key_positions (B, S), -1 where there is no key.
     """

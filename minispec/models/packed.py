@@ -1,81 +1,28 @@
 """A fast CPU forward: every projection runs from weights packed once for oneDNN's GEMM kernels.
 
 Why: a decode step reads every weight once, so it should cost about ``weight bytes / bandwidth``
-(the roofline), and scoring k+1 tokens should cost about as much as scoring one (r close to 1,
-the premise of Theorem 3.8). Eager ``F.linear`` misses both on CPU: for a skinny input (1 to a few
-dozen rows) the BLAS call re-lays out (packs) the weight matrix on every call, so a 5-row verify
-pays for the packing work again and again, and costs 1.5-2x a one-token step.
+(the roofline), and scoring k+1 tokens about as much as scoring one (r close to 1, Theorem 3.8).
+Eager ``F.linear`` misses both on CPU: for 1 to a few dozen rows the BLAS call re-lays out
+(packs) the weight matrix on every call, so a 5-row verify pays for the packing again and again.
 
 The fix is to pay the packing once. ``make_fast(model)`` replaces each ``nn.Linear`` of a
 ``minispec.models.llama.Llama`` (q|k|v merged, o, gate|up merged, down in every layer) and the LM
 head by a ``PackedLinear`` that keeps the weight in oneDNN's blocked layout, reordered once, and
 calls the same primitive torch's own compiler (inductor, ``freezing=True``, dynamic shapes) emits
 for a linear layer on CPU: ``torch.ops.mkldnn._linear_pointwise``. Nothing is compiled, so there is
-no start-up beyond the reorder (0.4-0.9 s for SmolLM2-135M on 2 cores, 0.5-1.8 s on one loaded
-core), and every shape (any batch, any number of tokens) is served by the same packed weights.
+no start-up beyond the reorder, and every shape is served by the same packed weights; only the
+narrowest products stay on the BLAS, where timing says it is faster (``choose_blas_rows``).
+[`make_fast`][minispec.models.packed.make_fast] says what packing changes about the model.
 
-Exactness: the packed GEMM adds the same products in a different order than eager's BLAS call, so
+Exactness: the packed GEMM adds the same products in another order than eager's BLAS call, so
 logits differ from eager by float32 rounding only, a few 1e-6 of the logits' scale: 0 on the tiny
 test models, below 1e-4 on the shipped pair (both tested), 1.3e-4 on SmolLM2-135M-Instruct, whose
-logits reach 30 (measured). The fast path is not bit-stable across shapes either (a k+1-token
-verify and k+1 one-token steps differ by ~1e-4 on SmolLM2), so greedy speculative decoding equals
-greedy decoding under the fast path unless two logits tie within that rounding.
+logits reach 30 (measured). Nor is it bit-stable across shapes (a k+1-token verify and k+1
+one-token steps differ by ~1e-4 on SmolLM2), so greedy speculative decoding equals greedy decoding
+unless two logits tie within that rounding.
 
-The packing is in place and undoable (``make_eager``). The original ``weight`` parameters stay in
-place, so ``state_dict()`` and ``parameters()`` are unchanged; the packed copies are extra memory
-(about the size of the projection weights); ``copy.deepcopy`` repacks. The fast path is for
-inference: a forward under autograd runs, a backward raises. Pack after moving the model
-(``.to(...)`` does not move the packed copies) and after editing weights (packing is a snapshot),
-and pickle the ``state_dict``, not the module.
-Where oneDNN is not available (a torch built without it, a non-CPU device, a dtype it does not
-pack) ``make_fast`` warns once and leaves the model eager.
-
-What it achieves, and what is left: SmolLM2-135M-Instruct, batch 1, one thread, CPU time,
-``minispec bench costs --model smollm2-135m-instruct --threads 1 --clock cpu --batch 1``. The
-numbers move with the machine and its load (shared 2-core virtual machines), so two runs are
-given: an earlier one on a quieter AMD EPYC (Zen 3), and three loaded ones on an Intel Xeon:
-
-| SmolLM2-135M, batch 1          | AMD, ~37 GB/s     | Xeon, loaded, 14.5-15.1 GB/s    |
-| ------------------------------ | ----------------- | ------------------------------- |
-| roofline (538 MB / bandwidth)  | 14.5 ms           | 35.6-37.0 ms                    |
-| one-token step, eager / fast   | 41 / 26.1 ms      | 47.4-52.5 / 54.7-59.8 ms        |
-| step / roofline, eager / fast  | 2.83x / 1.80x     | 1.33-1.42x / 1.50-1.61x         |
-| r(4) (5 tokens), eager / fast  | 1.74-1.78 / 1.32  | 1.65-1.74 / 1.12-1.20           |
-| r(8) (9 tokens), eager / fast  | not recorded      | 2.23-2.33 / 1.32-1.34           |
-
-So packing buys cheap verification, not a fast step. The packed one-token step is 1.5-1.8x the
-roofline; under load it is even slower than eager's (the bandwidth probe is shared too, so the
-roofline grows and every ratio flatters). r(4) is 1.12-1.32: much cheaper than eager's 1.65-1.78,
-not free.
-
-Hence the one choice ``make_fast`` makes by measurement: up to how many rows a product runs on
-the BLAS instead of oneDNN. ``choose_blas_rows`` times forwards of 1, 2, 3, ... tokens with each
-kernel, and stops at the first width where the packed kernel wins. On the Xeon, one loaded run
-(roofline 39.9 ms; CPU time, medians of 5 round-robin repeats), the BLAS won up to 3 rows:
-forwards of 1, 2 and 3 tokens took 65.7, 68.6 and 73.9 ms against 83.7, 88.5 and 88.5 ms packed
-(and 69.5, 78.0, 81.6 ms eager); from 4 tokens both run packed (5 tokens: 85.6-90.1 ms, eager
-122.0). r(4) then reads 1.30 against packing's 1.08 only because the step it divides by is 21 %
-shorter. What limits (a profile, ``torch.profiler``, self CPU time per forward, five forwards
-after a 64-token context, one thread): in a one-token step 47.8 of 60.8 ms are the BLAS's 121
-GEMVs, which stream the 538 MB at about 11.3 GB/s, the probe's bandwidth, so the step's excess
-over the roofline is the ~3,000 other calls (attention 1.1 ms, the rest 0.1-0.9 ms each); in a
-5-token forward 61.7 of 75.2 ms are oneDNN's 121 packed GEMMs, streaming at about 8.7 GB/s.
-So r(4) <= 1.1 needs a 5-row kernel that streams as fast as the one-row GEMV, and the one-token
-step's last 20 % is per-call overhead that only fusing (a compiler) removes:
-
-* oneDNN's kernel for one row streams no faster than the BLAS's GEMV (loaded run): on one 85 MB
-  matrix (2304 x 9216, ``minispec.tools.costs.matmul_ms``) one row takes 5.6 ms packed against
-  4.6 ms eager; packing wins on 5 rows (6.7 against 9.4 ms, 1.2x its one row against eager's 2.1x),
-  not on one. So in the loaded runs the packed one-token step loses to eager's;
-  the earlier run's gain on the step (26.1 against 41 ms) did not reproduce there.
-* the ~1,300 small operations of a step (norms, RoPE, cache writes, attention, residuals; ~10 us
-  per oneDNN call against ~1-3 us for an eager ``mm``) add several ms; fusing them is a
-  compiler's job.
-* at batch 8, 8 x (k+1) rows make the step arithmetic-bound and r grows again, which no packing
-  changes.
-
-On the shipped pair (19 MB, which fits in the cache) neither mode pays much for k+1 tokens (r(4)
-0.95-1.06) and the per-call overhead makes the packed step slower (4.3 against 3.3 ms).
+Packing buys cheap verification, not a fast step: the results page ("The fast path against the
+memory roofline") measures both paths and profiles what is left.
 """
 
 from __future__ import annotations
@@ -212,7 +159,14 @@ def make_fast(model: Llama, blas_rows: int | None = None) -> Llama:
     Calling it twice is harmless: on a model that is already fast it does nothing, ``blas_rows``
     included (``set_blas_rows`` changes the kernels of a fast model). Where the fast path is
     unavailable (see ``unavailable_reason``) it warns once and returns the model unchanged
-    (eager).
+    (eager): a torch built without oneDNN, a non-CPU device, a dtype it does not pack.
+
+    The packing is in place and undoable (``make_eager``). The original ``weight`` parameters stay
+    in place, so ``state_dict()`` and ``parameters()`` are unchanged; the packed copies are extra
+    memory (about the size of the projection weights); ``copy.deepcopy`` repacks. The fast path is
+    for inference: a forward under autograd runs, a backward raises. Pack after moving the model
+    (``.to(...)`` does not move the packed copies) and after editing weights (packing is a
+    snapshot), and pickle the ``state_dict``, not the module.
 
     Args:
         model: a ``minispec.models.llama.Llama`` on CPU, float32 (or bfloat16 where the CPU
@@ -250,7 +204,7 @@ def choose_blas_rows(model: Llama, most: int = 8, repeats: int = 3) -> int:
     """Up to how many rows (at most ``most``) the BLAS multiplies faster than oneDNN's packed
     kernel, timed on ``model``: forwards of 1, 2, ... tokens with each, until the packed one wins.
 
-    Which is faster depends on the CPU and the width (module docstring: the BLAS up to 3 rows on
+    Which is faster depends on the CPU and the width (the results page: the BLAS up to 3 rows on
     an Intel Xeon; on an AMD EPYC, packing alone gave the faster one-token step). Both give the same
     logits up to float rounding. Each forward is timed on the wall clock, the two kernels
     alternating, and the least of ``repeats`` counts (the least is what load disturbs least).

@@ -176,7 +176,7 @@ class PagedKVCache(KVCache):
         for pool, new in ((self.k[layer], k), (self.v[layer], v)):
             self._write(pool, plan, new)  # the writes go through the pool view
             # each row's blocks laid end to end: (B, max_blocks * block_size, n_kv, hd);
-            # index_select copies whole blocks, ~3x faster than pool[block_tables] on CPU
+            # index_select copies whole blocks: faster than pool[block_tables] on CPU
             gathered = pool.index_select(0, plan.block_tables.flatten())
             gathered = gathered.view(B, -1, *pool.shape[2:])
             out.append(gathered[:, :S])  # (B, S, n_kv, hd), in position order

@@ -12,19 +12,17 @@ fixed memory addresses, so the step it records must
 * **never sync with the host**: no ``.item()``, ``.tolist()``, ``nonzero`` or shape that depends
   on data. The mask is computed inside the step from the buffers, once, for all layers.
 
-Padding is harmless by construction: a padding token writes its key and value to the cache's
-scratch row (``KVCache.scratch``), which no sequence owns, and every key column that is not the
-row's own (past its length, a block-table pad) is zeroed before attention, as the dynamic path
-does, so one request's NaN can never reach another.
+Padding is harmless: a padding token writes its key and value to the cache's scratch row
+(``KVCache.scratch``), which no sequence owns, and every key column not the row's own (past its
+length, a block-table pad) is zeroed before attention, so one request's NaN never reaches another.
 
-[`StaticStep`][minispec.models.static_step.StaticStep] holds one bucket's buffers and runs the
-step eagerly (on the CPU that is all it does, giving the dynamic path's tokens);
-[`minispec.models.graphs`][minispec.models.graphs] captures it on CUDA.
-[`StaticForward`][minispec.models.static_step.StaticForward] picks the bucket for a batch, fills
-it, and falls back to the dynamic forward where no bucket fits.
-
-Shapes: B rows (the bucket), T new tokens a row, M blocks a row, S = M x block positions, n_h
-query heads, n_kv key/value heads, hd head dim, V vocabulary, D hidden size.
+[`StaticStep`][minispec.models.static_step.StaticStep] holds one bucket's buffers and runs the step
+eagerly (on the CPU, all it does: the dynamic path's tokens);
+[`minispec.models.graphs`][minispec.models.graphs] captures it on CUDA;
+[`StaticForward`][minispec.models.static_step.StaticForward] picks the bucket for a batch, fills it,
+and falls back to the dynamic forward where no bucket fits. Shapes: B rows (the bucket), T new
+tokens a row, M blocks a row, S = M x block positions, n_h query heads, n_kv key/value heads, hd
+head dim, V vocabulary, D hidden size.
 """
 
 from __future__ import annotations
@@ -54,8 +52,10 @@ class StaticStep:
     Args:
         model: the target [`Llama`][minispec.models.llama.Llama].
         cache: its KV cache (paged: blocks of ``block_size``; contiguous: one block per slot).
-        B, T, S: rows, new tokens per row, key positions per row (a multiple of the paged
-            cache's block size: ``M = S / block_size`` blocks).
+        B: rows (the bucket).
+        T: new tokens per row.
+        S: key positions per row (a multiple of the paged cache's block size: ``S /
+            block_size`` blocks).
         expand_kv: repeat each key/value head for its query heads before attention, so that
             CUDA's fused kernels (which take an arbitrary mask but not grouped heads) run.
     """
@@ -161,7 +161,7 @@ class StaticForward:
 
     Called as the model is (``ids``, ``positions``, ``slots``, ``tree``), it plans the cache
     writes on the host as the dynamic path does, picks the bucket ``(B, T, S)`` -- the batch
-    padded to [`BATCH_BUCKETS`][minispec.models.static_step.BATCH_BUCKETS], the keys to a power
+    padded to ``BATCH_BUCKETS``, the keys to a power
     of two -- fills that bucket's buffers and runs its step. A batch no bucket holds (more than 64
     rows, a tree level that also sees earlier levels) returns ``None``: the caller runs the model.
 

@@ -537,7 +537,7 @@ def check_kv_memory(models: list[Llama], paged: bool, num_slots: int, seq_len: i
     more than [`device_memory`][minispec.serving.engine.device_memory]: keys and values of every
     layer at every position (``num_slots * seq_len`` positions, or a paged pool of ``num_blocks *
     block_size``, by default room for every slot to be full), plus
-    [`BLOCK_BOOKKEEPING`][minispec.serving.engine.BLOCK_BOOKKEEPING] bytes per block."""
+    ``BLOCK_BOOKKEEPING`` bytes per block."""
     blocks = (num_blocks or num_slots * -(-seq_len // block_size)) if paged else 0
     positions = blocks * block_size if paged else num_slots * seq_len
     per_position = sum(2 * m.config.num_hidden_layers * m.config.num_key_value_heads

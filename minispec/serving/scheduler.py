@@ -16,17 +16,12 @@ runs one speculative round for every running sequence.
    a request preempted for lack of blocks is not readmitted into the same shortage at once, only
    when the pool has some slack again.
 
-The engine hands each request back with
-[`Scheduler.release`][minispec.serving.scheduler.Scheduler.release] as soon as it finishes (or is
-aborted), so its blocks are free at once;
-[`Scheduler.schedule`][minispec.serving.scheduler.Scheduler.schedule] still retires, once per step,
-anything that finished without being released.
-
-A request that could not fit even in an empty pool is refused by
-[`Scheduler.add`][minispec.serving.scheduler.Scheduler.add] with a ``ValueError``, so the loop
-above always makes progress. The scheduler is pure Python: it sees the KV memory only through the
-small [`CacheSpace`][minispec.serving.scheduler.CacheSpace] interface, which
-[`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace] implements on top of the engine's target
+The engine hands a finished (or aborted) request back at once with
+[`Scheduler.release`][minispec.serving.scheduler.Scheduler.release]; one that could not fit even in
+an empty pool is refused by [`Scheduler.add`][minispec.serving.scheduler.Scheduler.add]
+(``ValueError``), so the loop above always makes progress. The scheduler is pure Python: it sees the
+KV memory only through the small [`CacheSpace`][minispec.serving.scheduler.CacheSpace] interface,
+which [`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace] implements on the engine's target
 (and draft) ``KVCache``.
 """
 
@@ -151,7 +146,7 @@ class Scheduler:
         k: drafts per round (0 for plain decoding); a round of a sequence with ``n`` tokens
             reserves ``n + k_round`` positions (``k_round`` shrinks near the limits).
         watermark_blocks: free blocks that admission must leave in each pool (default 0; the
-            engine keeps about 1 % of a paged pool, as vLLM does).
+            engine keeps a hundredth of a paged pool, at least one block, as vLLM does).
         extra_positions: positions a round stores beyond a chain's ``k + 1`` (a draft tree's
             other nodes, kept until compaction; 0 for chains).
     """
@@ -189,7 +184,11 @@ class Scheduler:
 
     def release(self, seq: Sequence) -> None:
         """Take ``seq`` out of either queue now and free its memory: a finished (or aborted)
-        request, or one being preempted."""
+        request, or one being preempted.
+
+        The engine calls it as soon as a request finishes, so its blocks are free at once;
+        ``schedule`` still retires, once per step, anything that finished without being
+        released."""
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:

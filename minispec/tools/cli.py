@@ -129,15 +129,15 @@ def generate_command(args: argparse.Namespace) -> int:
     out = ms.speculative_generate(target, drafter, prompt, args.max_new_tokens,
                                   k=args.k if drafter is not None else 0, sampling=sampling,
                                   tokenizer=tokenizer,
-                                  adaptive=False if args.fixed_k and drafter is not None else None)
+                                  adaptive=_chooses_k(args, drafter))
     print(viz.trace(out, tokenizer) if args.trace else out.text)
     print(f"\n[{out.finish_reason}] {stats_report(out.stats, _chooses_k(args, drafter))}")
     return 0
 
 
 def _chooses_k(args: argparse.Namespace, drafter) -> bool:
-    """Whether the draft-length policy picks each round's k (a drafter, and no ``--fixed-k``)."""
-    return drafter is not None and not args.fixed_k
+    """Whether the draft-length policy picks each round's k (a drafter and ``--adaptive``)."""
+    return drafter is not None and args.adaptive
 
 
 def stats_report(stats: ms.SpecStats, chose_k: bool) -> str:
@@ -146,7 +146,7 @@ def stats_report(stats: ms.SpecStats, chose_k: bool) -> str:
 
     Args:
         stats: the run's statistics (``out.stats``; ``k_per_round`` holds each round's k).
-        chose_k: whether a policy chose each round's k (False with ``--fixed-k`` or no drafter).
+        chose_k: whether a policy chose each round's k (``--adaptive`` with a drafter).
     """
     summary = stats.summary()
     plain, rounds = stats.k_per_round.count(0), len(stats.k_per_round)
@@ -156,14 +156,14 @@ def stats_report(stats: ms.SpecStats, chose_k: bool) -> str:
               if stats.tested else "no draft tested")
     summary = summary.replace(f"acceptance {stats.acceptance_rate:.3f}", tested, 1)
     return (f"{summary}\nk chosen: 0 in {plain} of {rounds} rounds: drafting judged not to pay "
-            "here; --fixed-k drafts anyway")
+            "here; without --adaptive every round drafts k")
 
 
 def _stream(target, drafter, prompt, sampling, tokenizer, args) -> int:
     """Print the text as the engine accepts tokens (several per round when drafts are accepted)."""
     engine = ms.Engine(target, drafter=drafter, k=args.k if drafter is not None else 4,
                        max_batch_size=1, tokenizer=tokenizer,
-                       adaptive=False if args.fixed_k and drafter is not None else None)
+                       adaptive=_chooses_k(args, drafter))
     tokens, shown, last = [], "", None
     for last in engine.stream([prompt], sampling, max_new_tokens=args.max_new_tokens):
         if last.token is not None:
@@ -426,10 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="draft with an EAGLE-style head on the target's features (a shipped "
                                "head's name or a directory; default smollm2-135m-instruct-eagle)")
     gen.add_argument("-k", type=int, default=4,
-                     help="most drafts per round, >= 1 (default 4); each round's length is chosen "
-                          "from measured costs unless --fixed-k")
-    gen.add_argument("--fixed-k", action="store_true",
-                     help="draft exactly k tokens every round (adaptive=False)")
+                     help="drafts per round, >= 1 (default 4): exactly k every round (shrunk only "
+                          "near the token budget), or at most k with --adaptive")
+    gen.add_argument("--adaptive", action="store_true",
+                     help="let the draft-length policy choose each round's k in 0..k from "
+                          "measured costs and acceptance (adaptive=True; the Engine's default)")
     gen.add_argument("--stream", action="store_true",
                      help="print the text as tokens are accepted "
                           "(runs the engine with one request)")

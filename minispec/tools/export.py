@@ -16,17 +16,13 @@ Positions: vLLM gives the pair ``(f_{t-1}, x_t)`` the position of ``x_t``, minis
 ``t - 1``. RoPE sees only differences of positions, so the head computes the same either way
 (tests/test_export.py checks it).
 
-That is minispec's ``layout="eagle1"``
-([`EagleHead`][minispec.models.eagle_head.EagleHead]); the shipped head uses the ``"minispec"``
-layout (a bias, the input norm, a final norm and a reduced draft vocabulary), which neither engine
-computes, so it is refused here rather than exported into a head that drafts something else.
-Train one for serving with ``python -m minispec.tools.train_eagle --layout eagle1``.
-
-Command line: ``python -m minispec.tools.export HEAD_DIR OUT_DIR [--overwrite]``. ``OUT_DIR`` must
-be new or empty unless ``--overwrite`` is given (``overwrite=True`` in Python): the export writes
-``config.json`` and ``model.safetensors``, the names of any Hugging Face model's files, so an
-export into a model's folder would replace that model's. A bad path is refused before anything is
-written: one line and exit status 2 on the command line, a ``ValueError`` in Python.
+That is minispec's ``layout="eagle1"`` ([`EagleHead`][minispec.models.eagle_head.EagleHead]); the
+shipped head uses the ``"minispec"`` layout (a bias, the input norm, a final norm and a reduced
+draft vocabulary), which neither engine computes, so it is refused here rather than exported into a
+head that drafts something else. Train one for serving with
+``python -m minispec.tools.train_eagle --layout eagle1`` and export it with
+``python -m minispec.tools.export HEAD_DIR OUT_DIR [--overwrite]`` (an ``OUT_DIR`` that holds files
+needs ``--overwrite``: ``check_out_dir``).
 """
 
 from __future__ import annotations
@@ -80,6 +76,12 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_out_dir(out_dir: str | Path, overwrite: bool = False) -> Path:
     """``out_dir`` as a ``Path`` if an export may write there; nothing is created.
+
+    The export writes ``config.json`` and ``model.safetensors``, the names of any Hugging Face
+    model's files, so an export into a model's folder would replace that model's: ``out_dir``
+    must be new or empty unless ``overwrite`` (``--overwrite`` on the command line). A bad path is
+    refused before anything is written: one line and exit status 2 on the command line, a
+    ``ValueError`` in Python.
 
     Args:
         out_dir: a new folder (created by the export, with its parents) or an existing one.

@@ -1,39 +1,28 @@
-"""Train an EAGLE-style draft head for a target model (the recipe of
-``smollm2-135m-instruct-eagle``).
+"""Train an EAGLE-style draft head for a target (the recipe of ``smollm2-135m-instruct-eagle``).
 
 Usage::
 
     python -m minispec.tools.train_eagle --target smollm2-135m-instruct --out runs/eagle \\
         --time-budget 60
 
-On a GPU add ``--device cuda`` (the head trains under bfloat16 autocast) and scale the data up
-(``--docstrings``, ``--prompts``, ``--prose-chars``, ``--code-chars``, ``--gen-batch``,
-``--batch``): the shipped head's card gives the command that made it, in about four minutes on an
-NVIDIA H200.
+On a GPU add ``--device cuda`` (bfloat16 autocast) and scale the data up (``--docstrings``,
+``--prompts``, ``--prose-chars``, ``--code-chars``, ``--gen-batch``, ``--batch``): the shipped
+head's card gives the command that made it on an NVIDIA H200, and how long it took.
 
 Stages, all under ``--out`` (each one is skipped when its file is already there, so a stopped run
 continues with ``--resume``):
 
-1. ``data.pt``   -- the target's answers to the prompt set, plus Shakespeare and stdlib code, turned
-   into features (`minispec.tools.eagle_data`); 5 % of the chunks are held out;
+1. ``data.pt`` -- the target's answers to the prompt set, plus Shakespeare and stdlib code, turned
+   into features (`minispec.tools.eagle_data`); one chunk in twenty is held out;
 2. the draft vocabulary ``V'``: the most frequent greedy tokens covering ``--coverage`` of
    positions (the full vocabulary with ``--layout eagle1``, the layout vLLM and SGLang serve:
    `minispec.tools.export`);
-3. training, in one cosine learning-rate schedule spanning ``--steps`` or ``--time-budget`` minutes;
-   a checkpoint ``ckpt.pt`` every two minutes (and the head so far in ``head-latest/``);
-4. ``head/``     -- the head
-   ([`minispec.models.eagle_head.save_head`][minispec.models.eagle_head.save_head], float16) and
-   ``training.json``: the curve (loss, held-out top-1 accuracy of the first draft) and the data's
-   sizes;
+3. training (the loss: ``head_loss``), one cosine learning-rate schedule over ``--steps`` or
+   ``--time-budget`` minutes; ``ckpt.pt`` every two minutes (the head so far: ``head-latest/``);
+4. ``head/`` -- the head ([`save_head`][minispec.models.eagle_head.save_head], float16) and
+   ``training.json``: the curve (loss, held-out top-1 of the first draft) and the data's sizes;
 5. the evaluation -- greedy speculative decoding with the head on minispec's evaluation tasks
-   (alpha, tokens per target forward by task, checked token for token), written with everything
-   else into ``head/MODEL_CARD.md``.
-
-The loss, per position ``t`` of a chunk, averaged over the real positions of a batch of chunks
-(teacher forcing: the head reads the target's real features):
-``SmoothL1(f'_t, f_t) + w * CE(q_t, argmax p_t)``; with ``--unroll 2`` a second pass
-reads the head's own predicted features ``f'`` as drafting does from the second draft on, and adds
-the same loss.
+   (alpha, tokens per target forward by task, checked token for token) into ``head/MODEL_CARD.md``.
 """
 
 from __future__ import annotations
@@ -122,9 +111,14 @@ def stack(chunks: list[eagle_data.Chunk], index: torch.Tensor, device: torch.dev
 
 def head_loss(head: EagleHead, chunks: list[eagle_data.Chunk], index: torch.Tensor, unroll: int,
               w_cls: float, noise: float) -> tuple[torch.Tensor, float]:
-    """The loss on a batch of chunks (see the module docstring), averaged over real positions, and
-    the first pass's top-1 accuracy. Padding sits at the end of a row, so causal attention keeps
-    it away from every real position."""
+    """The loss on a batch of chunks, averaged over real positions, and the first pass's top-1
+    accuracy. Padding sits at the end of a row, so causal attention keeps it away from every real
+    position.
+
+    The loss, per position ``t`` of a chunk (teacher forcing: the head reads the target's real
+    features): ``SmoothL1(f'_t, f_t) + w * CE(q_t, argmax p_t)``; with ``unroll = 2``
+    (``--unroll 2``) a second pass reads the head's own predicted features ``f'`` as drafting
+    does from the second draft on, and adds the same loss."""
     x, f, labels, valid = stack(chunks, index, head.fc.weight.device)
     feats, total, acc = f[:, :-1], 0.0, 0.0
     for step in range(unroll):

@@ -16,6 +16,7 @@ The implementations live in [`samplers`][minispec.check.bugs.samplers],
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +33,8 @@ __all__ = ["CHECKS", "LAB", "Bug", "by_name", "components", "run", "samplers", "
 
 #: The check each kind of implementation is graded by.
 CHECKS: dict[str, Callable[..., CheckReport]] = {
-    "sampler": sampler, "residual": residual, "verifier": verifier,
-    "tree_verifier": tree_verifier, "drafter": drafter, "rollback": rollback,
-}
+    check.__name__: check for check in (sampler, residual, verifier, tree_verifier, drafter,
+                                        rollback)}
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Bug:
         name: short name (the implementation's ``__name__``).
         kind: which check grades it (a key of ``CHECKS``).
         make: returns the implementation (a function, a drafter, or a cache factory).
+        doc: the implementation's docstring: what the bug is and why it breaks the law.
         mirrors: URLs of the reported issues it is modelled on (empty for a classic mistake).
         options: keyword arguments for the check (e.g. greedy mode only).
     """
@@ -52,67 +53,51 @@ class Bug:
     name: str
     kind: str
     make: Callable[[], Any]
+    doc: str
     mirrors: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
 
-    @property
-    def doc(self) -> str:
-        """The implementation's docstring: what the bug is and why it breaks the law."""
-        obj = self.make()
-        return (getattr(obj, "__doc__", None) or getattr(self.make, "__doc__", "") or "").strip()
+
+def _bug(impl: Any, kind: str, *mirrors: str, **options) -> Bug:
+    """The lab entry of ``impl``: a function, a class whose instances are the implementation
+    (stateful verifiers, drafters), or a cache class (its ``for_model`` is the factory)."""
+    if kind == "rollback":          # a paged cache gets small blocks: rollback crosses them
+        blocks = {"block_size": 4} if issubclass(impl, components.PagedKVCache) else {}
+        make = lambda: functools.partial(impl.for_model, **blocks)
+    else:
+        make = impl if isinstance(impl, type) else lambda: impl
+    return Bug(impl.__name__, kind, make, (impl.__doc__ or "").strip(), mirrors, options)
 
 
 _VLLM = "https://github.com/vllm-project/vllm/"
-
-
-def _bug(impl: Any, kind: str, *mirrors: str, make: Callable | None = None, **options) -> Bug:
-    return Bug(impl.__name__, kind, make or (lambda: impl), tuple(mirrors), options)
-
-
-def _factory(cls: type) -> Callable:
-    def make() -> Callable:
-        def factory(model, num_slots, max_seq_len):
-            kwargs = {"block_size": 4} if issubclass(cls, components.PagedKVCache) else {}
-            return cls.for_model(model, num_slots, max_seq_len, **kwargs)
-        factory.__doc__ = cls.__doc__
-        return factory
-    return make
-
-
+_EAGLE = "https://github.com/SafeAILab/EAGLE/issues/"
 S, V, C = samplers, verifiers, components
 
 #: Every bug of the lab, grouped by the check that catches it.
 LAB: list[Bug] = [
-    _bug(S.sample_resample_from_p, "sampler"),
-    _bug(S.sample_ratio_q_over_p, "sampler"),
-    _bug(S.sample_residual_q_minus_p, "sampler"),
+    *[_bug(f, "sampler") for f in (S.sample_resample_from_p, S.sample_ratio_q_over_p,
+                                   S.sample_residual_q_minus_p)],
     _bug(S.sample_top_p_on_draft_only, "sampler", _VLLM + "pull/10198"),
     _bug(S.sample_seed_ignored, "sampler", _VLLM + "issues/6038", _VLLM + "issues/13196"),
-    _bug(S.residual_q_minus_p, "residual"),
-    _bug(S.residual_unnormalised, "residual"),
-    _bug(S.residual_nan_when_equal, "residual"),
-    _bug(V.verify_resample_from_p, "verifier"),
-    _bug(V.verify_bonus_from_wrong_row, "verifier"),
-    _bug(V.verify_one_uniform_for_all_positions, "verifier"),
+    *[_bug(f, "residual") for f in (S.residual_q_minus_p, S.residual_unnormalised,
+                                    S.residual_nan_when_equal)],
+    *[_bug(f, "verifier") for f in (V.verify_resample_from_p, V.verify_bonus_from_wrong_row,
+                                    V.verify_one_uniform_for_all_positions)],
     _bug(V.UniformsSharedAcrossRows, "verifier", _VLLM + "issues/9441",
-         "https://github.com/1CatAI/1Cat-vLLM/issues/656", make=V.UniformsSharedAcrossRows),
+         "https://github.com/1CatAI/1Cat-vLLM/issues/656"),
     _bug(V.verify_continues_after_rejection, "verifier"),
     _bug(V.verify_seed_ignored, "verifier", _VLLM + "issues/13196"),
     _bug(V.verify_adjustment_on_bonus_row_only, "verifier", _VLLM + "issues/18902",
          "https://github.com/sgl-project/sglang/pull/28242",
          "https://github.com/NVIDIA/TensorRT-LLM/pull/17701"),
     _bug(V.verify_greedy_rows_shifted, "verifier", sampled=False),
-    _bug(V.tree_siblings_against_p, "tree_verifier",
-         "https://github.com/SafeAILab/EAGLE/issues/221"),
+    _bug(V.tree_siblings_against_p, "tree_verifier", _EAGLE + "221"),
     _bug(V.tree_bonus_from_parent_row, "tree_verifier"),
-    _bug(C.ArgmaxDeclaredAsSampled, "drafter", "https://github.com/SafeAILab/EAGLE/issues/183",
-         "https://github.com/SafeAILab/EAGLE/issues/221", make=C.ArgmaxDeclaredAsSampled),
-    _bug(C.SampledDeclaredDeterministic, "drafter", _VLLM + "pull/16899", _VLLM + "issues/40149",
-         make=C.SampledDeclaredDeterministic),
-    _bug(C.AdjustmentOnSampleOnly, "drafter", _VLLM + "pull/10198", make=C.AdjustmentOnSampleOnly),
-    _bug(C.OffByOneCache, "rollback", make=_factory(C.OffByOneCache)),
-    _bug(C.LeakyPagedCache, "rollback", make=_factory(C.LeakyPagedCache)),
-    _bug(C.PagedCacheFreesPartialBlock, "rollback", make=_factory(C.PagedCacheFreesPartialBlock)),
+    _bug(C.ArgmaxDeclaredAsSampled, "drafter", _EAGLE + "183", _EAGLE + "221"),
+    _bug(C.SampledDeclaredDeterministic, "drafter", _VLLM + "pull/16899", _VLLM + "issues/40149"),
+    _bug(C.AdjustmentOnSampleOnly, "drafter", _VLLM + "pull/10198"),
+    *[_bug(cls, "rollback") for cls in (C.OffByOneCache, C.LeakyPagedCache,
+                                        C.PagedCacheFreesPartialBlock)],
 ]
 
 

@@ -18,12 +18,10 @@ from minispec.core.speculative import Draft
 from minispec.models.kv_cache import ContiguousKVCache, KVCache
 from minispec.models.paged_cache import PagedKVCache
 
-__all__ = ["AdjustmentOnSampleOnly", "ArgmaxDeclaredAsSampled", "LeakyPagedCache",
-           "OffByOneCache", "PagedCacheFreesPartialBlock", "SampledDeclaredDeterministic"]
 
-
-def _sample(q: Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(q, 1, generator=generator))
+def _sample(q: Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
+    """A token drawn from ``q`` (its argmax at temperature 0)."""
+    return int(q.argmax()) if sampling.greedy else int(torch.multinomial(q, 1, generator=generator))
 
 
 class _TinyDrafter:
@@ -32,22 +30,18 @@ class _TinyDrafter:
     def __init__(self, seed: int = 5) -> None:
         self.model = tiny_llama(64, seed=seed, scale=0.2)
 
-    def _logits(self, ids: list[int]) -> Tensor:
-        with torch.inference_mode():
-            return self.model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1]   # (V,)
-
     def propose(self, context, k, sampling=None, generator=None) -> Draft:
         """``k`` drafts after ``context``, each from ``choose``, with the declared rows."""
         sampling = sampling or SamplingParams(temperature=0.0)
-        ids, tokens, rows = list(context), [], []
+        ids, rows = list(context), []
         for _ in range(k):
-            logits = self._logits(ids)
+            with torch.inference_mode():
+                logits = self.model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1]
             x, q = self.choose(logits, sampling, generator)
-            tokens.append(x)
-            rows.append(q)
             ids.append(x)
+            rows.append(q)
         probs = None if rows[0] is None else torch.stack(rows)
-        return Draft(torch.tensor(tokens, dtype=torch.long), probs)
+        return Draft(torch.tensor(ids[len(context):], dtype=torch.long), probs)
 
     def choose(self, logits: Tensor, sampling: SamplingParams,
                generator) -> tuple[int, Tensor | None]:
@@ -82,9 +76,7 @@ class SampledDeclaredDeterministic(_TinyDrafter):
     """
 
     def choose(self, logits, sampling, generator):
-        q = probs_from_logits(logits, sampling)
-        x = int(q.argmax()) if sampling.greedy else _sample(q, generator)
-        return x, None
+        return _sample(probs_from_logits(logits, sampling), sampling, generator), None
 
 
 class AdjustmentOnSampleOnly(_TinyDrafter):
@@ -96,8 +88,7 @@ class AdjustmentOnSampleOnly(_TinyDrafter):
     """
 
     def choose(self, logits, sampling, generator):
-        q = probs_from_logits(logits, sampling)
-        x = int(q.argmax()) if sampling.greedy else _sample(q, generator)
+        x = _sample(probs_from_logits(logits, sampling), sampling, generator)
         return x, torch.softmax(logits.float(), dim=-1)
 
 

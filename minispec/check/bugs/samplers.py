@@ -8,20 +8,24 @@ correct one, with the one mistake its docstring names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-__all__ = ["residual_nan_when_equal", "residual_q_minus_p", "residual_unnormalised",
-           "sample_ratio_q_over_p", "sample_resample_from_p", "sample_residual_q_minus_p",
-           "sample_seed_ignored", "sample_top_p_on_draft_only"]
+from minispec.core.sampling import SamplingParams, probs_from_logits
+from minispec.core.speculative import residual, speculative_sample
 
 
-def _draw(probs: Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def _norm(x: Tensor) -> Tensor:
-    return x / x.sum()
+def _propose(q: Tensor, generator: torch.Generator, keep: Callable[[Tensor, int], bool],
+             replacement: Tensor) -> tuple[int, bool]:
+    """Draw ``x ~ q`` and ``u ~ U(0, 1)``: keep ``x`` when ``keep(u, x)``, else draw from
+    ``replacement``. The right rule is ``keep = u q(x) < p(x)``, ``replacement = norm(max(0, p -
+    q))``; each bug below gets one of the two wrong."""
+    x = int(torch.multinomial(q, 1, generator=generator))
+    if keep(torch.rand((), generator=generator), x):
+        return x, True
+    return int(torch.multinomial(replacement, 1, generator=generator)), False
 
 
 def sample_resample_from_p(p: Tensor, q: Tensor, generator: torch.Generator) -> tuple[int, bool]:
@@ -31,10 +35,7 @@ def sample_resample_from_p(p: Tensor, q: Tensor, generator: torch.Generator) -> 
     ``q`` is generous are over-represented, since they are both accepted and resampled (lesson 01:
     "naive resampling from p is biased; the residual is the unique fix").
     """
-    x = _draw(q, generator)
-    if torch.rand((), generator=generator) < p[x] / q[x]:
-        return x, True
-    return _draw(p, generator), False
+    return _propose(q, generator, lambda u, x: u * q[x] < p[x], p)
 
 
 def sample_ratio_q_over_p(p: Tensor, q: Tensor, generator: torch.Generator) -> tuple[int, bool]:
@@ -43,10 +44,7 @@ def sample_ratio_q_over_p(p: Tensor, q: Tensor, generator: torch.Generator) -> t
     Mirrors the p/q naming swap between papers and code (gpt-fast calls the draft ``p``): the
     drafts the target likes *less* are the ones kept.
     """
-    x = _draw(q, generator)
-    if torch.rand((), generator=generator) * p[x] < q[x]:
-        return x, True
-    return _draw(_norm((p - q).clamp_min(0)), generator), False
+    return _propose(q, generator, lambda u, x: u * p[x] < q[x], residual(p, q))
 
 
 def sample_residual_q_minus_p(p: Tensor, q: Tensor, generator: torch.Generator) -> tuple[int, bool]:
@@ -55,10 +53,7 @@ def sample_residual_q_minus_p(p: Tensor, q: Tensor, generator: torch.Generator) 
     After a rejection this draws where the *draft* had excess mass, including tokens the target
     gives probability 0: the check sees an impossible token.
     """
-    x = _draw(q, generator)
-    if torch.rand((), generator=generator) * q[x] < p[x]:
-        return x, True
-    return _draw(_norm((q - p).clamp_min(0)), generator), False
+    return _propose(q, generator, lambda u, x: u * q[x] < p[x], residual(q, p))
 
 
 def sample_top_p_on_draft_only(p: Tensor, q: Tensor, generator: torch.Generator,
@@ -70,15 +65,8 @@ def sample_top_p_on_draft_only(p: Tensor, q: Tensor, generator: torch.Generator,
     from. Mirrors vLLM PR #10198 (https://github.com/vllm-project/vllm/pull/10198), where the
     draft probabilities went through top-p and the target probabilities did not.
     """
-    x = _draw(q, generator)
-    order = torch.argsort(q, descending=True)
-    keep = torch.zeros_like(q, dtype=torch.bool)
-    keep[order[(torch.cumsum(q[order], 0) - q[order]) < top_p]] = True
-    q_seen = _norm(torch.where(keep, q, torch.zeros_like(q)))
-    if torch.rand((), generator=generator) * q_seen[x] < p[x]:
-        return x, True
-    excess = (p - q_seen).clamp_min(0)
-    return _draw(_norm(excess) if excess.sum() > 0 else p, generator), False
+    q_seen = probs_from_logits(q.log(), SamplingParams(temperature=1.0, top_p=top_p))
+    return _propose(q, generator, lambda u, x: u * q_seen[x] < p[x], residual(p, q_seen))
 
 
 def sample_seed_ignored(p: Tensor, q: Tensor, generator: torch.Generator) -> tuple[int, bool]:
@@ -89,16 +77,12 @@ def sample_seed_ignored(p: Tensor, q: Tensor, generator: torch.Generator) -> tup
     #13196 (https://github.com/vllm-project/vllm/issues/13196): speculative decoding ignored the
     per-request seed.
     """
-    x = _draw(q, None)
-    if torch.rand(()) * q[x] < p[x]:
-        return x, True
-    excess = (p - q).clamp_min(0)
-    return _draw(_norm(excess) if excess.sum() > 0 else p, None), False
+    return speculative_sample(p, q, None)
 
 
 def residual_q_minus_p(p: Tensor, q: Tensor) -> Tensor:
     """Bug: ``norm(max(0, q - p))``: the draft's excess instead of the target's."""
-    return _norm((q - p).clamp_min(0)) if not torch.equal(p, q) else p.clone()
+    return residual(q, p)
 
 
 def residual_unnormalised(p: Tensor, q: Tensor) -> Tensor:

@@ -12,11 +12,8 @@ import torch
 from torch import Tensor
 
 from minispec.core.sampling import one_hot
-
-__all__ = ["UniformsSharedAcrossRows", "tree_bonus_from_parent_row", "tree_siblings_against_p",
-           "verify_adjustment_on_bonus_row_only", "verify_bonus_from_wrong_row",
-           "verify_continues_after_rejection", "verify_greedy_rows_shifted",
-           "verify_one_uniform_for_all_positions", "verify_resample_from_p", "verify_seed_ignored"]
+from minispec.core.speculative import residual, verify
+from minispec.core.tree import verify_tree
 
 
 def _draw(probs: Tensor, generator: torch.Generator | None) -> int:
@@ -28,24 +25,10 @@ def _q(draft_probs: Tensor | None, x: int, i: int, vocab: int) -> Tensor:
     return one_hot(torch.tensor(x), vocab) if draft_probs is None else draft_probs[i]
 
 
-def _residual(p: Tensor, q: Tensor) -> Tensor:
-    excess = (p - q).clamp_min(0)
-    return excess / excess.sum() if excess.sum() > 0 else p
-
-
-def _loop(draft_tokens, draft_probs, target_probs, generator, uniforms=None, bonus_row=None,
-          resample_from_p=False, rng=True):
-    """Algorithm 1 with switchable mistakes (``rng=False``: the global generator)."""
-    g = generator if rng else None
-    drafts, V = draft_tokens.tolist(), target_probs.shape[-1]
-    k = len(drafts)
-    for i, x in enumerate(drafts):
-        q = _q(draft_probs, x, i, V)
-        u = torch.rand((), generator=g) if uniforms is None else uniforms[i]
-        if not u * q[x] < target_probs[i, x]:                  # rejected
-            final = target_probs[i] if resample_from_p else _residual(target_probs[i], q)
-            return drafts[:i] + [_draw(final, g)]
-    return drafts + [_draw(target_probs[k if bonus_row is None else bonus_row], g)]
+def _accepts(draft_probs, target_probs, i: int, x: int, generator) -> tuple[bool, Tensor]:
+    """Algorithm 1's test of draft ``x`` at position ``i``, and the ``q`` row it used."""
+    q = _q(draft_probs, x, i, target_probs.shape[-1])
+    return bool(torch.rand((), generator=generator) * q[x] < target_probs[i, x]), q
 
 
 def verify_resample_from_p(draft_tokens, draft_probs, target_probs, generator):
@@ -54,7 +37,11 @@ def verify_resample_from_p(draft_tokens, draft_probs, target_probs, generator):
     The classic mistake, in the loop: every position that can reject over-represents the tokens
     ``q`` is generous with (they are accepted *and* resampled).
     """
-    return _loop(draft_tokens, draft_probs, target_probs, generator, resample_from_p=True)
+    drafts = draft_tokens.tolist()
+    for i, x in enumerate(drafts):
+        if not _accepts(draft_probs, target_probs, i, x, generator)[0]:
+            return drafts[:i] + [_draw(target_probs[i], generator)]   # should be the residual
+    return drafts + [_draw(target_probs[len(drafts)], generator)]
 
 
 def verify_bonus_from_wrong_row(draft_tokens, draft_probs, target_probs, generator):
@@ -63,8 +50,9 @@ def verify_bonus_from_wrong_row(draft_tokens, draft_probs, target_probs, generat
     Row ``k - 1`` is the law of ``d_k`` itself, not of the token after it: an off-by-one in the
     bonus index. Only the joint law of the stream sees it (the first token is right).
     """
-    return _loop(draft_tokens, draft_probs, target_probs, generator,
-                 bonus_row=len(draft_tokens) - 1)
+    rows = target_probs.clone()
+    rows[-1] = target_probs[-2]               # the bonus row replaced by the one before it
+    return verify(draft_tokens, draft_probs, rows, generator).tokens
 
 
 def verify_one_uniform_for_all_positions(draft_tokens, draft_probs, target_probs, generator):
@@ -74,8 +62,8 @@ def verify_one_uniform_for_all_positions(draft_tokens, draft_probs, target_probs
     accepting ``d_1`` makes accepting ``d_2`` more likely, so long accepted runs are too frequent.
     """
     u = torch.rand((), generator=generator)
-    return _loop(draft_tokens, draft_probs, target_probs, generator,
-                 uniforms=[u] * len(draft_tokens))
+    return verify(draft_tokens, draft_probs, target_probs, generator,
+                  uniforms=u.expand(len(draft_tokens))).tokens
 
 
 class UniformsSharedAcrossRows:
@@ -95,7 +83,8 @@ class UniformsSharedAcrossRows:
         k = len(draft_tokens)
         if k not in self.uniforms:
             self.uniforms[k] = torch.rand(k, generator=generator)
-        return _loop(draft_tokens, draft_probs, target_probs, generator, uniforms=self.uniforms[k])
+        return verify(draft_tokens, draft_probs, target_probs, generator,
+                      uniforms=self.uniforms[k]).tokens
 
 
 def verify_continues_after_rejection(draft_tokens, draft_probs, target_probs, generator):
@@ -104,14 +93,11 @@ def verify_continues_after_rejection(draft_tokens, draft_probs, target_probs, ge
     The drafts after a rejected one were drafted (and scored by the target) after a token that is
     no longer there; Algorithm 1 must stop at the first rejection.
     """
-    drafts, V, out = draft_tokens.tolist(), target_probs.shape[-1], []
-    for i, x in enumerate(drafts):
-        q = _q(draft_probs, x, i, V)
-        if torch.rand((), generator=generator) * q[x] < target_probs[i, x]:
-            out.append(x)
-        else:
-            out.append(_draw(_residual(target_probs[i], q), generator))
-    return out + [_draw(target_probs[len(drafts)], generator)]
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        accepted, q = _accepts(draft_probs, target_probs, i, x, generator)
+        out.append(x if accepted else _draw(residual(target_probs[i], q), generator))
+    return out + [_draw(target_probs[len(draft_tokens)], generator)]
 
 
 def verify_seed_ignored(draft_tokens, draft_probs, target_probs, generator):
@@ -121,7 +107,7 @@ def verify_seed_ignored(draft_tokens, draft_probs, target_probs, generator):
     (https://github.com/vllm-project/vllm/issues/13196): "Speculative decoding output does not
     change when changing seed".
     """
-    return _loop(draft_tokens, draft_probs, target_probs, generator, rng=False)
+    return verify(draft_tokens, draft_probs, target_probs, None).tokens
 
 
 def verify_adjustment_on_bonus_row_only(draft_tokens, draft_probs, target_probs, generator):
@@ -135,9 +121,8 @@ def verify_adjustment_on_bonus_row_only(draft_tokens, draft_probs, target_probs,
     TensorRT-LLM PR #17701 (https://github.com/NVIDIA/TensorRT-LLM/pull/17701).
     """
     rows = target_probs.clone()
-    k = len(draft_tokens)
-    rows[:k] = rows[:k].sqrt() / rows[:k].sqrt().sum(dim=-1, keepdim=True)
-    return _loop(draft_tokens, draft_probs, rows, generator)
+    rows[:-1] = rows[:-1].sqrt() / rows[:-1].sqrt().sum(dim=-1, keepdim=True)
+    return verify(draft_tokens, draft_probs, rows, generator).tokens
 
 
 def verify_greedy_rows_shifted(draft_tokens, draft_probs, target_probs, generator):
@@ -153,32 +138,6 @@ def verify_greedy_rows_shifted(draft_tokens, draft_probs, target_probs, generato
     return drafts[:n] + [best[n]]
 
 
-def _walk(tree, target_probs, draft_probs, generator, *, sibling_residual=True, leaf_row=None):
-    """SpecInfer's walk with switchable mistakes; ``leaf_row(node)`` picks the bonus row."""
-    node, depth, out, V = 0, 0, [], target_probs.shape[-1]
-    p = target_probs[0]
-    while True:
-        through = [j for j, nodes in enumerate(tree.draft_nodes)
-                   if len(nodes) > depth and (depth == 0 or nodes[depth - 1] == node)]
-        chosen, q = None, None
-        for j in through:
-            child = tree.draft_nodes[j][depth]
-            x = tree.tokens[child]
-            q = _q(None if draft_probs is None else draft_probs[j], x, depth, V)
-            if torch.rand((), generator=generator) * q[x] < p[x]:
-                chosen = child
-                break
-            if sibling_residual:
-                p = _residual(p, q)
-        if chosen is None:
-            final = p if sibling_residual or q is None else _residual(p, q)
-            if not through and leaf_row is not None:
-                final = target_probs[leaf_row(node)]
-            return out + [_draw(final, generator)]
-        out.append(tree.tokens[chosen])
-        node, depth, p = chosen, depth + 1, target_probs[chosen]
-
-
 def tree_siblings_against_p(tree, target_probs, draft_probs, generator):
     """Bug: each child of a node is tested against the node's ``p``, not against what the earlier
     siblings' rejections left (the residual).
@@ -189,11 +148,27 @@ def tree_siblings_against_p(tree, target_probs, draft_probs, generator):
     question was argued in EAGLE #110, #183 and #221
     (https://github.com/SafeAILab/EAGLE/issues/221) for top-k tree drafting at T > 0.
     """
-    return _walk(tree, target_probs, draft_probs, generator, sibling_residual=False)
+    node, depth, out = 0, 0, []
+    while True:
+        p, q, chosen = target_probs[node], None, None
+        for j, nodes in enumerate(tree.draft_nodes):          # the drafts through this node
+            if len(nodes) > depth and (nodes[depth - 1] if depth else 0) == node:
+                x = tree.tokens[nodes[depth]]
+                q = _q(None if draft_probs is None else draft_probs[j], x, depth, p.shape[-1])
+                if torch.rand((), generator=generator) * q[x] < p[x]:   # p: never updated
+                    chosen = nodes[depth]
+                    break
+        if chosen is None:
+            return out + [_draw(p if q is None else residual(p, q), generator)]
+        out.append(tree.tokens[chosen])
+        node, depth = chosen, depth + 1
 
 
 def tree_bonus_from_parent_row(tree, target_probs, draft_probs, generator):
     """Bug: at a leaf (every draft token on the path accepted), the bonus token is drawn from the
     parent's row instead of the leaf's own: the tree form of the bonus off-by-one."""
-    return _walk(tree, target_probs, draft_probs, generator,
-                 leaf_row=lambda node: tree.parents[node])
+    rows = target_probs.clone()
+    for node in range(1, len(tree)):
+        if not tree.children(node):         # a leaf's row only ever gives its bonus token
+            rows[node] = target_probs[tree.parents[node]]
+    return verify_tree(tree, rows, draft_probs, generator).tokens
