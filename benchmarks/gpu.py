@@ -267,11 +267,10 @@ def main(argv=None) -> int:
 
 def speedup_section(target, tokenizer, args) -> tuple[dict, bool]:
     """``speedup_b1`` (graphs on) and ``speedup_b1_eager`` (off), and whether all were exact."""
-    on, same_on, off, same_off = (*speedups(target, tokenizer, args.model, args.per_category,
-                                            args.new_tokens, args.k, True),
-                                  *speedups(target, tokenizer, args.model, args.per_category,
-                                            args.new_tokens, args.k, False))
-    return {"speedup_b1": on, "speedup_b1_eager": off}, same_on and same_off
+    runs = {graphs: speedups(target, tokenizer, args.model, args.per_category,
+                             args.new_tokens, args.k, graphs) for graphs in (True, False)}
+    return ({"speedup_b1": runs[True][0], "speedup_b1_eager": runs[False][0]},
+            runs[True][1] and runs[False][1])
 
 
 def save(record: dict, section: str, result) -> None:

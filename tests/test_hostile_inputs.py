@@ -7,14 +7,15 @@ Broken checkpoints are written into ``tmp_path`` from a tiny random Llama (``tin
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 
 import pytest
 import torch
 from safetensors.torch import save_file
-from tinymodels import VOCAB, noisy_copy, tiny_llama
+from tinymodels import VOCAB, hf_checkpoint, noisy_copy, tiny_llama
+from tinymodels import load_refused as refused
+from tinymodels import write_checkpoint as write
 
 import minispec as ms
 from minispec.core.sampling import MIN_TEMPERATURE, SamplingParams, probs_from_logits
@@ -32,27 +33,7 @@ def model():
 @pytest.fixture(scope="module")
 def good(model):
     """(config.json dict, Hugging Face-named weights) of a checkpoint that loads."""
-    config = {k: v for k, v in dataclasses.asdict(model.config).items() if v is not None}
-    config |= {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
-    weights = {f"model.{name}": t.detach().clone() for name, t in model.state_dict().items()}
-    return config, weights
-
-
-def write(directory, config, weights):
-    """Save ``config`` and ``weights`` as a one-file Hugging Face checkpoint; returns the folder."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config))
-    save_file(weights, str(directory / "model.safetensors"))
-    return directory
-
-
-def refused(path, *words, **kwargs):
-    """``load(path)`` raises ValueError, and its message contains each of ``words``."""
-    with pytest.raises(ValueError) as info:
-        load(path, **kwargs)
-    message = str(info.value)
-    assert all(word in message for word in words), message
-    return message
+    return hf_checkpoint(model)
 
 
 def test_the_intact_checkpoint_loads(good, model, tmp_path):

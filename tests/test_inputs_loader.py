@@ -7,14 +7,14 @@ the value and what is allowed, before any table is computed or weight read.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from tinymodels import VOCAB, tiny_llama
+from tinymodels import VOCAB, hf_checkpoint, tiny_llama
+from tinymodels import load_refused as refused
+from tinymodels import write_checkpoint as write
 
 from minispec.models.loader import MAX_SIZE, load
 
@@ -27,27 +27,7 @@ def model():
 @pytest.fixture(scope="module")
 def good(model):
     """(config.json dict, Hugging Face-named weights) of a checkpoint that loads."""
-    config = {k: v for k, v in dataclasses.asdict(model.config).items() if v is not None}
-    config |= {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
-    weights = {f"model.{name}": t.detach().clone() for name, t in model.state_dict().items()}
-    return config, weights
-
-
-def write(directory, config, weights, text=None):
-    """Save ``config`` (or the raw ``text`` of config.json) and ``weights``; returns the folder."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(text if text is not None else json.dumps(config))
-    save_file(weights, str(directory / "model.safetensors"))
-    return directory
-
-
-def refused(path, *words):
-    """``load(path)`` raises ValueError, and its message contains each of ``words``."""
-    with pytest.raises(ValueError) as info:
-        load(path)
-    message = str(info.value)
-    assert all(word in message for word in words), message
-    return message
+    return hf_checkpoint(model)
 
 
 @pytest.fixture

@@ -23,6 +23,10 @@ NAN = float("nan")
 CACHES = {
     "contiguous": lambda m: ms.ContiguousKVCache.for_model(m, num_slots=6, max_seq_len=40),
     "paged": lambda m: ms.PagedKVCache.for_model(m, num_slots=6, max_seq_len=40, block_size=4),
+    # blocks longer than a slot (64 positions, the contiguous cache's key unit): whole blocks
+    "paged, 64-position blocks": lambda m: ms.PagedKVCache.for_model(m, num_slots=6,
+                                                                     max_seq_len=40,
+                                                                     block_size=64),
 }
 
 

@@ -7,8 +7,12 @@ unbatched runs then never hinges on float near-ties (see DESIGN.md, pitfalls).
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 
+import pytest
 import torch
+from safetensors.torch import save_file
 
 import minispec as ms
 from minispec.models.llama import Llama, ModelConfig
@@ -56,3 +60,32 @@ def exact_two_token_law(target, prompt, params):
         first = next_probs(prompt)
         second = torch.stack([next_probs(prompt + [x]) for x in range(target.config.vocab_size)])
     return (first[:, None] * second).reshape(-1)
+
+
+def hf_checkpoint(model: Llama) -> tuple[dict, dict]:
+    """(config.json dict, Hugging Face-named weights) of ``model``: a checkpoint that loads."""
+    config = {k: v for k, v in dataclasses.asdict(model.config).items() if v is not None}
+    config |= {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    weights = {f"model.{name}": t.detach().clone() for name, t in model.state_dict().items()}
+    return config, weights
+
+
+def write_checkpoint(directory, config: dict, weights: dict, text: str | None = None):
+    """Save ``config`` (or the raw ``text`` of config.json) and ``weights`` as a one-file Hugging
+    Face checkpoint in ``directory``; returns the folder."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(text if text is not None else json.dumps(config))
+    save_file(weights, str(directory / "model.safetensors"))
+    return directory
+
+
+def load_refused(path, *words, **kwargs) -> str:
+    """``minispec``'s loader refuses ``path`` with a ValueError whose message holds each of
+    ``words``; returns the message."""
+    from minispec.models.loader import load
+
+    with pytest.raises(ValueError) as info:
+        load(path, **kwargs)
+    message = str(info.value)
+    assert all(word in message for word in words), message
+    return message

@@ -73,7 +73,8 @@ class StaticStep:
         self.block_tables = torch.zeros(B, M, dtype=long, device=device)
         self.lengths = torch.zeros(B, dtype=long, device=device)      # after this step's writes
         self.start = torch.zeros(B, dtype=long, device=device)        # first new cache position
-        self.tree_mask = torch.eye(T, dtype=torch.bool, device=device).expand(B, T, T).clone()
+        self.eye = torch.eye(T, dtype=torch.bool, device=device).expand(B, T, T)  # padding rows
+        self.tree_mask = self.eye.clone()
         self.columns = torch.arange(self.S, device=device)             # (S,) key positions
 
     def load(self, input_ids: Tensor, positions: Tensor, plan: ForwardPlan, start: list[int],
@@ -101,7 +102,7 @@ class StaticStep:
         self.lengths[:b].copy_(torch.tensor(plan.new_lengths))
         self.start.zero_()
         self.start[:b].copy_(torch.tensor(start))
-        self.tree_mask.copy_(torch.eye(self.key[1], dtype=torch.bool).expand_as(self.tree_mask))
+        self.tree_mask.copy_(self.eye)
         self.tree_mask[:b, :t, :t].copy_(tree_mask)
 
     # ------------------------------------------------------------------ the step (no host sync)
@@ -201,11 +202,14 @@ class StaticForward:
         return logits[:b, :t].clone(), hidden[:b, :t].clone()  # the buffers are reused
 
     def _step(self, rows: int, t: int, length: int) -> StaticStep:
-        """The bucket's step (made on first use): keys padded to a power of two of blocks."""
-        unit = self.cache.block_size if isinstance(self.cache, PagedKVCache) else 64
-        limit = -(-self.cache.max_seq_len // unit)
-        units = min(limit, 1 << max(0, (-(-length // unit) - 1).bit_length()))
-        key = (rows, t, units * unit if unit != 64 else min(units * unit, self.cache.max_seq_len))
+        """The bucket's step (made on first use): the keys padded to a power of two of units, a
+        paged cache's blocks (whole blocks) or 64 positions of a contiguous slot (at most its
+        ``max_seq_len``)."""
+        paged = isinstance(self.cache, PagedKVCache)
+        unit = self.cache.block_size if paged else 64
+        units = min(-(-self.cache.max_seq_len // unit),            # a whole slot at most
+                    1 << max(0, (-(-length // unit) - 1).bit_length()))
+        key = (rows, t, units * unit if paged else min(units * unit, self.cache.max_seq_len))
         if key not in self.steps:
             self.steps[key] = StaticStep(self.model, self.cache, *key, expand_kv=self.expand_kv)
         return self.steps[key]
