@@ -30,14 +30,14 @@ from minispec.core import theory
 from minispec.core.sampling import SamplingParams, probs_from_logits, sample
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import (
+    Verdict,
+    iterative_speculative_sample,
     residual,
     speculative_sample,
-    speculative_sample_batch,
     verify,
-    verify_batch,
 )
 from minispec.core.stats import SpecStats
-from minispec.core.tree import DraftTree, iterative_speculative_sample, verify_tree
+from minispec.core.tree import DraftTree, Proposal
 from minispec.decoding.loop import GenerationResult, generate, speculative_generate
 from minispec.drafters.base import Draft, Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from minispec.drafters.eagle import EagleDrafter, load_drafter
@@ -54,6 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     # core: the maths
     "DraftTree",
+    "Proposal",
     "SamplingParams",
     "Sequence",
     "SpecStats",
@@ -61,12 +62,10 @@ __all__ = [
     "probs_from_logits",
     "residual",
     "sample",
+    "Verdict",
     "speculative_sample",
-    "speculative_sample_batch",
     "theory",
     "verify",
-    "verify_batch",
-    "verify_tree",
     # models
     "ContiguousKVCache",
     "Llama",

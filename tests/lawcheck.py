@@ -72,8 +72,9 @@ def verify_law(p: Model, q: Model | None, vocab: int, k: int,
                ) -> dict[tuple[int, ...], float]:
     """Exact law of ``k + 1`` tokens: one ``ms.verify`` round (drafts from ``q``), then the target.
 
-    With ``q = None`` the drafts come from ``deterministic_draft`` and verify gets
-    ``draft_probs=None`` (one-hot q).
+    With ``q = None`` the drafts come from ``deterministic_draft`` and the chain gets
+    ``probs=None`` (one-hot q). Verify draws one uniform per test, lazily: ``n`` zeros then a
+    one stop the walk after exactly ``n`` accepts.
     """
     law: dict[tuple[int, ...], float] = defaultdict(float)
     drafts = (itertools.product(range(vocab), repeat=k) if q is not None
@@ -100,8 +101,8 @@ def verify_law(p: Model, q: Model | None, vocab: int, k: int,
             if branch == 0:
                 continue
             uniforms = torch.tensor([0.0] * n + [1.0] * (k - n), dtype=torch.float64)
-            verdict = ms.verify(list(draft), draft_probs, target_probs, greedy=False,
-                                uniforms=uniforms)
+            verdict = ms.verify(ms.Proposal.chain(list(draft), draft_probs), target_probs,
+                                greedy=False, uniforms=uniforms)
             assert verdict.num_accepted == n
             assert verdict.tokens[:n] == list(draft[:n])
             for y in range(vocab):
@@ -123,8 +124,8 @@ def max_law_error(a: dict, b: dict) -> float:
 
 
 def tree_law(p: Model, qs: list[Model], vocab: int, depth: int) -> dict[tuple[int, ...], float]:
-    """Exact law of ``depth + 1`` tokens: ``ms.verify_tree`` on ``len(qs)`` sampled drafts, then
-    the target."""
+    """Exact law of ``depth + 1`` tokens: ``ms.verify`` on a tree of ``len(qs)`` sampled drafts
+    (``ms.Proposal.from_tree``), then the target."""
     law: dict[tuple[int, ...], float] = defaultdict(float)
     K = len(qs)
     for flat in itertools.product(range(vocab), repeat=K * depth):
@@ -140,10 +141,10 @@ def tree_law(p: Model, qs: list[Model], vocab: int, depth: int) -> dict[tuple[in
         target_probs = torch.stack([p(path) for path in paths])
         draft_probs = [torch.stack([qs[j](d[:i]) for i in range(depth)])
                        for j, d in enumerate(drafts)]
+        proposal = ms.Proposal.from_tree(tree, draft_probs)
         max_tests = K * depth
         for pattern in itertools.product([0.0, 1.0], repeat=max_tests):
-            verdict = ms.verify_tree(tree, target_probs, draft_probs, greedy=False,
-                                     uniforms=list(pattern))
+            verdict = ms.verify(proposal, target_probs, greedy=False, uniforms=list(pattern))
             used = len(verdict.accept_probs)
             if any(u != 0.0 for u in pattern[used:]):
                 continue                   # count each real path once (canonical tail)

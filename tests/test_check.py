@@ -24,7 +24,6 @@ from minispec.check.statistics import (
     per_test_alpha,
     pool_bins,
 )
-from minispec.core.speculative import verify_greedy
 
 #: The code lines ``minispec/check`` may hold: a ratchet (see its test below).
 CHECK_CODE_LINES = 1_120
@@ -83,14 +82,20 @@ def alt_verify_tree(tree, target_probs, draft_probs, generator):
             return out + [int(torch.multinomial(p, 1, generator=generator))]
 
 
-def ms_verify_batch(draft_tokens, draft_probs, target_probs, generator):
-    """minispec's batched verify on a batch of one row."""
-    q = None if draft_probs is None else draft_probs[None]
-    return ms.verify_batch(draft_tokens[None], q, target_probs[None], generator)[0]
+def ms_verify(draft_tokens, draft_probs, target_probs, generator):
+    """minispec's one accept walk on the chain of the student's signature."""
+    return ms.verify(ms.Proposal.chain(draft_tokens, draft_probs), target_probs, generator)
 
 
-def ms_verify_greedy(draft_tokens, draft_probs, target_probs, generator):
-    return verify_greedy(draft_tokens.tolist(), target_probs.argmax(dim=-1).tolist())
+def ms_verify_argmax(draft_tokens, draft_probs, target_probs, generator):
+    """minispec's walk given the target's argmaxes only (the runner's plain greedy rows)."""
+    return ms.verify(ms.Proposal.chain(draft_tokens, draft_probs),
+                     target_probs.argmax(dim=-1).tolist())
+
+
+def ms_verify_tree(tree, target_probs, draft_probs, generator):
+    """minispec's one accept walk on the tree of the student's signature."""
+    return ms.verify(ms.Proposal.from_tree(tree, draft_probs), target_probs, generator)
 
 
 def bigram_propose(context, k):
@@ -110,11 +115,10 @@ CORRECT = [
     ("sampler", alt_sample, {}),
     ("residual", ms.residual, {}),
     ("residual", alt_residual, {}),
-    ("verifier", ms.verify, {}),
-    ("verifier", ms_verify_batch, {}),
+    ("verifier", ms_verify, {}),
     ("verifier", alt_verify, {}),
-    ("verifier", ms_verify_greedy, {"sampled": False}),
-    ("tree_verifier", ms.verify_tree, {}),
+    ("verifier", ms_verify_argmax, {"sampled": False}),
+    ("tree_verifier", ms_verify_tree, {}),
     ("tree_verifier", alt_verify_tree, {}),
 ]
 
@@ -187,7 +191,7 @@ def test_the_verdict_is_the_same_on_every_run():
 def test_checks_leave_the_global_generators_alone():
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    check.verifier(ms.verify, greedy=False)
+    check.verifier(ms_verify, greedy=False)
     check.drafter(ms.NGramDrafter())
     assert torch.equal(torch.get_rng_state(), before)
 

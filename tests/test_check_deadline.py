@@ -18,7 +18,7 @@ import torch
 import minispec as ms
 from minispec import check
 from minispec.check.harness import TIMEOUT
-from minispec.core.speculative import Draft, verify_greedy
+from minispec.core.speculative import Draft
 
 GRADERS = {"sampler": check.sampler, "residual": check.residual, "verifier": check.verifier,
            "tree_verifier": check.tree_verifier, "drafter": check.drafter,
@@ -163,8 +163,13 @@ def test_declared_probs_must_be_real_distributions():
     _failed(check.drafter(ComplexQ()), "real floating-point [n, V] tensor")
 
 
+def _verify_argmax(draft_tokens, draft_probs, target_probs, generator):
+    """minispec's walk on the target's argmaxes (greedy), in the student's signature."""
+    return ms.verify(ms.Proposal.chain(draft_tokens), target_probs.argmax(dim=-1).tolist())
+
+
 def _greedy_without_bonus(draft_tokens, draft_probs, target_probs, generator):
-    tokens = verify_greedy(draft_tokens.tolist(), target_probs.argmax(dim=-1).tolist()).tokens
+    tokens = _verify_argmax(draft_tokens, draft_probs, target_probs, generator).tokens
     return tokens[:len(draft_tokens)] if len(tokens) > len(draft_tokens) else tokens
 
 
@@ -175,6 +180,5 @@ def test_a_verifier_that_never_emits_the_bonus_token_passes_with_a_hint():
 
 
 def test_a_verifier_with_the_bonus_token_gets_no_hint():
-    report = check.verifier(lambda d, q, p, g: verify_greedy(d.tolist(), p.argmax(-1).tolist()),
-                            sampled=False)
+    report = check.verifier(_verify_argmax, sampled=False)
     assert report.passed and report.hint == "" and "hint" not in str(report), str(report)

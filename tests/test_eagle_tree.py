@@ -22,7 +22,7 @@ from test_tree_attention import law_models, law_pvalue  # noqa: F401 (fixture)
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.core.tree import TreeProposal, tree_size
+from minispec.core.tree import Proposal, tree_size
 from minispec.decoding import runner
 from minispec.drafters.eagle import EagleDrafter
 from minispec.drafters.trees import EagleTreeDrafter, TreeDrafter, check_branching
@@ -93,7 +93,7 @@ def test_sampled_tree_output_has_the_target_law(law_models, vocab):  # noqa: F81
 def test_the_eagle_law_test_catches_a_wrong_q(law_models, monkeypatch):  # noqa: F811
     """Power: the same check, with the draws verified against a q they were not drawn from."""
     target, _, law = law_models
-    monkeypatch.setattr(runner, "verify_proposal", wrong_q(runner.verify_proposal))
+    monkeypatch.setattr(runner, "verify", wrong_q(runner.verify))
     assert law_pvalue(target, EagleDrafter(random_head(target, seed=4)), law, 1000) < 1e-3
 
 
@@ -173,11 +173,11 @@ def spied_run(target, head, prompt, branching, k=4) -> TreeSpy:
 
 
 def wrong_q(right):
-    """``verify_proposal`` judging every draw against a ``q`` it was not drawn from."""
-    def verify(proposal, p, generator, **kwargs):
+    """The runner's ``verify`` judging every draw against a ``q`` it was not drawn from."""
+    def verify(proposal, p, generator=None, **kwargs):
         draws = [[(c, None if q is None else 0.5 * q + 0.5 / q.shape[-1]) for c, q in d]
                  for d in proposal.draws]
-        return right(TreeProposal(proposal.tree, draws, proposal.created), p, generator, **kwargs)
+        return right(Proposal(proposal.tree, draws, proposal.created), p, generator, **kwargs)
     return verify
 
 

@@ -35,13 +35,15 @@ def residual(p, q):
 import minispec as ms
 
 def verify(draft_tokens, draft_probs, target_probs, generator):
-    return ms.verify(draft_tokens, draft_probs, target_probs, generator).tokens
+    proposal = ms.Proposal.chain(draft_tokens, draft_probs)
+    return ms.verify(proposal, target_probs, generator).tokens
 """,
     "04_greedy_verify": """
-from minispec.core.speculative import verify_greedy as reference
+import minispec as ms
 
 def verify_greedy(draft_tokens, draft_probs, target_probs, generator):
-    return reference(draft_tokens.tolist(), target_probs.argmax(dim=-1).tolist()).tokens
+    argmax = target_probs.argmax(dim=-1).tolist()
+    return ms.verify(ms.Proposal.chain(draft_tokens), argmax).tokens
 """,
     "05_ngram_proposer": """
 import minispec as ms
@@ -61,7 +63,8 @@ def truncate_to(cache, slot, n):
 import minispec as ms
 
 def verify_tree(tree, target_probs, draft_probs, generator):
-    return ms.verify_tree(tree, target_probs, draft_probs, generator)
+    proposal = ms.Proposal.from_tree(tree, draft_probs)
+    return ms.verify(proposal, target_probs, generator)
 """,
 }
 

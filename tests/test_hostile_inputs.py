@@ -275,6 +275,38 @@ def test_a_drafter_proposing_nonsense_fails_its_request_alone(model, ids, dtype)
         ms.speculative_generate(model, BadDrafter(ids, dtype), bad, 6, k=2)
 
 
+class BadQDrafter(BadDrafter):
+    """Proposes a valid token with a ``q`` row that is not a distribution over the target's
+    vocabulary (``width`` entries, filled with ``value``) for one prompt only."""
+
+    def __init__(self, width, value):
+        super().__init__([0])
+        self.width, self.value = width, value
+
+    def propose(self, context, k, sampling, generator):
+        draft = super().propose(context, k, sampling, generator)
+        if self.victim in context:
+            return ms.Draft(draft.tokens[:1], torch.full((1, self.width), self.value))
+        return draft
+
+
+@pytest.mark.parametrize("width, value, match", [(VOCAB, float("nan"), "NaN"),
+                                                 (VOCAB + 1, 1 / (VOCAB + 1), r"\[V\]")])
+def test_a_drafter_with_a_broken_q_fails_its_request_alone(model, width, value, match):
+    """A sampled row's q is checked where it enters the round (``Proposal.chain``) and against the
+    target's vocabulary in the walk; either failure ends that request alone."""
+    engine = ms.Engine(model, drafter=BadQDrafter(width, value), k=2, max_batch_size=4,
+                       adaptive=False)
+    sampled = ms.SamplingParams(temperature=1.0, seed=3)
+    bad, good = [1, VOCAB - 1, 2], [[3, 4], [5, 6, 7]]
+    outs = engine.generate([bad, *good], max_new_tokens=6, progress=False, sampling=sampled)
+    assert outs[0].finish_reason == "error" and re.search(match, outs[0].error)
+    for prompt, out in zip(good, outs[1:], strict=True):
+        alone = ms.Engine(model, drafter=BadQDrafter(width, value), k=2, adaptive=False)
+        assert out.tokens == alone.generate([prompt], max_new_tokens=6, progress=False,
+                                            sampling=sampled)[0].tokens
+
+
 def test_engine_options_that_would_be_ignored_are_refused(model):
     with pytest.raises(ValueError, match="needs a drafter"):
         ms.Engine(model, adaptive=True)

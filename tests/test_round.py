@@ -367,13 +367,6 @@ def test_soak_mixed_requests_none_lost_no_block_leaked(pair, kind):
 # ---------------------------------------------------------------------- the maths under bad input
 
 
-def test_verify_batch_needs_one_generator_per_row():
-    p = torch.full((2, 2, 4), 0.25)
-    drafts = torch.zeros(2, 1, dtype=torch.long)
-    with pytest.raises(ValueError, match="1 generators for 2 rows"):
-        ms.verify_batch(drafts, None, p, [torch.Generator().manual_seed(0)])
-
-
 @pytest.mark.parametrize("logits", [
     [0.0, float("inf"), 1.0],                  # +inf: all the mass on that token
     [1e30, 2e30, -5.0],                        # overflow after dividing by a tiny temperature
@@ -401,21 +394,44 @@ def test_residual_refuses_what_is_not_a_distribution(bad):
         ms.residual(torch.tensor([0.5, 0.5]), torch.tensor(bad))
 
 
+def _algorithm_1(drafts, q, p, g):
+    """Leviathan's Algorithm 1 written out, one uniform drawn per test when it is needed:
+    ``(tokens, accepted, final distribution)``."""
+    for i, x in enumerate(drafts):
+        q_i = (torch.nn.functional.one_hot(torch.tensor(x), p.shape[-1]).to(p.dtype)
+               if q is None else q[i])                      # a deterministic drafter: one-hot q
+        if float(torch.rand((), generator=g)) * float(q_i[x]) < float(p[i, x]):
+            continue
+        left = ms.residual(p[i], q_i)
+        return drafts[:i] + [int(torch.multinomial(left, 1, generator=g))], i, left
+    k = len(drafts)
+    return drafts + [int(torch.multinomial(p[k], 1, generator=g))], k, p[k]
+
+
 @pytest.mark.parametrize("seed", range(30))
-def test_the_scalar_verify_loop_equals_verify_batch(seed):
-    """verify (the loop a student reads) and verify_batch (tensors) draw the same numbers and emit
-    the same tokens from the same final distribution."""
+def test_verify_on_a_chain_is_algorithm_1_and_the_one_draft_tree(seed):
+    """The one walk on a chain draws the numbers Algorithm 1 draws (a uniform per test, lazily,
+    then the last token) and emits its tokens; the tree of that one draft is walked the same."""
     g = torch.Generator().manual_seed(seed)
     k, V = int(torch.randint(0, 5, (), generator=g)), 6
     p = torch.softmax(torch.randn(k + 1, V, generator=g) * 2, -1)
     q = torch.softmax(torch.randn(k, V, generator=g) * 2, -1)
-    drafts = torch.multinomial(q, 1, generator=g)[:, 0] if k else torch.zeros(0, dtype=torch.long)
+    drafts = torch.multinomial(q, 1, generator=g)[:, 0].tolist() if k else []
     for draft_probs in (q, None):
-        one = ms.verify(drafts, draft_probs, p, torch.Generator().manual_seed(seed))
-        many = ms.verify_batch(drafts[None], None if draft_probs is None else draft_probs[None],
-                               p[None], torch.Generator().manual_seed(seed))[0]
-        assert (one.tokens, one.num_accepted) == (many.tokens, many.num_accepted)
-        assert torch.allclose(one.final_probs, many.final_probs, atol=1e-6)
+        tokens, accepted, final = _algorithm_1(drafts, draft_probs, p,
+                                               torch.Generator().manual_seed(seed))
+        one = ms.verify(ms.Proposal.chain(drafts, draft_probs), p,
+                        torch.Generator().manual_seed(seed), greedy=False)
+        assert (one.tokens, one.num_accepted, one.bonus) == (tokens, accepted, accepted == k)
+        assert one.path == list(range(1, accepted + 1))
+        assert len(one.accept_probs) == min(accepted + 1, k)          # one test per position
+        assert torch.allclose(one.final_probs, final, atol=1e-6)
+        if k:
+            tree = ms.Proposal.from_drafts([drafts], None if draft_probs is None else [q])
+            again = ms.verify(tree, p, torch.Generator().manual_seed(seed), greedy=False)
+            assert (again.tokens, again.path, again.accept_probs) == (one.tokens, one.path,
+                                                                      one.accept_probs)
+            assert torch.equal(again.final_probs, one.final_probs)
 
 
 # ---------------------------------------------------------------------- the drafter's hook

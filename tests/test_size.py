@@ -3,7 +3,7 @@
 Code lines are lines holding code: not blank, not comments, not docstrings (docstrings are not
 budgeted: keep them). The layers a student reads -- ``core``, ``models``, ``drafters``,
 ``decoding``, ``serving`` and the ``zoo`` registry, not the tools, the graders or the training
-recipes -- have no function over 50 code lines.
+recipes -- have no function over 40 code lines.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import minispec
 
 PACKAGE = Path(minispec.__file__).parent
 READ = ("core", "zoo", "models", "drafters", "decoding", "serving")
-MAX_FUNCTION = 50
+MAX_FUNCTION = 40
 
 #: Code lines the reading layers may hold: a ratchet. The count may fall; a change that adds code
 #: pays for it elsewhere or raises the ceiling in the open, with its reason in the commit message.
 #: The goal is ``GOAL``, counted whole (the issue "The accept rule a student reads is the one that
 #: runs" asks for it); the layers are over it, and this test says by how much.
-MAX_CODE_LINES = 4_171
+MAX_CODE_LINES = 4_076
 #: The goal for the reading layers counted whole (nothing subtracted). Not met: the ceiling above
 #: holds the count where it is, and the failure message of the ceiling test gives the gap.
 GOAL = 3_600

@@ -108,10 +108,14 @@ def test_greedy_tree_finds_longest_accepted_path(seed):
     tree = ms.DraftTree.from_drafts(drafts)
     target = torch.stack([p(path) for path in _node_paths(tree)])
     one_hot = torch.zeros_like(target).scatter_(-1, target.argmax(-1, keepdim=True), 1.0)
-    verdict = ms.verify_tree(tree, one_hot)
+    proposal = ms.Proposal.from_tree(tree)
+    verdict = ms.verify(proposal, one_hot)
     assert verdict.tokens == greedy_reference(p, drafts)
-    # Forcing greedy mode on the soft rows gives the same answer.
-    assert ms.verify_tree(tree, target, greedy=True).tokens == verdict.tokens
+    # Forcing greedy mode on the soft rows, or giving the argmaxes alone, gives the same answer.
+    assert ms.verify(proposal, target, greedy=True).tokens == verdict.tokens
+    fast = ms.verify(proposal, target.argmax(-1).tolist())
+    assert (fast.tokens, fast.path, fast.bonus) == (verdict.tokens, verdict.path, verdict.bonus)
+    assert fast.final_probs is None
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -125,25 +129,64 @@ def test_sampled_tree_exact_law(seed):
 
 
 def test_sampled_tree_with_one_hot_proposals_monte_carlo():
-    """Deterministic drafters (several n-gram candidates): draft_probs=None stays exact."""
+    """Deterministic drafters (several n-gram candidates): one-hot proposals stay exact."""
     vocab = 4
     p = random_table_model(vocab, seed=3, zeros=0.0)
     drafts = [[0, 1], [0, 2], [3]]
-    tree = ms.DraftTree.from_drafts(drafts)
-    target = torch.stack([p(path) for path in _node_paths(tree)]).float()
+    proposal = ms.Proposal.from_drafts(drafts)
+    target = torch.stack([p(path) for path in _node_paths(proposal.tree)]).float()
     g = torch.Generator().manual_seed(0)
     n = 6000
-    firsts = [ms.verify_tree(tree, target, None, g, greedy=False).tokens[0] for _ in range(n)]
+    firsts = [ms.verify(proposal, target, g, greedy=False).tokens[0] for _ in range(n)]
     counts = torch.bincount(torch.tensor(firsts), minlength=vocab)
     assert chi_square_pvalue(counts, p(()).float()) > 1e-3
 
 
+def test_proposal_from_drafts_draws_each_draft_in_order():
+    """SpecInfer's draws: at every node each draft through it proposes its next token, in draft
+    order, with its own q row; a child two drafts share is drawn twice."""
+    qs = [torch.full((2, 4), 0.25), torch.full((2, 4), 0.25) * torch.tensor([2.0, 0, 1, 1]),
+          torch.tensor([[0.1, 0.2, 0.3, 0.4]])]
+    proposal = ms.Proposal.from_drafts([[1, 2], [1, 3], [0]], qs)
+    assert proposal.tree.tokens == [-1, 1, 2, 3, 0]
+    assert [[c for c, _ in d] for d in proposal.draws] == [[1, 1, 4], [2, 3], [], [], []]
+    assert torch.equal(proposal.draws[0][1][1], qs[1][0])
+    assert torch.equal(proposal.draws[0][2][1], qs[2][0])
+    assert torch.equal(proposal.draws[1][1][1], qs[1][1])
+    assert proposal.depth == 2 and not proposal.is_chain
+    assert all(q is None for d in ms.Proposal.from_drafts([[1, 2], [1, 3]]).draws for _, q in d)
+    chain = ms.Proposal.chain([5, 6])
+    assert chain.tree.tokens == [-1, 5, 6] and chain.tree.parents == [-1, 0, 1]
+    assert chain.is_chain and chain.depth == 2 and chain.tree.draft_nodes == [[1, 2]]
+
+
 def test_tree_bad_inputs():
     tree = ms.DraftTree.from_drafts([[0, 1]])
-    with pytest.raises(ValueError, match="tree nodes"):
-        ms.verify_tree(tree, torch.full((2, 3), 1 / 3))
-    with pytest.raises(ValueError, match=r"draft_probs\[0\]"):
-        ms.verify_tree(tree, torch.full((3, 3), 1 / 3), [torch.full((1, 3), 1 / 3)])
+    proposal = ms.Proposal.from_tree(tree)
+    with pytest.raises(ValueError, match=r"\[N, V\] with N = 3"):
+        ms.verify(proposal, torch.full((2, 3), 1 / 3))
+    with pytest.raises(ValueError, match="2 argmax ids for a tree of 3 nodes"):
+        ms.verify(proposal, [0, 1])
+    with pytest.raises(ValueError, match="lie in"):
+        ms.verify(ms.Proposal.from_drafts([[0, 5]]), torch.full((3, 3), 1 / 3))
+    with pytest.raises(ValueError, match="sum to 1"):
+        ms.verify(proposal, torch.full((3, 3), 0.5))
+    with pytest.raises(ValueError, match="argmaxes"):
+        ms.verify(proposal, [0, 1, 2], greedy=False)
+    with pytest.raises(ValueError, match=r"draft_probs\[0\] must be \[2, V\]"):
+        ms.Proposal.from_tree(tree, [torch.full((1, 3), 1 / 3)])
+    with pytest.raises(ValueError, match=r"draft_probs\[0\] must be \[2, V\]"):
+        ms.Proposal.from_tree(tree, [torch.full((3,), 1 / 3)])
+    with pytest.raises(ValueError, match="draft_probs for 2 drafts"):
+        ms.Proposal.from_tree(tree, [torch.full((2, 3), 1 / 3)] * 2)
+    with pytest.raises(ValueError, match=r"draft_probs\[0\] rows must sum to 1"):
+        ms.Proposal.from_tree(tree, [torch.full((2, 3), 0.5)])
+    with pytest.raises(ValueError, match=r"draft_probs\[1\] contains NaN"):
+        ms.Proposal.from_drafts([[0], [1]], [torch.full((1, 3), 1 / 3),
+                                             torch.tensor([[float("nan"), 0.5, 0.5]])])
+    with pytest.raises(ValueError, match="probability 0"):      # a tested draw q gives 0
+        ms.verify(ms.Proposal.from_tree(tree, [torch.tensor([[1.0, 0.0, 0.0]] * 2)]),
+                  torch.full((3, 3), 1 / 3), greedy=False, uniforms=[0.0, 0.0])
     with pytest.raises(ValueError, match="at least one"):
         ms.DraftTree.from_drafts([])
     with pytest.raises(ValueError, match="probability 0"):

@@ -307,7 +307,7 @@ def test_the_law_test_catches_a_wrong_q(law_models, monkeypatch):
     target, draft, law = law_models
     from test_eagle_tree import wrong_q
 
-    monkeypatch.setattr(runner, "verify_proposal", wrong_q(runner.verify_proposal))
+    monkeypatch.setattr(runner, "verify", wrong_q(runner.verify))
     assert law_pvalue(target, draft, law, 1000) < 1e-3       # measured ~1e-30 at 2000 runs
 
 

@@ -1,6 +1,6 @@
 """Grade a student's verifier (Algorithm 1's accept loop) by the law of the whole emitted stream.
 
-The function under test has the signature of [`minispec.verify`][minispec.core.speculative.verify]:
+The function under test verifies one chain of drafts (Algorithm 1):
 
     fn(draft_tokens [k] int64, draft_probs [k, V] | None, target_probs [k+1, V], generator)
         -> the emitted tokens (a list, a tensor, or an object with ``.tokens``)
@@ -91,7 +91,8 @@ def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: i
     emit the bonus token after them (lossless, so not a failure). The check does not ask *how*
     tokens are chosen: any lossless rule passes (e.g. accepting ``x`` with probability ``p(x)``
     and resampling from ``p`` without ``x``), and minispec's
-    [`verify`][minispec.core.speculative.verify] passes.
+    [`verify`][minispec.core.speculative.verify] passes (``lambda d, q, p, g:
+    ms.verify(ms.Proposal.chain(d, q), p, g)``).
 
     **False alarms.** Each sampled law case runs two Pearson tests, first token (2 df) and whole
     stream (pooled to about 30 df); the 6 tests share a budget of ``1e-3`` by Bonferroni, each at

@@ -1,7 +1,6 @@
 """Grade a student's draft-tree verifier (SpecInfer's walk, Stratos §2) by the law of the stream.
 
-The function under test has the signature of
-[`minispec.verify_tree`][minispec.core.tree.verify_tree]:
+The function under test walks a tree built from several drafts:
 
     fn(tree: DraftTree, target_probs [N, V], draft_probs list of [depth_j, V] | None, generator)
         -> the emitted tokens (a list, a tensor, or an object with ``.tokens``)
@@ -73,7 +72,8 @@ def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, se
     by ``q``, as top-k tree drafting does), reproducibility under a fixed seed, and greedy mode
     (one-hot target rows: every stream must be the target's greedy chain). The emitted tokens
     before the last must follow a path of the tree from its root. Any lossless walk passes:
-    SpecInfer's iterative rule ([`minispec.verify_tree`][minispec.core.tree.verify_tree]) does.
+    SpecInfer's iterative rule does (``lambda tree, p, q, g: ms.verify(ms.Proposal.from_tree(tree,
+    q), p, g)``).
 
     **False alarms.** 4 Pearson tests (first token and whole stream for each sampled case), each
     at ``alpha = 6.25e-5``: at most ``1e-3`` for a correct walk, by the same argument as the chain

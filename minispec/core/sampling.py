@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["MIN_TEMPERATURE", "SamplingParams", "is_int", "is_real", "one_hot", "probs_for_rows",
-           "probs_from_logits", "sample"]
+__all__ = ["MIN_TEMPERATURE", "SamplingParams", "check_probs", "is_int", "is_real", "one_hot",
+           "probs_for_rows", "probs_from_logits", "sample"]
 
 #: The smallest positive temperature: float32's smallest positive number, ``2**-149`` (about
 #: 1.4e-45). Logits are divided by ``T`` in float32, where a smaller ``T`` rounds to 0 (then
@@ -254,3 +254,25 @@ def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     flat = probs.reshape(-1, probs.shape[-1])                             # (N, V)
     tokens = torch.multinomial(flat, 1, generator=generator)              # (N, 1)
     return tokens.reshape(probs.shape[:-1])
+
+
+def check_probs(probs: Tensor, name: str, atol: float = 1e-4) -> None:
+    """Raise ``ValueError`` unless ``probs`` ``[..., V]`` holds distributions.
+
+    Checks: floating dtype, no NaN, no negative entry, every row sums to 1 within ``atol``.
+    All conditions are reduced on the device first so a valid input costs a single host sync.
+    """
+    if not torch.is_floating_point(probs):
+        raise ValueError(f"{name} must be a floating-point tensor, got {probs.dtype}")
+    if probs.ndim == 0 or probs.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty vocabulary dimension, "
+                         f"got {tuple(probs.shape)}")
+    row_error = (probs.sum(dim=-1) - 1).abs()
+    bad = torch.isnan(probs).any() | (probs < 0).any() | (row_error > atol).any()
+    if not bool(bad):
+        return
+    if torch.isnan(probs).any():
+        raise ValueError(f"{name} contains NaN")
+    if (probs < 0).any():
+        raise ValueError(f"{name} has negative probabilities (min {probs.min().item():.3g})")
+    raise ValueError(f"{name} rows must sum to 1; worst row is off by {row_error.max().item():.3g}")

@@ -208,15 +208,6 @@ class Sequence:
         return self.num_tokens - 1 - self.num_cached
 
     @property
-    def draft_lag(self) -> int:
-        """Context tokens a lazy draft cache feeds in a catch-up forward before it drafts: all it
-        lacks but the last, when it lacks more than the one or two a drafting round leaves
-        (``ModelDrafter``; after plain rounds, every token since). Another drafter's catch-up, if
-        any, is part of its draft step, and the engine learns its price as 0 per token."""
-        lacks = self.num_tokens - self.draft_len
-        return lacks - 1 if lacks > 2 else 0
-
-    @property
     def tokens_left(self) -> int:
         """The most tokens it may still generate (its budget, and the context limit)."""
         return min(self.max_new_tokens - len(self.generated), self.max_seq_len - self.num_tokens)

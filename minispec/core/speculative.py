@@ -1,4 +1,4 @@
-"""Speculative sampling and verification: the maths, with no model in sight.
+"""Speculative sampling and verification: the accept rule, and the one walk that applies it.
 
 Notation (Leviathan et al. 2023): ``p`` is the target distribution, ``q`` the draft distribution,
 both over a vocabulary of ``V`` tokens and both *after* the same sampling adjustments
@@ -10,27 +10,28 @@ The one rule everything here is built from (Leviathan §2.3, Stratos §1):
 * draw ``x ~ q``; accept it iff ``u < p(x) / q(x)`` for ``u ~ U[0, 1)``;
 * on rejection, draw from the residual ``norm(max(0, p - q))``.
 
-The accepted-or-resampled token is distributed exactly as ``p`` (Leviathan App. A.1).
-[`verify`][minispec.core.speculative.verify] applies the rule to ``k`` drafts in a row
-(Algorithm 1), [`verify_batch`][minispec.core.speculative.verify_batch] to a batch of rows at once,
-and ``minispec.core.tree`` generalises it to several proposals and draft trees.
+The accepted-or-resampled token is distributed exactly as ``p`` (Leviathan App. A.1). Several
+proposals at one position are tried in turn, each against what the earlier rejections left
+(iterative speculative sampling, Stratos §2). [`verify`][minispec.core.speculative.verify] walks a
+round's [`Proposal`][minispec.core.tree.Proposal] -- a chain (Algorithm 1) or a tree (SpecInfer)
+-- from the root, applying that rule at every node: it is what both drivers run, for every row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import one_hot, sample
+from minispec.core.sampling import check_probs, one_hot, sample
+from minispec.core.tree import Proposal
 
-__all__ = ["Draft", "GreedyVerdict", "Verdict", "accepts", "check_probs", "residual",
-           "speculative_sample", "speculative_sample_batch", "verify", "verify_batch",
-           "verify_greedy"]
+__all__ = ["Draft", "IterativeResult", "Verdict", "accepts", "iterative_speculative_sample",
+           "residual", "speculate", "speculative_sample", "verify"]
 
-Generators = torch.Generator | Sequence[torch.Generator] | None  # one shared, or one per row
+Draws = Sequence[tuple[int, Tensor | None]]     # (token x_j, the q_j it was drawn from, or None)
 
 
 @dataclass(frozen=True)
@@ -48,28 +49,6 @@ class Draft:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
-
-
-def check_probs(probs: Tensor, name: str, atol: float = 1e-4) -> None:
-    """Raise ``ValueError`` unless ``probs`` ``[..., V]`` holds distributions.
-
-    Checks: floating dtype, no NaN, no negative entry, every row sums to 1 within ``atol``.
-    All conditions are reduced on the device first so a valid input costs a single host sync.
-    """
-    if not torch.is_floating_point(probs):
-        raise ValueError(f"{name} must be a floating-point tensor, got {probs.dtype}")
-    if probs.ndim == 0 or probs.shape[-1] == 0:
-        raise ValueError(f"{name} must have a non-empty vocabulary dimension, "
-                         f"got {tuple(probs.shape)}")
-    row_error = (probs.sum(dim=-1) - 1).abs()
-    bad = torch.isnan(probs).any() | (probs < 0).any() | (row_error > atol).any()
-    if not bool(bad):
-        return
-    if torch.isnan(probs).any():
-        raise ValueError(f"{name} contains NaN")
-    if (probs < 0).any():
-        raise ValueError(f"{name} has negative probabilities (min {probs.min().item():.3g})")
-    raise ValueError(f"{name} rows must sum to 1; worst row is off by {row_error.max().item():.3g}")
 
 
 def residual(p: Tensor, q: Tensor) -> Tensor:
@@ -102,12 +81,61 @@ def _residual(p: Tensor, q: Tensor) -> Tensor:
     return torch.where(mass > 0, excess / safe_mass, p.expand_as(excess))
 
 
-def accepts(u: Tensor, p_x: Tensor, q_x: Tensor) -> Tensor:
+def accepts(u: Tensor | float, p_x: Tensor | float, q_x: Tensor | float) -> Tensor | bool:
     """The acceptance test ``u < p(x) / q(x)``, strict, written without a division.
 
     Strictness matters: with ``u = 0`` a token the target gives probability 0 must be rejected.
     """
     return u * q_x < p_x
+
+
+def _check_pair(p: Tensor, q: Tensor) -> None:
+    if p.ndim != 1 or p.shape != q.shape:
+        raise ValueError(f"p and q must both be [V] with the same V, got {tuple(p.shape)} and "
+                         f"{tuple(q.shape)}")
+    if not (torch.is_floating_point(p) and torch.is_floating_point(q)):
+        raise ValueError(f"p and q must be floating-point tensors, got {p.dtype} and {q.dtype}")
+    check_probs(torch.stack([p, q]), "p and q")
+
+
+
+def _uniform_stream(uniforms: Iterable[float] | None, generator: torch.Generator | None,
+                    device: torch.device) -> Iterator[Tensor]:
+    """Yield ``u ~ U[0, 1)`` one at a time, from ``uniforms`` when given, else from
+    ``generator``."""
+    if uniforms is not None:
+        for u in uniforms:
+            yield torch.as_tensor(float(u), device=device)
+        raise ValueError("ran out of the uniforms that were passed in")
+    while True:
+        yield torch.rand((), generator=generator, device=device)
+
+
+def speculate(p: Tensor, proposals: Draws, us: Iterator[Tensor], tested: list[float]
+              ) -> tuple[int | None, Tensor]:
+    """The rule at one position: try ``proposals`` in order, each against what ``p`` has left.
+
+    Proposal ``j`` (token ``x_j`` drawn from ``q_j``; ``q_j = None`` is one-hot) is kept iff
+    ``u < p_{j-1}(x_j) / q_j(x_j)``; after a rejection ``p_j = norm(max(0, p_{j-1} - q_j))``
+    (Stratos §2; with one proposal, Leviathan's rule). Appends ``min(1, p_{j-1}(x_j) / q_j(x_j))``
+    of every test to ``tested``.
+
+    Returns:
+        ``(index of the kept proposal or None, the distribution left)``: on ``None`` the token is
+        drawn from what is left; it has the law ``p``.
+    """
+    for j, (x, q) in enumerate(proposals):
+        p_x, q_x = float(p[x]), 1.0 if q is None else float(q[x])
+        if q_x <= 0:
+            raise ValueError(f"proposal {j} is token {x} but its q gives it probability 0: q "
+                             "must be the distribution the token was actually drawn from")
+        tested.append(min(1.0, p_x / q_x))
+        if accepts(float(next(us)), p_x, q_x):
+            return j, p
+        if q is None:
+            q = one_hot(torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
+        p = _residual(p, q)       # speculate on what the target has left
+    return None, p
 
 
 def speculative_sample(p: Tensor, q: Tensor, generator: torch.Generator | None = None
@@ -125,237 +153,159 @@ def speculative_sample(p: Tensor, q: Tensor, generator: torch.Generator | None =
     """
     _check_pair(p, q)
     x = int(sample(q, generator))
-    u = torch.rand((), generator=generator, device=q.device)
-    if accepts(u, p[x], q[x]):
-        return x, True
-    return int(sample(_residual(p, q), generator)), False
+    kept, left = speculate(p, [(x, q)], _uniform_stream(None, generator, p.device), [])
+    return (x, True) if kept is not None else (int(sample(left, generator)), False)
 
 
-def speculative_sample_batch(p: Tensor, q: Tensor, num_samples: int,
-                             generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """``num_samples`` independent runs of
-    [`speculative_sample`][minispec.core.speculative.speculative_sample], vectorised.
+@dataclass(frozen=True)
+class IterativeResult:
+    """Outcome of [`iterative_speculative_sample`][minispec.core.speculative.iterative_speculative_sample].
 
-    Used for Monte Carlo checks. Every run draws its residual token up front, and keeps it only on
-    rejection, which leaves the law of each run unchanged.
+    Attributes:
+        token: the emitted token (law ``p``).
+        accepted_index: which proposal was accepted, or ``None`` if all were rejected.
+        final_probs: ``[V]`` the residual the token was drawn from after all rejections (or the
+            ``p_{j-1}`` the accepted proposal was tested against).
+        accept_probs: ``min(1, p_{j-1}(x_j) / q_j(x_j))`` for each proposal tested, in order.
+    """
+
+    token: int
+    accepted_index: int | None
+    final_probs: Tensor
+    accept_probs: list[float]
+
+
+def iterative_speculative_sample(p: Tensor, qs: Tensor, generator: torch.Generator | None = None,
+                                 *, proposals: Sequence[int] | None = None,
+                                 uniforms: Iterable[float] | None = None) -> IterativeResult:
+    """Iterative speculative sampling with proposals ``q_1..q_K`` (Stratos §2): the rule
+    [`verify`][minispec.core.speculative.verify] applies at a node with ``K`` children.
+
+    Args:
+        p: ``[V]`` target distribution.
+        qs: ``[K, V]`` proposal distributions (they may repeat).
+        generator: random stream.
+        proposals: ``[K]`` tokens ``x_j ~ q_j`` already drawn (drawn here when ``None``).
+        uniforms: acceptance uniforms to use instead of drawing them, consumed in order.
 
     Returns:
-        ``(tokens, accepted)``, both ``[num_samples]`` (int64 and bool).
+        An [`IterativeResult`][minispec.core.speculative.IterativeResult] whose token has law
+        ``p``.
     """
-    _check_pair(p, q)
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    x = torch.multinomial(q, num_samples, replacement=True, generator=generator)      # (n,)
-    u = torch.rand(num_samples, generator=generator, device=q.device)                 # (n,)
-    accepted = accepts(u, p[x], q[x])                                                # (n,)
-    fallback = torch.multinomial(_residual(p, q), num_samples, replacement=True,
-                                 generator=generator)
-    return torch.where(accepted, x, fallback), accepted
-
-
-def _check_pair(p: Tensor, q: Tensor) -> None:
-    if p.ndim != 1 or p.shape != q.shape:
-        raise ValueError(f"p and q must both be [V] with the same V, got {tuple(p.shape)} and "
-                         f"{tuple(q.shape)}")
+    if p.ndim != 1 or qs.ndim != 2 or qs.shape[1] != p.shape[0]:
+        raise ValueError(f"expected p [V] and qs [K, V], got {tuple(p.shape)} and "
+                         f"{tuple(qs.shape)}")
     check_probs(p, "p")
-    check_probs(q, "q")
+    check_probs(qs, "qs")
+    if proposals is None:
+        proposals = [int(sample(q, generator)) for q in qs]
+    if len(proposals) != qs.shape[0]:
+        raise ValueError(f"got {len(proposals)} proposals for {qs.shape[0]} distributions")
+    tested: list[float] = []
+    us = _uniform_stream(uniforms, generator, p.device)
+    j, left = speculate(p, list(zip(proposals, qs, strict=True)), us, tested)
+    token = proposals[j] if j is not None else int(sample(left, generator))
+    return IterativeResult(token, j, left, tested)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The outcome of verifying one row of ``k`` draft tokens.
+    """The outcome of [`verify`][minispec.core.speculative.verify] on one row.
 
     Attributes:
-        tokens: the tokens to append, ``num_accepted + 1`` of them: the accepted drafts, then either
-            the correction drawn from the residual (a draft was rejected) or the bonus token drawn
-            from the target at position ``k + 1`` (all drafts accepted).
-        num_accepted: how many drafts were accepted (``0..k``).
-        num_drafts: ``k``.
-        final_probs: ``[V]`` the distribution the last token was drawn from (residual, bonus
-            distribution, or one-hot in greedy mode) -- data for lessons and exactness checks.
+        tokens: the tokens to append: the accepted drafts along ``path``, then one token drawn at
+            the last node reached -- the correction from the residual after a rejection, or the
+            bonus token from the target's row when the walk reached a leaf.
+        path: the accepted nodes, root excluded (on a chain: ``1..num_accepted``).
+        final_probs: ``[V]`` the distribution the last token was drawn from (one-hot in greedy
+            mode; ``None`` when the walk was given argmaxes only).
+        accept_probs: ``min(1, p(x) / q(x))`` of every test made, in order (sampled mode).
+        bonus: whether every draft on the path was accepted to a leaf, so the last token is the
+            free bonus token.
     """
 
     tokens: list[int]
-    num_accepted: int
-    num_drafts: int
-    final_probs: Tensor
+    path: list[int]
+    final_probs: Tensor | None
+    accept_probs: list[float]
+    bonus: bool
 
     @property
-    def bonus(self) -> bool:
-        """True when every draft was accepted and the last token is the free bonus token."""
-        return self.num_accepted == self.num_drafts
+    def num_accepted(self) -> int:
+        """How many draft tokens were accepted (the depth of the accepted path)."""
+        return len(self.path)
 
 
-@dataclass(frozen=True)
-class GreedyVerdict:
-    """The outcome of [`verify_greedy`][minispec.core.speculative.verify_greedy]: the tokens to
-    append and how many drafts were kept."""
-
-    tokens: list[int]
-    num_accepted: int
-
-
-def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> GreedyVerdict:
-    """Greedy verification (Stratos App. A) on token ids alone, with no distributions.
-
-    Args:
-        draft_tokens: ``[k]`` the drafts ``d_1..d_k``.
-        target_argmax: ``[k+1]`` the target's argmax after the context plus ``d_1..d_i``.
-
-    Returns:
-        The drafts up to the first one that differs from the target's argmax, then the target's
-        argmax at that position (or the bonus argmax when all ``k`` match) -- exactly what
-        [`verify`][minispec.core.speculative.verify] returns on one-hot target rows, without
-        building them.
-    """
-    accepted = 0
-    while accepted < len(draft_tokens) and draft_tokens[accepted] == target_argmax[accepted]:
-        accepted += 1
-    return GreedyVerdict(list(draft_tokens[:accepted]) + [target_argmax[accepted]], accepted)
-
-
-def verify(draft_tokens: Sequence[int] | Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+def verify(proposal: Proposal, target: Tensor | Sequence[int],
            generator: torch.Generator | None = None, *, greedy: bool | None = None,
-           uniforms: Tensor | None = None) -> Verdict:
-    """Algorithm 1's accept loop for one sequence (Leviathan et al. 2023, §2.3), written as the
-    loop.
+           uniforms: Iterable[float] | None = None) -> Verdict:
+    """The accept walk: what both drivers run on every row, for chains and trees alike.
 
-    This is the scalar reference a student reads;
-    [`verify_batch`][minispec.core.speculative.verify_batch] is the same rule on tensors for many
-    rows at once and draws the same random numbers (``k`` uniforms first, then the last token), so
-    the two agree token for token; the exact-law tests check both.
+    From the root, the draws made at the current node are tried in draw order by
+    [`speculate`][minispec.core.speculative.speculate] (on a chain: Algorithm 1's one test per
+    position, Leviathan et al.; on a tree: SpecInfer's iterative rule); the first kept one is the
+    next node. When every draw there is rejected, or the node is a leaf, one last token is drawn
+    from what is left, and the emitted tokens have the target's law (Stratos §2). Greedy
+    (Stratos App. A): step to the child whose token is the target's argmax while there is one, then
+    emit that argmax.
 
     Args:
-        draft_tokens: ``[k]`` the drafted tokens ``d_1..d_k``.
-        draft_probs: ``[k, V]`` row ``i`` is the distribution ``d_{i+1}`` was drawn from, or
-            ``None`` for a deterministic drafter (n-gram, prompt lookup): then ``q`` is one-hot at
-            each draft, and sampling stays exact.
-        target_probs: ``[k+1, V]`` row ``i`` is ``p(. | context, d_1..d_i)``; the last row gives the
-            bonus token.
-        generator: random stream for the ``u``'s and the final draw.
-        greedy: exact-match mode (accept ``d_i`` iff it is the target's argmax, then append the
-            argmax); ``None`` picks it when every target row is one-hot (temperature 0).
-        uniforms: ``[k]`` optional ``u`` values to use instead of drawing them (for teaching and
-            for exact enumeration in tests).
+        proposal: the round's drafts ([`Proposal.chain`][minispec.core.tree.Proposal.chain], or a
+            tree).
+        target: ``[N, V]`` the target's ``p`` at the root (row 0) and at every node; or, for
+            greedy decoding, the ``N`` argmax ids alone (nothing is drawn).
+        generator: random stream for the uniforms and the last draw.
+        greedy: exact-match mode; ``None`` picks it when every target row is one-hot.
+        uniforms: acceptance uniforms to use instead of drawing them, consumed in order (for
+            teaching and for exact enumeration in tests).
 
     Returns:
-        A [`Verdict`][minispec.core.speculative.Verdict] with ``1..k+1`` tokens.
+        A [`Verdict`][minispec.core.speculative.Verdict]: the accepted path and its tokens, plus
+        one more token.
     """
-    if not isinstance(draft_tokens, Tensor):
-        draft_tokens = torch.tensor(list(draft_tokens), dtype=torch.long,
-                                    device=target_probs.device)
-    if draft_tokens.ndim != 1 or target_probs.ndim != 2:
-        raise ValueError(f"verify expects draft_tokens [k] and target_probs [k+1, V], got "
-                         f"{tuple(draft_tokens.shape)} and {tuple(target_probs.shape)}")
-    _check_verify_inputs(draft_tokens[None], None if draft_probs is None else draft_probs[None],
-                         target_probs[None], None if uniforms is None else uniforms[None])
-    p, q, drafts = target_probs, draft_probs, draft_tokens.tolist()              # p (k+1, V)
-    k = len(drafts)
-    if greedy is None:                  # temperature 0: every target row is one-hot
-        greedy = bool((p.amax(dim=-1) == 1).all())
-    u = uniforms if uniforms is not None else torch.rand(k, generator=generator, device=p.device)
-    for i, x in enumerate(drafts):      # test d_1, d_2, ... in order; stop at the first rejection
-        q_i = one_hot(draft_tokens[i], p.shape[-1]).to(p.dtype) if q is None else q[i]   # (V,)
-        if not greedy and q_i[x] == 0:
-            raise ValueError("a draft token has q(x) = 0: draft_probs must be the distribution "
-                             "each draft token was actually drawn from")
-        keep = x == int(p[i].argmax()) if greedy else bool(accepts(u[i], p[i, x], q_i[x]))
-        if not keep:                    # rejected: the correction comes from norm(max(0, p - q))
-            final = p[i] if greedy else _residual(p[i], q_i)
+    best = _check_target(proposal, target)             # the argmaxes, when they decide
+    greedy = best is not None if greedy is None else greedy
+    if not greedy and not isinstance(target, Tensor):
+        raise ValueError("sampled verification needs the target's distributions, not argmaxes")
+    if greedy and best is None:
+        best = target.argmax(dim=-1).tolist()
+    tokens, node, path, tested = proposal.tree.tokens, 0, [], []
+    us = None if greedy else _uniform_stream(uniforms, generator, target.device)
+    while True:
+        draws = proposal.draws[node]
+        if greedy:                  # the child that is the target's own choice, if one is
+            kept = next((j for j, (c, _) in enumerate(draws) if tokens[c] == best[node]), None)
+        else:                       # each draw against what p has left after the earlier ones
+            kept, left = speculate(target[node], [(tokens[c], q) for c, q in draws], us, tested)
+        if kept is None:
             break
-    else:                               # all k accepted: the bonus token comes from p_{k+1}
-        i, final = k, p[k]
-    if greedy:                          # exact match: the target's argmax, drawn from nothing
-        last = int(p[i].argmax())
-        final = one_hot(torch.tensor(last), p.shape[-1]).to(p.dtype)
+        node = draws[kept][0]
+        path.append(node)
+    if greedy:
+        last = best[node]
+        final = (one_hot(torch.tensor(last), target.shape[-1]).to(target.dtype)
+                 if isinstance(target, Tensor) else None)
     else:
-        last = int(sample(final[None], generator)[0])
-    return Verdict(tokens=drafts[:i] + [last], num_accepted=i, num_drafts=k, final_probs=final)
+        last, final = int(sample(left, generator)), left
+    return Verdict([tokens[i] for i in path] + [last], path, final, tested, not draws)
 
 
-def verify_batch(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
-                 generators: Generators = None, *, greedy: bool | Sequence[bool] | None = None,
-                 uniforms: Tensor | None = None) -> list[Verdict]:
-    """[`verify`][minispec.core.speculative.verify]'s loop for ``B`` rows at once, on tensors.
-
-    The same steps, each on a ``(B, k)`` or ``(B, V)`` tensor: test every draft (``u_i <
-    p_i(d_i) / q_i(d_i)``, or an argmax match for greedy rows); the accepted drafts are the prefix
-    before the first failed test (a cumulative product); the last token comes from the bonus row
-    ``p_{k+1}`` if all ``k`` passed, else from the residual at the first rejection. Row ``b`` with
-    its own generator draws the same numbers as ``verify`` would (``k`` uniforms, then the last
-    token), so the two agree token for token. Used for Monte Carlo checks in the lessons.
-
-    Args:
-        draft_tokens: ``[B, k]`` int64 drafts.
-        draft_probs: ``[B, k, V]`` or ``None`` (one-hot ``q``, deterministic drafters).
-        target_probs: ``[B, k+1, V]``.
-        generators: one generator shared by all rows, one per row (a request keeps its own random
-            stream in a batch), or ``None``.
-        greedy: one flag for all rows, one per row, or ``None`` to detect one-hot target rows.
-        uniforms: ``[B, k]`` optional acceptance uniforms.
-
-    Returns:
-        One [`Verdict`][minispec.core.speculative.Verdict] per row.
-    """
-    B, k = _check_verify_inputs(draft_tokens, draft_probs, target_probs, uniforms)
-    p, V, rows = target_probs, target_probs.shape[-1], torch.arange(B, device=target_probs.device)
-    per_row = generators is not None and not isinstance(generators, torch.Generator)
-    if per_row and len(generators := list(generators)) != B:   # never share a row's stream
-        raise ValueError(f"{len(generators)} generators for {B} rows: give one per row, or one "
-                         "torch.Generator shared by all")
-    if greedy is None:
-        greedy_rows = (p.amax(dim=-1) == 1).all(dim=-1)                           # (B,)
-    else:
-        greedy_rows = torch.tensor([greedy] * B if isinstance(greedy, bool) else list(greedy),
-                                   dtype=torch.bool, device=p.device)
-    if uniforms is None:
-        uniforms = (torch.stack([torch.rand(k, generator=g, device=p.device) for g in generators])
-                    if per_row else torch.rand(B, k, generator=generators, device=p.device))
-    q = one_hot(draft_tokens, V).to(p.dtype) if draft_probs is None else draft_probs  # (B, k, V)
-    p_x = p[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)                # (B, k)
-    q_x = q.gather(-1, draft_tokens[..., None]).squeeze(-1)                       # (B, k)
-    if (q_x[~greedy_rows] == 0).any():
-        raise ValueError("a draft token has q(x) = 0: draft_probs must be the distribution "
-                         "each draft token was actually drawn from")
-    exact = draft_tokens == p[:, :k].argmax(dim=-1)                               # (B, k)
-    keep = torch.where(greedy_rows[:, None], exact, accepts(uniforms, p_x, q_x))  # (B, k)
-    accepted = keep.long().cumprod(dim=-1).sum(dim=-1)       # (B,) stop at the first rejection
-    p_n = p[rows, accepted]                                  # (B, V) the row of the last token
-    final = p_n if k == 0 else torch.where(                  # bonus, or the residual
-        (accepted == k)[:, None], p_n, _residual(p_n, q[rows, accepted.clamp(max=k - 1)]))
-    best = p_n.argmax(dim=-1)                                                     # (B,)
-    final = torch.where(greedy_rows[:, None], one_hot(best, V).to(p.dtype), final)
-    if per_row:
-        last = [int(best[b]) if greedy_rows[b] else int(sample(final[b], g))
-                for b, g in enumerate(generators)]
-    else:
-        drawn = best if bool(greedy_rows.all()) else sample(final, generators)
-        last = torch.where(greedy_rows, best, drawn).tolist()
-    drafts, counts = draft_tokens.tolist(), accepted.tolist()
-    return [Verdict(drafts[b][: counts[b]] + [last[b]], counts[b], k, final[b]) for b in range(B)]
-
-
-def _check_verify_inputs(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
-                         uniforms: Tensor | None) -> tuple[int, int]:
-    """Validate shapes and distributions of a batched verify; return ``(B, k)``."""
-    if draft_tokens.ndim != 2 or target_probs.ndim != 3:
-        raise ValueError(f"expected draft_tokens [B, k] and target_probs [B, k+1, V], got "
-                         f"{tuple(draft_tokens.shape)} and {tuple(target_probs.shape)}")
-    B, k = draft_tokens.shape
-    V = target_probs.shape[-1]
-    if target_probs.shape[:2] != (B, k + 1):
-        raise ValueError(f"target_probs must be [B, k+1, V] = [{B}, {k + 1}, V], "
-                         f"got {tuple(target_probs.shape)}")
-    if draft_probs is not None and draft_probs.shape != (B, k, V):
-        raise ValueError(f"draft_probs must be [B, k, V] = [{B}, {k}, {V}], "
-                         f"got {tuple(draft_probs.shape)}")
-    if uniforms is not None and uniforms.shape != (B, k):
-        raise ValueError(f"uniforms must be [B, k] = [{B}, {k}], got {tuple(uniforms.shape)}")
-    if draft_tokens.dtype != torch.long:
-        raise ValueError(f"draft_tokens must be int64, got {draft_tokens.dtype}")
-    if k > 0 and (draft_tokens.min() < 0 or draft_tokens.max() >= V):
+def _check_target(proposal: Proposal, target: Tensor | Sequence[int]) -> list[int] | None:
+    """Check ``target`` against the proposal; the argmax ids when they decide (argmaxes given, or
+    every row one-hot), else ``None``."""
+    n = len(proposal.tree)
+    if not isinstance(target, Tensor):
+        if len(target) != n:
+            raise ValueError(f"got {len(target)} argmax ids for a tree of {n} nodes")
+        return [int(t) for t in target]
+    if target.ndim != 2 or target.shape[0] != n:
+        raise ValueError(f"target must be [N, V] with N = {n} (the root and every node), "
+                         f"got {tuple(target.shape)}")
+    V = target.shape[-1]
+    if any(not 0 <= t < V for t in proposal.tree.tokens[1:]):
         raise ValueError(f"draft tokens must lie in [0, {V})")
-    check_probs(target_probs, "target_probs")
-    if draft_probs is not None:
-        check_probs(draft_probs, "draft_probs")
-    return B, k
+    if any(q is not None and q.shape != (V,) for draws in proposal.draws for _, q in draws):
+        raise ValueError(f"every draft q must be a [V] = [{V}] distribution, as the target's rows")
+    check_probs(target, "target")
+    one_hot_rows = bool((target.amax(dim=-1) == 1).all())
+    return target.argmax(dim=-1).tolist() if one_hot_rows else None

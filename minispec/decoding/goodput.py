@@ -16,8 +16,9 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   every ``R``, the plan "the ``R`` requests with the highest acceptance draft ``K`` tokens, the
   others none" with the most expected tokens per second. ``K = 0`` is plain decoding, so the
   choice never predicts less than the plain engine; a drafting plan must beat it by a hurdle;
-* [`GoodputK`][minispec.decoding.goodput.GoodputK] holds the policy for a driver: it learns from
-  every step, chooses, and lets a declined request try again now and then.
+* [`GoodputK`][minispec.decoding.goodput.GoodputK] holds the policy for a driver: it chooses each
+  round's ``k``, times the round from outside, learns from it, and lets a declined request try
+  again now and then.
 
 The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
 (``Engine.k_choices``; a single sequence's in its result's ``k_choices``). The runs that shaped
@@ -27,8 +28,14 @@ each guard are on the results page ("The engine: goodput control, the default").
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minispec.core.sequence import Sequence
+    from minispec.decoding.runner import SpeculativeRunner
 
 __all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks",
            "policy_for"]
@@ -70,16 +77,17 @@ class StepCosts:
     calibration. After that a bucket with only its plain step measured borrows the ratio of a wide
     to a plain step from the nearest bucket that has both, so the engine drafts at a new batch size
     only when the plan says it pays, instead of paying a full-``k`` step at every bucket to find
-    out. A draft step's seconds leave out a lagging draft cache's catch-up
-    (``Drafter.catch_up_seconds``: after plain rounds a draft model feeds every token since, once),
-    which is kept apart in ``catch_up``: counted as draft steps, catch-ups priced a draft step
-    many times too high, and an engine at batch size 1 that had paused stopped drafting for good.
+    out. A draft step's seconds leave out a lagging draft cache's catch-up (after plain rounds a
+    draft model feeds every token since, once), which is kept apart in ``catch_up``
+    ([`GoodputK.learn`][minispec.decoding.goodput.GoodputK.learn]): counted as draft steps,
+    catch-ups priced a draft step many times too high, and an engine at batch size 1 that had
+    paused stopped drafting for good.
 
     Attributes:
         verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.
         draft: ``{R: seconds}`` of one draft step over ``R`` drafting rows.
-        catch_up: seconds per token a lagging draft cache feeds before it drafts
-            ([`draft_lag`][minispec.core.sequence.Sequence.draft_lag]); 0 until measured.
+        catch_up: seconds per token a lagging draft cache feeds before it drafts; 0 until
+            measured.
         smoothing: weight of a new measurement in the moving averages.
         samples: how many measurements each key of ``verify``, ``draft`` and ``catch_up`` has had.
     """
@@ -248,9 +256,9 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     where ``P_b`` is the rate at which request ``b``'s drafter proposes anything when asked (1 for
     a draft model; an n-gram table without a match proposes nothing, and that row yields one
     token) and ``P_any = 1 - prod_{top R} (1 - P_b)`` the chance that the verify is wider than a
-    plain step. ``lag_b`` is what request ``b``'s draft cache must feed before it drafts
-    ([`draft_lag`][minispec.core.sequence.Sequence.draft_lag]: a draft model skips the plain steps
-    and catches up on them when next asked), ``catch_up`` its measured seconds per token, and
+    plain step. ``lag_b`` is what request ``b``'s draft cache must feed before it drafts (kept by
+    [`GoodputK`][minispec.decoding.goodput.GoodputK]: a draft model skips the plain steps and
+    catches up on them when next asked), ``catch_up`` its measured seconds per token, and
     ``left_b`` the tokens the request may still generate: a catch-up buys drafting for the rest of
     the request, so its cost is spread over those tokens, and a step pays the share of the ``t_b``
     tokens it expects from the row. Unpriced, a catch-up cost about a whole plain step that the
@@ -361,6 +369,36 @@ class GoodputK:
         self.retry: dict[int, tuple[int, int]] = {}  # bucket -> (step to draft again, interval)
         self.steps = 0
         self.unchanged: tuple | None = None         # the inputs of the last plain plan
+        self.lag: dict[str, int] = {}               # request -> tokens its draft cache lacks
+
+    def round(self, runner: SpeculativeRunner, seqs: list[Sequence], caps: list[int]
+              ) -> list[list[int]]:
+        """Run ``runner.round`` with each row's ``k`` chosen here, and learn from it.
+
+        The round has no clock: it is timed from outside (``time.perf_counter``), its draft phase
+        read from the rows' statistics (``draft_time``). Each request's lag is kept here: the
+        tokens a lazy draft cache (a draft model) must feed before it drafts again -- its context
+        at first, then every token of the rounds it did not draft. A seeded sampled row always
+        drafts its cap: which random numbers a round draws depends on ``k``, and a ``k`` chosen
+        from the clock and the batch would make its tokens depend on them.
+        """
+        lags = [self.lag.setdefault(s.request_id, s.num_tokens - 1) for s in seqs]
+        ks = self.choose([(s.request_id, s.stats.accepted, s.stats.tested) for s in seqs], caps,
+                         fixed=[s.sampling.seed is not None and not s.sampling.greedy
+                                for s in seqs],
+                         lags=[n / max(1, s.tokens_left) for n, s in zip(lags, seqs, strict=True)])
+        rounds, drafting = [s.stats.rounds for s in seqs], [s.stats.draft_time for s in seqs]
+        start = time.perf_counter()
+        emitted = runner.round(seqs, ks)
+        seconds = time.perf_counter() - start
+        draft_s = max(s.stats.draft_time - d for s, d in zip(seqs, drafting, strict=True))
+        verdicts = [(s.stats.drafted_per_round[-1], s.stats.accepted_per_round[-1])
+                    if s.stats.rounds > r else (0, None) for s, r in zip(seqs, rounds, strict=True)]
+        self.learn([s.request_id for s in seqs], ks, [d for d, _ in verdicts],
+                   [a for _, a in verdicts], draft_s, seconds - draft_s, lags)
+        for s, k, n, out in zip(seqs, ks, lags, emitted, strict=True):
+            self.lag[s.request_id] = 0 if k else n + len(out)
+        return emitted
 
     def choose(self, requests: list[tuple[str, int, int]], caps: list[int],
                fixed: list[bool] | None = None, lags: list[float] | None = None) -> list[int]:
@@ -428,16 +466,22 @@ class GoodputK:
         return True
 
     def learn(self, request_ids: list[str], ks: list[int], drafted: list[int],
-              accepted: list[int | None], draft_s: float, verify_s: float, lags: list[int],
-              catch_up_s: float) -> None:
+              accepted: list[int | None], draft_s: float, verify_s: float, lags: list[int]
+              ) -> None:
         """Feed one step's measured costs and outcomes (``accepted[b]`` is ``None`` for a row that
-        failed; ``lags[b]`` its draft cache's lag before the step; ``catch_up_s`` the seconds the
-        drafter spent catching up, apart from ``draft_s``). Acceptance is counted over the drafts
-        proposed; how often a drafter proposes anything when asked is counted apart (an n-gram
-        table without a match proposes nothing)."""
+        failed; ``lags[b]`` its draft cache's lag before the step). A step that fed lagging
+        caches prices the catch-up: what its draft phase took beyond the draft steps already
+        known (all of it while none is known); the others price the draft steps. Acceptance is
+        counted over the drafts proposed; how often a drafter proposes anything when asked is
+        counted apart (an n-gram table without a match proposes nothing)."""
+        rows, steps = sum(k > 0 for k in ks), max(ks, default=0)
+        owed = sum(n for n, k in zip(lags, ks, strict=True) if k)     # lagging tokens fed
         self.costs.record_verify(len(ks), 1 + max(drafted, default=0), verify_s)
-        self.costs.record_draft(sum(k > 0 for k in ks), max(ks, default=0), draft_s)
-        self.costs.record_catch_up(sum(n for n, k in zip(lags, ks, strict=True) if k), catch_up_s)
+        if owed and steps:
+            known = self.costs.draft_seconds(rows) if self.costs.draft else None
+            self.costs.record_catch_up(owed, max(0.0, draft_s - steps * (known or 0.0)))
+        else:
+            self.costs.record_draft(rows, steps, draft_s)
         for rid, k, d, a in zip(request_ids, ks, drafted, accepted, strict=True):
             if a is not None and k > 0:
                 self.accepted += a
@@ -450,6 +494,7 @@ class GoodputK:
     def forget(self, request_id: str) -> None:
         """Drop what is kept for a finished request."""
         self.asked.pop(request_id, None)
+        self.lag.pop(request_id, None)
 
 
 def policy_for(adaptive: bool | None, k: int, chains: bool) -> GoodputK | None:

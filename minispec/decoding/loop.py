@@ -151,7 +151,11 @@ def speculative_generate(
                                  tokenizer, stop, stop_token_ids, eos_token_id, max_seq_len,
                                  branching, adaptive, graphs)
     while not seq.is_finished:       # draft, verify, roll back, emit: the Engine's round, B = 1
-        runner.round([seq], [seq.round_k(seq.stats.k)], policy)   # k = 0 without a drafter
+        caps = [seq.round_k(seq.stats.k)]                          # k = 0 without a drafter
+        if policy is None:
+            runner.round([seq], caps)
+        else:
+            policy.round(runner, [seq], caps)                      # chooses k, times the round
     if runner.drafter is not None:
         runner.drafter.release(seq)
     if seq.finish_reason == "error":

@@ -4,18 +4,17 @@
 cache and the drafter, and turns a batch of [`Sequence`][minispec.core.sequence.Sequence] objects
 into tokens. Both drivers call [`round`][minispec.decoding.runner.SpeculativeRunner.round] --
 [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] with a batch of one,
-the [`Engine`][minispec.serving.engine.Engine] with every running request -- which asks the
-draft-length policy for each row's ``k`` and runs the phases in order::
+the [`Engine`][minispec.serving.engine.Engine] with every running request -- with each row's ``k``
+(fixed, or chosen by the draft-length policy, which times the round from outside), and the round
+runs the phases in order::
 
-    ks = policy.choose(...)                             # 0. k per row (or the fixed k)
     proposals = runner.draft(seqs, ks)                  # 1. a chain or a tree of guesses per row
     verdicts, hidden = runner.verify(seqs, proposals)   # 2. ONE target forward, walk each proposal
     runner.rollback(seqs, proposals, verdicts, hidden)  # 3. keep the accepted path in both caches
     emitted = runner.emit(seqs, proposals, verdicts)    # 4. append tokens until a stop rule fires
-    policy.learn(...)                                   # 5. the step's costs and acceptance
 
 A chain of ``k`` drafts is the tree with one child per node, so every proposal is a
-[`TreeProposal`][minispec.core.tree.TreeProposal] and every rule of a round -- the verify forward,
+[`Proposal`][minispec.core.tree.Proposal] and every rule of a round -- the verify forward,
 the accept rule, the rollback, the stop rules -- exists once
 ([`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] spells each out).
 
@@ -34,8 +33,8 @@ from torch import Tensor
 
 from minispec.core.sampling import probs_for_rows
 from minispec.core.sequence import Sequence
-from minispec.core.tree import TreeProposal, TreeVerdict, verify_proposal, walk_greedy
-from minispec.decoding.goodput import GoodputK
+from minispec.core.speculative import Verdict, verify
+from minispec.core.tree import Proposal
 from minispec.drafters.base import Drafter
 from minispec.models.llama import Llama, TreeAttention
 from minispec.models.static_step import StaticForward
@@ -53,9 +52,9 @@ class SpeculativeRunner:
       sits at RoPE position ``n_b - 1 + depth(i)``, is stored at cache position ``n_b - 1 + i`` and
       sees the context and its own ancestors (tree attention; for a batch of chains that is the
       causal mask, and the plain path runs);
-    * **the accept rule**: [`verify_proposal`][minispec.core.tree.verify_proposal] walks each
-      row's proposal with the row's own generator (on a chain: Algorithm 1's loop, Leviathan et
-      al.); plain greedy rows walk the target's argmaxes without building distributions;
+    * **the accept rule**: [`verify`][minispec.core.speculative.verify] walks each row's proposal
+      with the row's own generator (on a chain: Algorithm 1's loop, Leviathan et al.); plain
+      greedy rows walk the target's argmaxes without building distributions;
     * **the rollback**: both caches keep exactly the accepted path
       ([`KVCache.compact`][minispec.models.kv_cache.KVCache.compact]; on a chain: a truncation),
       and the drafter sees the target's features of the accepted positions only;
@@ -117,41 +116,22 @@ class SpeculativeRunner:
             seq.num_cached += len(t)
             seq.stats.prefill_tokens += len(t)
 
-    def round(self, seqs: list[Sequence], caps: list[int], policy: GoodputK | None = None
-              ) -> list[list[int]]:
-        """One speculative round over the batch; the tokens each row emitted.
+    def round(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        """One speculative round over the batch: row ``b`` drafts ``ks[b]`` (a chain of up to
+        ``ks[b]`` drafts, or a tree of that depth); the tokens each row emitted.
 
-        Args:
-            seqs: the rows, each prefilled up to its last token.
-            caps: the most drafts (a tree's depth) each row may take this round.
-            policy: chooses each row's ``k`` in ``0..caps[b]`` and learns from the round's costs
-                and outcome; ``None``: every row drafts ``caps[b]``. A seeded sampled row always
-                drafts its cap: which random numbers a round draws depends on ``k``, and a ``k``
-                chosen from the clock and the batch would make its tokens depend on them.
+        Four calls and nothing else: who chooses ``ks`` and what a round costs are the
+        draft-length policy's business ([`GoodputK.round`][minispec.decoding.goodput.GoodputK.round]
+        times this call from outside).
         """
-        lags = [s.draft_lag for s in seqs] if policy is not None else []    # for the plan
-        ks = caps if policy is None else policy.choose(
-            [(s.request_id, s.stats.accepted, s.stats.tested) for s in seqs], caps,
-            fixed=[s.sampling.seed is not None and not s.sampling.greedy for s in seqs],
-            lags=[n / max(1, s.tokens_left) for n, s in zip(lags, seqs, strict=True)])
-        before = self.drafter.catch_up_seconds if self.drafter is not None else 0.0
-        t0 = time.perf_counter()
         proposals = self.draft(seqs, ks)                          # 1. guesses, every row
-        t1 = time.perf_counter()
-        # a lagging draft cache's catch-up is not a draft step: it is priced per token of lag
-        caught = self.drafter.catch_up_seconds - before if self.drafter is not None else 0.0
-        verdicts, hidden = self.verify(seqs, proposals)           # 2. one target forward
+        verdicts, hidden = self.verify(seqs, proposals)           # 2. one target forward, walks
         self.rollback(seqs, proposals, verdicts, hidden)          # 3. keep the accepted paths
-        emitted = self.emit(seqs, proposals, verdicts)            # 4. tokens out
-        if policy is not None:        # a round's cost beyond drafting: verify, rollback, emit
-            policy.learn([s.request_id for s in seqs], ks, [p.depth for p in proposals],
-                         [None if v is None else v.num_accepted for v in verdicts],
-                         t1 - t0 - caught, time.perf_counter() - t1, lags, caught)
-        return emitted
+        return self.emit(seqs, proposals, verdicts)               # 4. tokens out
 
     # ------------------------------------------------------------------ 1. draft
 
-    def draft(self, seqs: list[Sequence], ks: list[int]) -> list[TreeProposal]:
+    def draft(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         """Each row's proposal: up to ``ks[b]`` drafts in a chain, or a tree of depth ``ks[b]``.
 
         A row whose drafter fails, or proposes a token outside the vocabulary, is failed alone. A
@@ -159,15 +139,14 @@ class SpeculativeRunner:
         drafter catches up on the context when it next drafts).
         """
         t0 = time.perf_counter()
-        roots = [seq.context[-1] for seq in seqs]
         if self.drafter is None or (self.branching is None and not any(ks)):
-            proposals = [TreeProposal.chain(root, []) for root in roots]   # a plain step
+            proposals = [Proposal.chain([]) for _ in seqs]   # a plain step
         elif self.branching is not None:
             proposals = self.drafter.propose_trees(seqs, [self.branching[:k] for k in ks])
         else:
             drafts = self.drafter.propose_batch(seqs, ks)
-            proposals = [_chain(seq, root, d, k, self.target.config.vocab_size)
-                         for seq, root, d, k in zip(seqs, roots, drafts, ks, strict=True)]
+            proposals = [_chain(seq, d, k, self.target.config.vocab_size)
+                         for seq, d, k in zip(seqs, drafts, ks, strict=True)]
         elapsed = time.perf_counter() - t0
         for seq, k in zip(seqs, ks, strict=True):
             seq.stats.draft_time += elapsed                     # the batch's time, shared
@@ -176,8 +155,8 @@ class SpeculativeRunner:
 
     # ------------------------------------------------------------------ 2. verify
 
-    def verify(self, seqs: list[Sequence], proposals: list[TreeProposal]
-               ) -> tuple[list[TreeVerdict | None], Tensor | None]:
+    def verify(self, seqs: list[Sequence], proposals: list[Proposal]
+               ) -> tuple[list[Verdict | None], Tensor | None]:
         """One target forward over every row's proposal, then each row's walk down it.
 
         Returns:
@@ -187,7 +166,7 @@ class SpeculativeRunner:
         """
         t0 = time.perf_counter()
         live = [b for b, seq in enumerate(seqs) if not seq.is_finished]
-        verdicts: list[TreeVerdict | None] = [None] * len(seqs)
+        verdicts: list[Verdict | None] = [None] * len(seqs)
         hidden = None
         if live:
             logits, hidden = self._verify_forward([seqs[b] for b in live],
@@ -206,7 +185,7 @@ class SpeculativeRunner:
             seq.stats.verify_time += elapsed
         return verdicts, hidden
 
-    def _verify_forward(self, seqs: list[Sequence], proposals: list[TreeProposal]
+    def _verify_forward(self, seqs: list[Sequence], proposals: list[Proposal]
                         ) -> tuple[Tensor, Tensor | None]:
         """Row b feeds its root and nodes; padding sits at position -1. Logits ``(B, N, V)``."""
         width = max(len(p.tree) for p in proposals)
@@ -227,8 +206,8 @@ class SpeculativeRunner:
         self.target_forwards += 1
         return self._forward(ids, pos, seqs, tree)
 
-    def _walk(self, seq: Sequence, proposal: TreeProposal, logits: Tensor, argmax: list[int],
-              non_finite: bool) -> TreeVerdict | None:
+    def _walk(self, seq: Sequence, proposal: Proposal, logits: Tensor, argmax: list[int],
+              non_finite: bool) -> Verdict | None:
         """The accept rule on one row: ``logits`` ``(N, V)`` at the root and every node, their
         ``argmax``, and whether any holds NaN or +inf."""
         if non_finite:
@@ -236,17 +215,21 @@ class SpeculativeRunner:
                                 "non-finite weights)"))
             return None
         if seq.sampling.raw_argmax:                         # plain greedy: argmaxes only
-            return walk_greedy(proposal, argmax)
+            return verify(proposal, argmax)
         tree = proposal.tree
         paths = [seq.context]
         for i in range(1, len(tree)):                       # the context each node's p sees
             paths.append(paths[tree.parents[i]] + [tree.tokens[i]])
         p = probs_for_rows(logits, [seq.sampling] * len(tree), paths)             # (N, V)
-        return verify_proposal(proposal, p, seq.generator, greedy=seq.sampling.greedy)
+        try:
+            return verify(proposal, p, seq.generator, greedy=seq.sampling.greedy)
+        except ValueError as error:                         # a q of another vocabulary ...
+            seq.fail(error)
+            return None
 
     # ------------------------------------------------------------------ 3. roll back
 
-    def rollback(self, seqs: list[Sequence], proposals: list[TreeProposal], verdicts: list,
+    def rollback(self, seqs: list[Sequence], proposals: list[Proposal], verdicts: list,
                  hidden: dict[int, Tensor] | None = None) -> None:
         """Keep ``[.., last, accepted path]`` (``n + a`` positions) in the target cache, moved to
         consecutive positions; let the drafter roll its own state back and see the features of
@@ -262,7 +245,7 @@ class SpeculativeRunner:
 
     # ------------------------------------------------------------------ 4. emit
 
-    def emit(self, seqs: list[Sequence], proposals: list[TreeProposal], verdicts: list
+    def emit(self, seqs: list[Sequence], proposals: list[Proposal], verdicts: list
              ) -> list[list[int]]:
         """Append each verdict's tokens to its sequence (stop rules apply); the emitted tokens."""
         emitted = []
@@ -290,15 +273,19 @@ class SpeculativeRunner:
                            return_hidden=True, tree=tree)
 
 
-def _chain(seq: Sequence, root: int, draft, k: int, vocab_size: int) -> TreeProposal:
+def _chain(seq: Sequence, draft, k: int, vocab_size: int) -> Proposal:
     """A chain drafter's ``Draft`` as a proposal; a row proposing something invalid fails."""
     tokens = draft.tokens
     if tokens.dtype != torch.long or tokens.ndim != 1 or len(tokens) > k:
         seq.fail(ValueError(f"the drafter proposed {tuple(tokens.shape)} {tokens.dtype} tokens; "
                             f"expected at most {k} int64 ids"))
-        return TreeProposal.chain(root, [])
+        return Proposal.chain([])
     ids = tokens.tolist()
     if any(not 0 <= t < vocab_size for t in ids):
         seq.fail(ValueError(f"the drafter proposed token ids outside [0, {vocab_size}): {ids}"))
-        return TreeProposal.chain(root, [])
-    return TreeProposal.chain(root, ids, draft.probs)
+        return Proposal.chain([])
+    try:
+        return Proposal.chain(ids, draft.probs)         # checks the q rows are distributions
+    except ValueError as error:
+        seq.fail(error)
+        return Proposal.chain([])

@@ -28,7 +28,6 @@ drafter, ``"ngram"``, a factory) into one of these, the same way for both loops.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +37,7 @@ from torch import Tensor
 from minispec.core.sampling import SamplingParams, one_hot, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
-from minispec.core.tree import TreeProposal
+from minispec.core.tree import Proposal
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.drafters.suffix import SuffixDrafter
 from minispec.models.kv_cache import ContiguousKVCache, KVCache
@@ -66,9 +65,6 @@ class Drafter:
         cache: that cache, once attached (``None`` before).
         max_seq_len: longest context the drafter can draft for (``None``: no limit of its own).
         forwards: drafter forwards so far (batched; lazy prefills included).
-        catch_up_seconds: wall seconds spent so far feeding a draft cache that lagged behind the
-            context (a lazy prefill after plain rounds); the runner reports them apart from the
-            draft steps, whose cost the draft-length policy plans with.
     """
 
     wants_hidden: bool = False
@@ -76,7 +72,6 @@ class Drafter:
     cache: KVCache | None = None
     max_seq_len: int | None = None
     forwards: int = 0
-    catch_up_seconds: float = 0.0
 
     def attach(self, cache: KVCache) -> None:
         """Keep keys and values in ``cache`` (only called when ``model`` is set)."""
@@ -98,7 +93,7 @@ class Drafter:
         raise NotImplementedError(f"{type(self).__name__} does not propose chains")
 
     def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
-                      ) -> list[TreeProposal]:
+                      ) -> list[Proposal]:
         """A draft tree per row with ``branchings[b][t]`` children per node at depth ``t``."""
         raise ValueError(f"{type(self).__name__} proposes chains only: give a draft model, an "
                          "EAGLE head or an n-gram table to draft trees")
@@ -268,12 +263,12 @@ class ModelDrafter(Drafter):
         probs: list[list[Tensor]] = [[] for _ in seqs]
         active = [b for b, k in enumerate(ks) if k > 0]
         feeds = {b: seqs[b].context[seqs[b].draft_len:] for b in active}   # what each cache lacks
-        long = [b for b in active if seqs[b].draft_lag]   # lazy prefill (first use, plain rounds)
+        # a lazy prefill (first use, after plain rounds): all a cache lacks but the last token,
+        # when it lacks more than the one or two a drafting round leaves
+        long = [b for b in active if len(feeds[b]) > 2]
         if long:
-            start = time.perf_counter()
             self._forward([seqs[b] for b in long], [feeds[b][:-1] for b in long])
             feeds.update({b: feeds[b][-1:] for b in long})
-            self.catch_up_seconds += time.perf_counter() - start
         for j in range(max(ks, default=0)):
             rows = [b for b in active if ks[b] > j]
             logits = self._forward([seqs[b] for b in rows], [feeds[b] for b in rows])     # (R, V)

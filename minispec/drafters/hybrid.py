@@ -137,11 +137,6 @@ class HybridDrafter(Drafter):
         """The head's forwards (the context source has no model)."""
         return self.head.forwards
 
-    @property
-    def catch_up_seconds(self) -> float:
-        """The head's (the context source has no cache to catch up)."""
-        return self.head.catch_up_seconds
-
     def attach(self, cache: KVCache) -> None:
         """The head keeps its keys and values in ``cache`` (the loops allocate its slots)."""
         self.cache = cache

@@ -3,7 +3,7 @@
 ``branching = (3, 2, 1, 1)`` means: 3 children of the root (the last context token), 2 children of
 each of those, then single children -- a tree of depth ``k = 4`` with 3 + 6 + 6 + 6 = 21 nodes. The
 target scores the whole tree in one forward ([`TreeAttention`][minispec.models.llama.TreeAttention])
-and [`verify_proposal`][minispec.core.tree.verify_proposal] walks down it, in the same round as a
+and [`verify`][minispec.core.speculative.verify] walks down it, in the same round as a
 chain ([`minispec.decoding.runner`][minispec.decoding.runner]).
 
 How children are chosen, and which ``q`` each one carries (``q`` must be the distribution a token
@@ -13,7 +13,7 @@ was actually drawn from, or verification is not exact):
   accepts a child only if it is its own argmax, so any choice is exact (Stratos App. A).
 * **sampled**, draft model or EAGLE head: ``b`` tokens drawn **independently, with replacement**
   from ``q(. | node)`` (SpecInfer's expansion), verified by its multi-step speculative sampling,
-  [`iterative_speculative_sample`][minispec.core.tree.iterative_speculative_sample] (Stratos §2), at
+  [`speculate`][minispec.core.speculative.speculate] (Stratos §2), at
   every node: the draws are tried one after another, each against what the target has left. Equal
   draws share one child node but are each tried (a repeated proposal is exact; dropping it is not).
 * n-gram table: the ``b`` most frequent distinct continuations, deterministic, so ``q`` is one-hot
@@ -22,7 +22,7 @@ was actually drawn from, or verification is not exact):
 Each request gets its own ``SingleTreeDrafter``, driven row by row by the batched
 [`TreeDrafter`][minispec.drafters.trees.TreeDrafter]; the draft model's and the EAGLE head's
 (``LevelTreeDrafter``) keep only the accepted path in their caches after verification.
-[`TreeProposal`][minispec.core.tree.TreeProposal] numbers nodes depth-first.
+[`Proposal`][minispec.core.tree.Proposal] numbers nodes depth-first.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from minispec.core.sampling import SamplingParams, is_int, probs_for_rows, sample
 from minispec.core.sequence import Sequence
-from minispec.core.tree import TreeProposal, tree_size
+from minispec.core.tree import Proposal, tree_size
 from minispec.drafters.base import DRAFTERS, Drafter, ModelDrafter, common_prefix
 from minispec.drafters.eagle import EagleDrafter, full_vocab
 from minispec.drafters.ngram import NGramDrafter
@@ -80,11 +80,11 @@ class SingleTreeDrafter:
 
     forwards = 0
 
-    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
+    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> Proposal:
         """A tree after ``seq.context`` with ``branching[t]`` children per node at depth ``t``."""
         raise NotImplementedError
 
-    def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
+    def observe_tree(self, proposal: Proposal, path: list[int], hidden: Tensor | None) -> None:
         """Verify kept the nodes ``path``; ``hidden``: the target's features of root and path."""
 
     def observe_tree_prefill(self, start: int, hidden: Tensor) -> None:
@@ -113,11 +113,11 @@ class LevelTreeDrafter(SingleTreeDrafter):
         self.storage: dict[int, int] = {}
 
     @torch.inference_mode()
-    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
+    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> Proposal:
         """A tree after ``seq.context`` with ``branching[t]`` children per node at depth ``t``."""
         self.storage = {}
         if (root := self._start(seq)) is None:       # nothing to draft from yet: the root alone
-            return TreeProposal.chain(seq.context[-1], [])
+            return Proposal.chain([])
         logits, start = root                         # (1, V); cache positions held
         rows = {0: logits[0]}                        # node -> the drafter's logits there (V,)
         return grow_tree(seq.context[-1], branching, [],
@@ -202,7 +202,7 @@ class TreeModelDrafter(LevelTreeDrafter):
     def _forward_level(self, frontier, parents, ids, positions, tree) -> Tensor:
         return self.model(ids, positions, self.cache, [self.slot], tree=tree)[0]        # (F, V)
 
-    def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
+    def observe_tree(self, proposal: Proposal, path: list[int], hidden: Tensor | None) -> None:
         """Keep the context plus the fed nodes of the accepted ``path`` (depth-first node ids)."""
         kept = [proposal.created[i] for i in path if proposal.created[i] in self.storage]
         self.cache.compact(self.slot, len(self.fed), [self.storage[c] for c in kept])
@@ -259,7 +259,7 @@ class EagleTreeDrafter(LevelTreeDrafter):
         self.features.update(zip(frontier, feature[0], strict=True))
         return full_vocab(self.model, logits[0])                              # (F, V)
 
-    def observe_tree(self, proposal: TreeProposal, path: list[int], hidden: Tensor | None) -> None:
+    def observe_tree(self, proposal: Proposal, path: list[int], hidden: Tensor | None) -> None:
         """Drop the tree's pairs; ``hidden`` is the target's ``(len(path) + 1, D)`` features of
         the root and the accepted ``path``, the next round's real pairs."""
         self.cache.truncate_to(self.slot, self.cache.length(self.slot) - len(self.storage))
@@ -278,7 +278,7 @@ class NGramTreeDrafter(SingleTreeDrafter):
     def __init__(self, ngram: NGramDrafter | None = None) -> None:
         self.ngram = ngram or NGramDrafter()
 
-    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
+    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> Proposal:
         """A tree after ``seq.context``; a node with no known continuation gets no children."""
         g = self.ngram
         g.propose(seq.context, 0)                      # ingest the accepted tokens, predict nothing
@@ -302,7 +302,7 @@ class SuffixTreeDrafter(SingleTreeDrafter):
     def __init__(self, suffix: SuffixDrafter | None = None) -> None:
         self.suffix = suffix or SuffixDrafter()
 
-    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> TreeProposal:
+    def propose_tree(self, seq: Sequence, branching: tuple[int, ...]) -> Proposal:
         """A tree after ``seq.context``; a node with no continuation gets no children."""
         s = self.suffix
         match = s.match(seq.context)
@@ -323,7 +323,7 @@ class SuffixTreeDrafter(SingleTreeDrafter):
 def grow_tree(root: int, branching: tuple[int, ...], state: Any,
               children: Callable[[int, Any, int], Any],
               fed: Callable[[list[int], list[int], list[int], int], None] | None = None
-              ) -> TreeProposal:
+              ) -> Proposal:
     """A tree, breadth-first: ``children(node, state, b)`` gives up to ``b`` triples ``(token, q,
     its state)`` below node ``node`` in state ``state`` (``q``: the distribution ``token`` was
     drawn from, ``None`` for a deterministic drafter's one-hot); the root (token ``root``) has
@@ -347,7 +347,7 @@ def grow_tree(root: int, branching: tuple[int, ...], state: Any,
         frontier = level
         if fed is not None and depth < len(branching):
             fed(frontier, parents, tokens, depth)
-    return TreeProposal.build(parents, tokens, draws)
+    return Proposal.build(parents, tokens, draws)
 
 
 class TreeDrafter(Drafter):
@@ -367,7 +367,7 @@ class TreeDrafter(Drafter):
         self.make, self.source = make, source or Drafter()
         self.wants_hidden, self.max_seq_len = self.source.wants_hidden, self.source.max_seq_len
         self.instances: dict[str, SingleTreeDrafter] = {}
-        self.proposals: dict[str, TreeProposal] = {}
+        self.proposals: dict[str, Proposal] = {}
 
     def check_target(self, target: Llama) -> None:
         self.source.check_target(target)
@@ -378,11 +378,11 @@ class TreeDrafter(Drafter):
         return self.instances[seq.request_id]
 
     def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
-                      ) -> list[TreeProposal]:
+                      ) -> list[Proposal]:
         """Each row's tree, drafted row by row; a row whose drafter raises fails alone (its
         proposal is the root alone, which the runner skips) and the others go on."""
         for seq, branching in zip(seqs, branchings, strict=True):
-            root = TreeProposal.chain(seq.context[-1], [])  # empty branching: no room to draft
+            root = Proposal.chain([])  # empty branching: no room to draft
             drafter = self._instance(seq)
             before = drafter.forwards
             try:

@@ -352,7 +352,10 @@ class Engine:
 
     def _round(self, batch: list[Sequence]) -> list[list[int]]:
         """The runner's round for every running request; the tokens each emitted."""
-        return self.runner.round(batch, [seq.round_k(self.k) for seq in batch], self.policy)
+        caps = [seq.round_k(self.k) for seq in batch]
+        if self.policy is None:
+            return self.runner.round(batch, caps)
+        return self.policy.round(self.runner, batch, caps)     # chooses k, times the round
 
     def _last_output(self, seq: Sequence, tokens: list[int]) -> StepOutput:
         """The request's final output (its last token, or none); forgets the request."""

@@ -43,7 +43,9 @@ def demo_distributions(samples: int, seed: int, k: int) -> int:
     # A target p and a draft q that disagree: q overrates "the" and "doth", underrates "king".
     p = torch.tensor([0.30, 0.10, 0.20, 0.10, 0.05, 0.10, 0.10, 0.05])
     q = torch.tensor([0.45, 0.10, 0.05, 0.10, 0.15, 0.05, 0.05, 0.05])
-    tokens, accepted = ms.speculative_sample_batch(p, q, samples, g)
+    draws = [ms.speculative_sample(p, q, g) for _ in range(samples)]    # the one rule, n times
+    tokens = torch.tensor([t for t, _ in draws])
+    accepted = torch.tensor([a for _, a in draws])
     freq = torch.bincount(tokens, minlength=len(p)).float() / samples
     beta = float(ms.theory.acceptance_rate(p, q))
 
@@ -64,7 +66,7 @@ def demo_distributions(samples: int, seed: int, k: int) -> int:
 
     # One round of Algorithm 1 with k drafts from q, every position using the same p and q.
     drafts = ms.sample(q.expand(k, -1), g)
-    verdict = ms.verify(drafts, q.expand(k, -1), p.expand(k + 1, -1), generator=g)
+    verdict = ms.verify(ms.Proposal.chain(drafts, q.expand(k, -1)), p.expand(k + 1, -1), g)
     shown = []
     for i, token in enumerate(verdict.tokens):
         if i < verdict.num_accepted:
@@ -396,8 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Show speculative sampling on explicit distributions: the "
                                       "output law equals the target's, the acceptance rate equals "
                                       "sum min(p, q).")
-    demo.add_argument("--samples", type=int, default=200_000,
-                      help="number of draws (default 200000)")
+    demo.add_argument("--samples", type=int, default=20_000,
+                      help="number of draws (default 20000, a few seconds)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument("-k", type=int, default=4, help="drafts per round (default 4)")
     demo.add_argument("--max-new-tokens", type=int, default=64,

@@ -306,6 +306,7 @@ def record_rounds(
     """
     from minispec.core.sampling import SamplingParams, one_hot, probs_from_logits, sample
     from minispec.core.speculative import residual, verify
+    from minispec.core.tree import Proposal
 
     sampling = sampling if sampling is not None else SamplingParams(temperature=1.0, seed=0)
     if sampling.repetition_penalty != 1.0:
@@ -358,8 +359,7 @@ def record_rounds(
         n = len(drafts)
         p = probs(target, ids + drafts, n + 1)               # 2. one target forward: (n+1, V)
         u = torch.rand(n, generator=generator, dtype=torch.float64)   # 3. the n uniforms
-        verdict = verify(torch.tensor(drafts, dtype=torch.long), q, p, generator, greedy=False,
-                         uniforms=u)
+        verdict = verify(Proposal.chain(drafts, q), p, generator, greedy=False, uniforms=u)
         a = verdict.num_accepted
         rows = []
         for i, x in enumerate(drafts):

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from minispec.core.sampling import one_hot
 from minispec.core.speculative import residual, verify
-from minispec.core.tree import verify_tree
+from minispec.core.tree import Proposal
 
 
 def _draw(probs: Tensor, generator: torch.Generator | None) -> int:
@@ -52,7 +52,7 @@ def verify_bonus_from_wrong_row(draft_tokens, draft_probs, target_probs, generat
     """
     rows = target_probs.clone()
     rows[-1] = target_probs[-2]               # the bonus row replaced by the one before it
-    return verify(draft_tokens, draft_probs, rows, generator).tokens
+    return verify(Proposal.chain(draft_tokens, draft_probs), rows, generator).tokens
 
 
 def verify_one_uniform_for_all_positions(draft_tokens, draft_probs, target_probs, generator):
@@ -62,7 +62,7 @@ def verify_one_uniform_for_all_positions(draft_tokens, draft_probs, target_probs
     accepting ``d_1`` makes accepting ``d_2`` more likely, so long accepted runs are too frequent.
     """
     u = torch.rand((), generator=generator)
-    return verify(draft_tokens, draft_probs, target_probs, generator,
+    return verify(Proposal.chain(draft_tokens, draft_probs), target_probs, generator,
                   uniforms=u.expand(len(draft_tokens))).tokens
 
 
@@ -83,7 +83,7 @@ class UniformsSharedAcrossRows:
         k = len(draft_tokens)
         if k not in self.uniforms:
             self.uniforms[k] = torch.rand(k, generator=generator)
-        return verify(draft_tokens, draft_probs, target_probs, generator,
+        return verify(Proposal.chain(draft_tokens, draft_probs), target_probs, generator,
                       uniforms=self.uniforms[k]).tokens
 
 
@@ -107,7 +107,7 @@ def verify_seed_ignored(draft_tokens, draft_probs, target_probs, generator):
     (https://github.com/vllm-project/vllm/issues/13196): "Speculative decoding output does not
     change when changing seed".
     """
-    return verify(draft_tokens, draft_probs, target_probs, None).tokens
+    return verify(Proposal.chain(draft_tokens, draft_probs), target_probs, None).tokens
 
 
 def verify_adjustment_on_bonus_row_only(draft_tokens, draft_probs, target_probs, generator):
@@ -122,7 +122,7 @@ def verify_adjustment_on_bonus_row_only(draft_tokens, draft_probs, target_probs,
     """
     rows = target_probs.clone()
     rows[:-1] = rows[:-1].sqrt() / rows[:-1].sqrt().sum(dim=-1, keepdim=True)
-    return verify(draft_tokens, draft_probs, rows, generator).tokens
+    return verify(Proposal.chain(draft_tokens, draft_probs), rows, generator).tokens
 
 
 def verify_greedy_rows_shifted(draft_tokens, draft_probs, target_probs, generator):
@@ -171,4 +171,4 @@ def tree_bonus_from_parent_row(tree, target_probs, draft_probs, generator):
     for node in range(1, len(tree)):
         if not tree.children(node):         # a leaf's row only ever gives its bonus token
             rows[node] = target_probs[tree.parents[node]]
-    return verify_tree(tree, rows, draft_probs, generator).tokens
+    return verify(Proposal.from_tree(tree, draft_probs), rows, generator).tokens
