@@ -23,7 +23,8 @@ is checked too, so that these cannot come back:
   project's own history ("third wave", "issue 12", "the 1.8x goal").
 
 Every page except the API reference is opened a second time in a 390 px wide window (a phone):
-the page itself must not scroll sideways there either; wide content scrolls inside its own box.
+the page itself must not scroll sideways there either; wide code and math scroll inside their own
+box, and no table hides a column past the edge (a wide one is stacked, docs/javascripts/tables.js).
 
 The two interactive figures are driven like a student would: the round widget advances on "Next"
 and then shows exactly the drafts, verdicts and tokens of ``assets/data/rounds.json``; moving the
@@ -535,6 +536,9 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
         if phone["pageScroll"] > 1:
             failures.append(f"{name} page /{url_path}: at 390 px the page scrolls sideways by "
                             f"{phone['pageScroll']} px")
+        if phone["wideTables"]:     # every column in sight: a wide table is stacked (tables.js)
+            failures.append(f"{name} page /{url_path}: at 390 px these tables hide columns past "
+                            f"the edge: {phone['wideTables']}")
         if phone["console_errors"] or phone["failed"]:
             failures.append(f"{name} page /{url_path} at 390 px: "
                             f"{phone['console_errors'] + phone['failed']}")

@@ -159,7 +159,8 @@ def speculative_sample(p: Tensor, q: Tensor, generator: torch.Generator | None =
 
 @dataclass(frozen=True)
 class IterativeResult:
-    """Outcome of [`iterative_speculative_sample`][minispec.core.speculative.iterative_speculative_sample].
+    """Outcome of
+    [`iterative_speculative_sample`][minispec.core.speculative.iterative_speculative_sample].
 
     Attributes:
         token: the emitted token (law ``p``).

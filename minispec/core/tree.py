@@ -4,8 +4,9 @@ A round's guesses form a prefix tree over the last context token. Node ``0`` is 
 other node holds one draft token and hangs under the token it continues. A chain of ``k`` drafts
 (Algorithm 1) is the tree with one child per node; several drafts of the same context share the
 nodes of their common prefix (SpecInfer, Miao et al. 2024). The target scores every node in one
-forward with tree attention ([`DraftTree.ancestor_mask`][minispec.core.tree.DraftTree.ancestor_mask]),
-and [`verify`][minispec.core.speculative.verify] walks down the tree.
+forward with tree attention
+([`DraftTree.ancestor_mask`][minispec.core.tree.DraftTree.ancestor_mask]), and
+[`verify`][minispec.core.speculative.verify] walks down the tree.
 
 A [`Proposal`][minispec.core.tree.Proposal] adds *how* each node was drawn: at every node, the
 proposals made there in draw order, each with the ``q`` it came from (or ``None`` for a one-hot
