@@ -10,6 +10,10 @@ formula.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import threading
+
 import pytest
 import torch
 
@@ -26,7 +30,7 @@ from minispec.check.statistics import (
 )
 
 #: The code lines ``minispec/check`` may hold: a ratchet (see its test below).
-CHECK_CODE_LINES = 1_120
+CHECK_CODE_LINES = 1_301
 
 # ---------------------------------------------------------------- the alternative lossless scheme
 
@@ -152,6 +156,133 @@ def test_minispec_caches_pass(factory):
     for grade in (check.rollback, check.kv_cache):
         report = grade(factory)
         assert report.passed, str(report)
+
+
+# ---------------------------------------------------------------- the deterministic graders
+
+def adjust_by_hand(logits, temperature, top_k, top_p):
+    """Temperature, top-k, top-p in float64, token by token: another correct adjustment."""
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(), len(logits)).double()
+    x = logits.double() / temperature
+    if 0 < top_k < len(x):
+        x = x.masked_fill(x < x.sort(descending=True).values[top_k - 1], float("-inf"))
+    probs, kept, before = x.softmax(-1), torch.zeros(len(x), dtype=torch.bool), 0.0
+    for i in probs.argsort(descending=True).tolist():
+        if before >= top_p:
+            break
+        kept[i], before = True, before + float(probs[i])
+    return probs.where(kept, 0.0) / probs.where(kept, 0.0).sum()
+
+
+def adjust_top_k_by_index(logits, temperature, top_k, top_p):
+    """Wrong: top-k keeps exactly k indices (``torch.topk``), dropping ties with the k-th."""
+    if temperature == 0 or not 0 < top_k < len(logits):
+        return ms.probs_from_logits(logits, ms.SamplingParams(temperature, top_k, top_p))
+    kept = torch.full_like(logits, float("-inf"))
+    index = torch.topk(logits, top_k).indices
+    kept[index] = logits[index]
+    return ms.probs_from_logits(kept, ms.SamplingParams(temperature, 0, top_p))
+
+
+def adjust_top_p_inclusive(logits, temperature, top_k, top_p):
+    """Wrong: a token is kept only while the mass *including* it stays within top_p."""
+    probs = ms.probs_from_logits(logits, ms.SamplingParams(temperature, top_k))
+    if top_p >= 1:
+        return probs
+    ordered, order = probs.sort(descending=True)
+    kept = ordered.cumsum(0) <= top_p
+    kept[0] = True
+    out = torch.zeros_like(probs).index_put_((order[kept],), ordered[kept])
+    return out / out.sum()
+
+
+def adjust_top_p_before_top_k(logits, temperature, top_k, top_p):
+    """Wrong: the nucleus is cut from the whole distribution, before top-k."""
+    if temperature == 0:
+        return ms.probs_from_logits(logits, ms.SamplingParams(0.0))
+    nucleus = ms.probs_from_logits(logits, ms.SamplingParams(temperature, 0, top_p)) > 0
+    kept = logits.masked_fill(~nucleus, float("-inf"))
+    return ms.probs_from_logits(kept, ms.SamplingParams(temperature, top_k))
+
+
+def speedup_closed_form(alpha, gamma, c, r):
+    """Theorem 3.8's closed form, with ``alpha = 1`` apart."""
+    tokens = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * c + r)
+
+
+def reserve_by_hand(held, needs, block_size, free_blocks, *, give_back=True, ceil=True):
+    """The scheduler's reservation as a plain loop; ``give_back=False``: a preempted request's
+    blocks are lost (wrong), ``ceil=False``: blocks counted by floor division (wrong)."""
+    running, preempted, i = list(range(len(held))), [], 0
+    while i < len(running):
+        blocks = -(-needs[i] // block_size) if ceil else needs[i] // block_size
+        lacking = max(0, blocks - held[i])
+        while lacking > free_blocks and i < len(running):
+            preempted.append(running.pop())
+            free_blocks += held[preempted[-1]] if give_back else 0
+        if i < len(running):
+            free_blocks -= lacking
+            i += 1
+    return preempted
+
+
+TABLES = [   # (grader, correct implementations, (wrong implementation, what the report says))
+    (check.acceptance, [ms.theory.acceptance_rate, lambda p, q: 1 - (p - q).abs().sum(-1) / 2],
+     [(lambda p, q: (p * q).sum(-1), "not beta"), (lambda p, q: torch.maximum(p, q).sum(-1),
+                                                   "not beta"),
+      (lambda p, q: 1 - torch.minimum(p, q).sum(-1), "not beta"),
+      (lambda p, q: torch.minimum(p, q).sum(), "one number per pair of rows")]),
+    (check.adjustment, [lambda x, t, k, p: ms.probs_from_logits(x, ms.SamplingParams(t, k, p)),
+                        adjust_by_hand],
+     [(adjust_top_k_by_index, "top-k"), (adjust_top_p_inclusive, "top-p"),
+      (adjust_top_p_before_top_k, "in order")]),
+    (check.speedup, [ms.theory.walltime_speedup, speedup_closed_form],
+     [(lambda a, g, c, r: (1 - a ** (g + 1)) / ((1 - a) * (g * c + r)), "ZeroDivisionError"),
+      (lambda a, g, c, r: speedup_closed_form(a, g, c, r) * r, "not the expected tokens"),
+      (lambda a, g, c, r: speedup_closed_form(a, g - 1, c, r) if g else 1 / r, "Equation (1)")]),
+    (check.reservation, [reserve_by_hand, lambda *a: torch.tensor(reserve_by_hand(*a))],
+     [(functools.partial(reserve_by_hand, give_back=False), "preempted requests differ"),
+      (functools.partial(reserve_by_hand, ceil=False), "preempted requests differ"),
+      (lambda *a: reserve_by_hand(*a)[::-1], "preempted requests differ")]),
+]
+
+
+@pytest.mark.parametrize("grade, right, wrong", TABLES, ids=[t[0].__name__ for t in TABLES])
+def test_the_deterministic_graders_pass_every_correct_rule_and_fail_wrong_ones(grade, right,
+                                                                               wrong):
+    for fn in right:
+        report = grade(fn)
+        assert report.passed and report.false_alarm_rate == 0, str(report)
+        assert "deterministic check" in str(report)
+    for fn, needle in wrong:
+        report = grade(fn)
+        assert not report.passed and not report.not_implemented, str(report)
+        assert report.counterexample is not None and needle in str(report), str(report)
+        assert str(grade(fn)) == str(report)                                # the same verdict
+
+
+@pytest.mark.parametrize("grade", [t[0] for t in TABLES], ids=[t[0].__name__ for t in TABLES])
+def test_the_deterministic_graders_report_a_stub_a_crash_a_hang_and_a_changed_input(grade):
+    assert grade(_stub).not_implemented and "fill me in" in str(grade(_stub))
+    crashed = grade(_crash)
+    assert not crashed.passed and "KeyError" in str(crashed) and crashed.counterexample.inputs
+    hung = grade(lambda *args: threading.Event().wait(), timeout=0.5)
+    assert not hung.passed and "did not return within 0.5 s" in str(hung)
+    assert inspect.signature(grade).parameters["timeout"].default == check.harness.TIMEOUT
+
+
+def test_a_grader_fails_a_function_that_changes_its_inputs():
+    def zeroing(fn):
+        def changed(x, *rest):
+            out = fn(x, *rest)
+            x.zero_()
+            return out
+        return changed
+
+    for grade, right, _ in TABLES[:2]:
+        assert "changed its inputs in place" in str(grade(zeroing(right[0])))
 
 
 # ---------------------------------------------------------------- the lab

@@ -22,9 +22,12 @@
     return expectedTokens(alpha, k) / (k * c + r);
   }
 
+  // The best k the k slider can reach (1..K_MAX): the readout never names a k it cannot show.
   function bestK(alpha, c, r) {
     var best = 1;
-    for (var k = 2; k <= 64; k++) if (speedup(alpha, k, c, r) > speedup(alpha, best, c, r)) best = k;
+    for (var k = 2; k <= K_MAX; k++) {
+      if (speedup(alpha, k, c, r) > speedup(alpha, best, c, r)) best = k;
+    }
     return best;
   }
 
@@ -93,7 +96,7 @@
     [["alpha", "\u03b1, acceptance rate", 0, 0.99, 0.001],
      ["k", "k (\u03b3), drafts per round", 1, K_MAX, 1],
      ["c", "c, draft step / target step", 0, 1, 0.01],
-     ["r", "r, verify of k + 1 tokens / one step", 1, 4, 0.01]].forEach(function (spec) {
+     ["r", "r, verify of k + 1 tokens / one step (at least 1)", 1, 4, 0.01]].forEach(function (spec) {
       var id = "ms-speedup-" + spec[0] + "-" + Math.random().toString(36).slice(2, 8);
       var input = el("input", { type: "range", id: id, min: spec[2], max: spec[3], step: spec[4],
         "data-param": spec[0] });
@@ -121,6 +124,10 @@
     this.root.appendChild(presets);
     this.root.appendChild(this.note);
     this.root.appendChild(sliders);
+    this.root.appendChild(el("p", { cls: "ms-speedup__note", text: "r starts at 1. A measured r " +
+      "below 1 (lesson 05 can print one) is timing noise, or a verify of k + 1 tokens that the " +
+      "kernels ran more efficiently than a one-token step; the model prices either as a free " +
+      "verify, r = 1." }));
     this.root.appendChild(this.readout);
     this.root.appendChild(this.chart);
   };

@@ -1,11 +1,14 @@
 """Grade a KV cache's rollback: after ``truncate_to`` the cache must behave exactly like one that
-never saw the rejected tokens.
+never saw the rejected tokens; and a scheduler's reservation of paged blocks for a round.
 
 The cache under test implements minispec's [`KVCache`][minispec.models.kv_cache.KVCache]
 interface (``allocate``, ``length``, ``truncate_to`` and the ``prepare`` / ``update`` /
 ``commit`` steps a forward uses); the check receives a *factory*
 ``cache_factory(model, num_slots, max_seq_len) -> cache``, e.g.
 [`ContiguousKVCache.for_model`][minispec.models.kv_cache.ContiguousKVCache.for_model].
+[`reservation`][minispec.check.caches.reservation] grades a plain function
+``fn(held, needs, block_size, free_blocks) -> preempted``, the rule of
+[`Scheduler`][minispec.serving.scheduler.Scheduler].
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from typing import Any
 
 import torch
 
-from minispec.check.harness import TIMEOUT, Failure, StudentError, as_int, call, run_cases
+from minispec.check import harness
+from minispec.check.harness import TIMEOUT, Failure, StudentError, as_int, call, every, run_cases
 from minispec.check.models import tiny_llama
 from minispec.check.report import CheckReport, Counterexample
+from minispec.models.block_manager import BlockManager
 from minispec.models.llama import Llama
+from minispec.serving.scheduler import Scheduler
 
 K, ROUNDS, MAX_LEN = 3, 6, 48
 
@@ -164,3 +170,119 @@ def rollback(cache_factory: Callable, *, seed: int = 0,
 
 kv_cache = rollback
 """Alias of [`rollback`][minispec.check.caches.rollback] (the issue's second name for it)."""
+
+
+class _Running:
+    """A running request as the scheduler sees it: its index and the positions of its round."""
+
+    is_finished = False
+
+    def __init__(self, index: int, need: int) -> None:
+        self.index, self.need = index, need
+
+    def round_len(self, k: int) -> int:
+        """The positions its round needs (``needs[index]``)."""
+        return self.need
+
+    def preempt(self) -> None:
+        """Nothing to forget: it holds no cache of its own."""
+
+
+class _Pool:
+    """The scheduler's view of the KV memory: one ``BlockManager`` whose requests hold ``held``
+    blocks, with ``free_blocks`` more in the pool."""
+
+    def __init__(self, held: list[int], block_size: int, free_blocks: int) -> None:
+        self.blocks = BlockManager(sum(held) + free_blocks, block_size)
+        for i, n in enumerate(held):
+            self.blocks.allocate(i)
+            self.blocks.grow(i, n * block_size)
+
+    def can_grow(self, seq: _Running, n: int) -> bool:
+        return self.blocks.can_grow(seq.index, n)
+
+    def grow(self, seq: _Running, n: int) -> None:
+        self.blocks.grow(seq.index, n)
+
+    def free(self, seq: _Running) -> None:
+        self.blocks.free(seq.index)
+
+
+def preempted(held: list[int], needs: list[int], block_size: int, free_blocks: int) -> list[int]:
+    """The requests minispec's [`Scheduler`][minispec.serving.scheduler.Scheduler] preempts, in
+    order, when running requests holding ``held`` blocks reserve rounds of ``needs`` positions."""
+    scheduler = Scheduler(_Pool(held, block_size, free_blocks), len(held), k=0)
+    scheduler.running = [_Running(i, n) for i, n in enumerate(needs)]
+    try:
+        return [seq.index for seq in scheduler.schedule().preempted]
+    except RuntimeError:        # all preempted: "stuck", they wait in the reverse order
+        return [seq.index for seq in reversed(scheduler.waiting)]
+
+
+#: ``(held, needs, block_size, free_blocks)`` at the edges of the rule, by name.
+EDGES = [
+    ("enough free blocks: nothing preempted", ([2, 1, 3], [9, 4, 13], 4, 2)),
+    ("a round inside the blocks held takes none", ([2, 3], [8, 9], 4, 0)),
+    ("the pool runs dry: the newest goes", ([2, 2, 2, 2], [12, 12, 12, 12], 4, 1)),
+    ("its blocks go back to the pool: one preemption serves three", ([3, 3, 3, 4], [16] * 4,
+                                                                       4, 0)),
+    ("the oldest alone does not fit: every request goes, itself last", ([1, 1, 1], [40, 4, 4],
+                                                                        4, 0)),
+]
+
+
+def _batches(seed: int) -> list[tuple[list[int], list[int], int, int]]:
+    """300 seeded batches: 1 to 6 requests of 1 to 40 positions holding ``ceil(n / b)`` blocks,
+    rounds of 0 to 8 more positions, ``b`` in 1, 4, 16, and 0 to 5 free blocks."""
+    g, out = torch.Generator().manual_seed(seed), []
+    for _ in range(300):
+        count = int(torch.randint(1, 7, (), generator=g))
+        size = (1, 4, 16)[int(torch.randint(0, 3, (), generator=g))]
+        lengths = torch.randint(1, 41, (count,), generator=g)
+        needs = lengths + torch.randint(0, 9, (count,), generator=g)
+        out.append((((lengths + size - 1) // size).tolist(), needs.tolist(), size,
+                    int(torch.randint(0, 6, (), generator=g))))
+    return out
+
+
+def _reservation_case(fn: Callable, held: list[int], needs: list[int], block_size: int,
+                      free_blocks: int) -> None:
+    inputs = {"held": held, "needs": needs, "block_size": block_size, "free_blocks": free_blocks}
+    out = call(fn, list(held), list(needs), block_size, free_blocks, inputs=inputs)
+    got = harness.as_tokens(out, inputs, len(held), "request indices")
+    want = preempted(held, needs, block_size, free_blocks)
+    if got != want:
+        raise Failure(Counterexample(
+            "the preempted requests differ: reserve ceil(needs[i] / block_size) blocks for each "
+            "request, oldest first; when too few are free, preempt the newest still running (its "
+            "held blocks go back to the pool) until it fits, or it was preempted itself", inputs,
+            [("preempted, in order", want, got)]))
+
+
+def reservation(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+    """Check that ``fn(held, needs, block_size, free_blocks)`` preempts as minispec's scheduler.
+
+    Before a step, continuous batching reserves each running request's round (``needs[i]``
+    positions: ``ceil(needs[i] / block_size)`` blocks, of which it holds ``held[i]``), oldest
+    (index 0) first, from ``free_blocks`` free blocks; when the pool is short it preempts the
+    *newest* request still running, whose blocks go back to the pool, until the request fits or
+    is itself preempted (lesson 08). ``fn`` returns the indices preempted, in order (a list, a
+    tensor, any iterable of integers). Deterministic, against
+    [`Scheduler`][minispec.serving.scheduler.Scheduler] on a
+    [`BlockManager`][minispec.models.block_manager.BlockManager] (``preempted``): the 5 ``EDGES``,
+    then 300 seeded batches (``_batches``) that cover no preemption, some, and all. The lists
+    handed to ``fn`` are copies. No randomness in the verdict, hence no false alarm.
+
+    Args:
+        fn: the reservation rule under test.
+        seed: seeds the batches.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    cases = [(name, every(_reservation_case, fn, [args], "as the scheduler"))
+             for name, args in EDGES]
+    cases.append(("300 seeded batches", every(_reservation_case, fn, _batches(seed),
+                                              "all as the scheduler")))
+    return run_cases("reservation", cases, 0.0, timeout)

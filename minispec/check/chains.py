@@ -1,4 +1,5 @@
-"""Grade a student's verifier (Algorithm 1's accept loop) by the law of the whole emitted stream.
+"""Grade a student's verifier (Algorithm 1's accept loop) by the law of the whole emitted stream,
+and the walltime a round of such a chain saves (Theorem 3.8).
 
 The function under test verifies one chain of drafts (Algorithm 1):
 
@@ -6,6 +7,8 @@ The function under test verifies one chain of drafts (Algorithm 1):
         -> the emitted tokens (a list, a tensor, or an object with ``.tokens``)
 
 ``draft_probs=None`` means the drafts came from a deterministic drafter (one-hot ``q``).
+[`speedup`][minispec.check.chains.speedup] grades ``fn(alpha, gamma, c, r) -> float``, as
+[`theory.walltime_speedup`][minispec.core.theory.walltime_speedup].
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from minispec.check.harness import TIMEOUT, Failure, call
+from minispec.check.harness import TIMEOUT, Failure, as_real, call, every, run_cases
 from minispec.check.markov import GREEDY, Chain, emitted, grade_streams
 from minispec.check.report import CheckReport, Counterexample
+from minispec.core.theory import expected_tokens, walltime_speedup
 
 
 def make_round(fn: Callable, chain: Chain, k: int, sampled: bool,
@@ -126,3 +130,65 @@ def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: i
                            seed=seed, timeout=timeout, extra=[_bonus(fn, hints)])
     report.hint = " ".join(hints) if report.passed else ""
     return report
+
+
+def _speedup_cases(seed: int) -> list[tuple[str, list[tuple[float, int, float, float]]]]:
+    """Named groups of ``(alpha, gamma, c, r)``: the edges of the formula, then a seeded grid
+    (``alpha`` in ``[0, 0.99)``, ``gamma`` in ``0..12``, ``c`` in ``[0, 0.5)``, ``r`` in
+    ``[1, 3)``)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(200, 3, generator=g, dtype=torch.float64).tolist()
+    gammas = torch.randint(0, 13, (200,), generator=g).tolist()
+    grid = [(0.99 * a, k, 0.5 * c, 1 + 2 * r) for (a, c, r), k in zip(u, gammas, strict=True)]
+    return [
+        ("Equation (1): c = 0 and r = 1 leave the expected tokens per round",
+         [(a, k, 0.0, 1.0) for a in (0.2, 0.6, 0.9) for k in (1, 3, 8)]),
+        ("alpha = 1: every draft is accepted, gamma + 1 tokens a round",
+         [(1.0, 0, 0.1, 1.0), (1.0, 1, 0.05, 1.2), (1.0, 4, 0.0, 1.0), (1.0, 10, 0.2, 2.0)]),
+        ("alpha = 0: one token a round", [(0.0, k, 0.1, 1.3) for k in (0, 1, 5)]),
+        ("gamma = 0: plain decoding, one token per verify, 1 / r",
+         [(0.5, 0, 0.3, 1.0), (0.9, 0, 0.3, 1.7)]),
+        (f"{len(grid)} seeded (alpha, gamma, c, r)", grid),
+    ]
+
+
+def _speedup_case(fn: Callable, alpha: float, gamma: int, c: float, r: float) -> None:
+    inputs = {"alpha": alpha, "gamma": gamma, "c": c, "r": r}
+    got = float(as_real(call(fn, alpha, gamma, c, r, inputs=inputs), (), inputs, "a number"))
+    want = walltime_speedup(alpha, gamma, c, r)
+    if not abs(got - want) <= 1e-4 * want:      # NaN fails too
+        raise Failure(Counterexample(
+            "the result is not the expected tokens per round over the cost of a round in target "
+            "steps, (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + r)): here "
+            f"{expected_tokens(alpha, gamma):.6g} tokens for {gamma * c + r:.6g} steps", inputs,
+            [("speedup", want, got)]))
+
+
+def speedup(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+    """Check that ``fn(alpha, gamma, c, r)`` returns the expected walltime speedup of a round.
+
+    Leviathan et al.'s Theorem 3.8 with the verify cost ``r`` (1 in the paper): a round of
+    ``gamma`` drafts yields ``(1 - alpha^(gamma+1)) / (1 - alpha)`` tokens on average (Equation
+    (1); ``gamma + 1`` at ``alpha = 1``) and costs ``gamma c + r`` target steps, where plain
+    decoding makes one token per target step. Deterministic, against
+    [`theory.walltime_speedup`][minispec.core.theory.walltime_speedup]: 18 edge cases (``c = 0``
+    and ``r = 1``; ``alpha = 1``, where the closed form is ``0 / 0``; ``alpha = 0``;
+    ``gamma = 0``) and a seeded grid of 200 (``_speedup_cases``).
+
+    A result within a relative ``1e-4`` passes: the formula is computed in float64 to about
+    ``1e-14`` on these cases and in float32, even as the closed form (``1 - alpha >= 0.01`` on
+    the grid), to about ``1e-6``, while a wrong formula (``alpha^gamma``, no ``r``, ``gamma + 1``
+    draft steps) is off by more than ``1e-2`` relative on some case. No randomness in the
+    verdict, hence no false alarm.
+
+    Args:
+        fn: the speedup formula under test.
+        seed: seeds the grid.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    return run_cases("speedup", [(name, every(_speedup_case, fn, group,
+                                              f"{len(group)} within a relative 1e-4"))
+                                 for name, group in _speedup_cases(seed)], 0.0, timeout)

@@ -131,16 +131,31 @@ def as_int(x: Any) -> int | None:
         return None
 
 
+def as_real(out: Any, shape: tuple[int, ...], inputs: dict[str, Any], what: str) -> Tensor:
+    """The result as a float64 tensor of ``shape`` (a plain number for ``()``: a float, an int, a
+    one-element tensor of that shape), else a ``Failure`` saying it must be ``what``. A bool or a
+    complex number is not a real number here."""
+    try:
+        got = torch.as_tensor(out, dtype=torch.float64)
+        ok = not (isinstance(out, bool) or torch.is_tensor(out) and out.is_complex())
+    except Exception:  # anything that is not numbers: the failure below
+        got, ok = None, False
+    if not ok or got.shape != shape:
+        raise Failure(Counterexample(f"the result must be {what}, got {out!r}", inputs))
+    return got
+
+
 def _first(out: Any, n: int) -> list | None:
     """The first ``n`` items of an iterable (a generator may never end), or ``None``."""
     return list(itertools.islice(out, n)) if isinstance(out, Iterable) else None
 
 
-def as_tokens(out: Any, inputs: dict[str, Any], most: int) -> list[int]:
+def as_tokens(out: Any, inputs: dict[str, Any], most: int, noun: str = "token ids") -> list[int]:
     """The token ids of a result: a list, a tensor, any iterable, or an object with ``.tokens``.
 
     At most ``most + 1`` items are read (reading a generator runs the student's code: under the
-    deadline too). An item that is not an integer, or more than ``most`` of them, is a failure.
+    deadline too). An item that is not an integer, or more than ``most`` of them, is a failure
+    (``noun`` names the items in its message: ``"token ids"``, ``"request indices"``).
     """
     out = getattr(out, "tokens", out)
     items = (out.flatten()[: most + 1].tolist() if isinstance(out, torch.Tensor)
@@ -148,10 +163,10 @@ def as_tokens(out: Any, inputs: dict[str, Any], most: int) -> list[int]:
     ids = [as_int(x) for x in items or ()]
     if items is None or None in ids:
         bad = out if items is None else items[ids.index(None)]
-        raise Failure(Counterexample("the result must be a list of integer token ids, not "
+        raise Failure(Counterexample(f"the result must be a list of integer {noun}, not "
                                      f"{bad!r} ({type(bad).__name__})", inputs))
     if len(ids) > most:
-        raise Failure(Counterexample(f"the result holds more token ids than the {most} possible "
+        raise Failure(Counterexample(f"the result holds more {noun} than the {most} possible "
                                      "here", dict(inputs, first=ids)))
     return ids
 
@@ -229,6 +244,20 @@ def _raised(name: str, error: BaseException, inputs: dict[str, Any], what: str) 
     where = f" (at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
     return Case(name, False, f"raised {type(error).__name__}",
                 Counterexample(f"{what} {type(error).__name__}: {error}{where}", inputs))
+
+
+def every(check: Callable[..., None], fn: Callable, group: Sequence[tuple],
+          note: str) -> Callable[[], str]:
+    """A case for ``run_cases`` that runs ``check(fn, *args)`` for each ``args`` of ``group``
+    (each returns, or raises ``Failure``), then returns ``note``: a deterministic table of inputs,
+    compared one by one with the package's own answer."""
+
+    def case() -> str:
+        for args in group:
+            check(fn, *args)
+        return note
+
+    return case
 
 
 def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], str]]],

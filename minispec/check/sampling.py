@@ -1,10 +1,16 @@
-"""Grade a student's single-token speculative sampler and residual.
+"""Grade a student's single-token speculative sampler and residual, the acceptance rate and the
+adjusted distribution.
 
 * ``fn(p [V], q [V], generator) -> (token, accepted)``, as
   [`minispec.speculative_sample`][minispec.core.speculative.speculative_sample]: draw a proposal
   from ``q``, keep it or replace it; the token must have law ``p`` (Leviathan App. A.1);
 * ``fn(p [V], q [V]) -> [V]``, as [`minispec.residual`][minispec.core.speculative.residual]:
-  ``norm(max(0, p - q))``.
+  ``norm(max(0, p - q))``;
+* ``fn(p [..., V], q [..., V]) -> [...]``, as
+  [`theory.acceptance_rate`][minispec.core.theory.acceptance_rate]: ``beta = sum min(p, q)``;
+* ``fn(logits [V], temperature, top_k, top_p) -> [V]``, as
+  [`minispec.probs_from_logits`][minispec.core.sampling.probs_from_logits]: the distribution a
+  decoding mode samples from (Leviathan §2.2).
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from minispec.check import harness
 from minispec.check.harness import TIMEOUT, Failure, as_int, call, expect_law, run_cases, same_seed
 from minispec.check.report import CheckReport, Counterexample, fmt
 from minispec.check.statistics import BUDGET, hoeffding_excess, per_test_alpha
+from minispec.core.sampling import SamplingParams, probs_from_logits
+from minispec.core.theory import acceptance_rate
 
 
 def _t(values: list[float]) -> Tensor:
@@ -112,24 +121,39 @@ def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckRe
     return run_cases("sampler", cases, BUDGET, timeout)
 
 
-def _residual_pairs(seed: int) -> list[tuple[Tensor, Tensor]]:
-    """The sampler's pairs, one-hot corner cases, and random pairs over 6 tokens with zeros."""
-    pairs = [(p, q) for _, p, q, _ in PAIRS]
-    pairs += [(_t([0, 1, 0]), _t([0, 1, 0])), (_t([0, 1, 0]), _t([1, 0, 0])),
-              (_t([0.5, 0.5, 0]), _t([0, 0, 1]))]
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(12, 2, 6, generator=g) * 1.5                   # 12 pairs (p, q)
-    logits[torch.rand(12, 2, 6, generator=g) < 0.25] = float("-inf")
+#: The sampler's pairs and one-hot corners: every regime of one position, as ``(p, q)``.
+CORNERS: list[tuple[Tensor, Tensor]] = [(p, q) for _, p, q, _ in PAIRS] + [
+    (_t([0, 1, 0]), _t([0, 1, 0])), (_t([0, 1, 0]), _t([1, 0, 0])),
+    (_t([0.5, 0.5, 0]), _t([0, 0, 1]))]
+
+
+def _random_pairs(g: torch.Generator, *shape: int) -> tuple[Tensor, Tensor]:
+    """Random ``p`` and ``q`` of shape ``[*shape]`` (the last is ``V``), about a quarter of their
+    entries 0 (token 0 never is, so that every row is a distribution)."""
+    logits = torch.randn(*shape[:-1], 2, shape[-1], generator=g) * 1.5
+    logits[torch.rand(logits.shape, generator=g) < 0.25] = float("-inf")
     logits[..., 0] = logits[..., 0].nan_to_num(neginf=0.0)             # keep a token in each
-    return pairs + [(p, q) for p, q in torch.softmax(logits, dim=-1)]
+    probs = torch.softmax(logits, dim=-1)
+    return probs[..., 0, :], probs[..., 1, :]
+
+
+def _residual_pairs(seed: int) -> list[tuple[Tensor, Tensor]]:
+    """The corners, and 12 random pairs over 6 tokens with zeros."""
+    p, q = _random_pairs(torch.Generator().manual_seed(seed), 12, 6)
+    return CORNERS + list(zip(p, q, strict=True))
+
+
+def _unchanged(given: tuple[Tensor, ...], kept: tuple[Tensor, ...], inputs: dict) -> None:
+    """Fail unless the tensors handed to the student (``given``) still equal the originals."""
+    if not all(torch.equal(a, b) for a, b in zip(given, kept, strict=True)):
+        raise Failure(Counterexample("the function changed its inputs in place", inputs))
 
 
 def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
     inputs: dict[str, Any] = {"p": p, "q": q}
     p_in, q_in = p.clone(), q.clone()
     out = call(fn, p_in, q_in, inputs=inputs)
-    if not torch.equal(p_in, p) or not torch.equal(q_in, q):
-        raise Failure(Counterexample("the function changed its inputs in place", inputs))
+    _unchanged((p_in, q_in), (p, q), inputs)
     if not isinstance(out, Tensor) or out.shape != p.shape or not out.is_floating_point():
         got = f"{out.dtype} {list(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
         raise Failure(Counterexample(f"the result must be a real floating-point [V] = "
@@ -166,11 +190,143 @@ def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckR
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
     pairs = _residual_pairs(seed)
-
-    def case() -> str:
-        for p, q in pairs:
-            _residual_case(fn, p, q)
-        return "exact within 1e-5"
-
+    case = harness.every(_residual_case, fn, pairs, "exact within 1e-5")
     return run_cases("residual", [(f"the residual of {len(pairs)} (p, q) pairs", case)], 0.0,
                      timeout)
+
+
+def _acceptance_case(fn: Callable, p: Tensor, q: Tensor) -> None:
+    inputs: dict[str, Any] = {"p": p, "q": q} if p.ndim == 1 else {"p, q": f"{list(p.shape)} "
+                                                                    "tensors (seeded)"}
+    p_in, q_in = p.clone(), q.clone()
+    out = call(fn, p_in, q_in, inputs=inputs)
+    _unchanged((p_in, q_in), (p, q), inputs)
+    want = acceptance_rate(p.double(), q.double())                           # [...]
+    got = harness.as_real(out, want.shape, inputs, f"one number per pair of rows, of shape "
+                          f"{list(want.shape)} (the last dimension summed)")
+    error = (got - want).abs().nan_to_num(nan=1.0).flatten()
+    if error.max() > 1e-5:
+        row, V = int(error.argmax()), p.shape[-1]
+        where = {"p": p.reshape(-1, V)[row], "q": q.reshape(-1, V)[row]}
+        if p.ndim > 1:
+            where = {"shape": list(p.shape), "row": row, **where}
+        raise Failure(Counterexample("the result is not beta = sum_x min(p(x), q(x))", where, [
+            ("beta", float(want.flatten()[row]), float(got.flatten()[row]))]))
+
+
+def acceptance(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+    """Check that ``fn(p, q)`` returns the acceptance probability ``beta = sum_x min(p(x), q(x))``.
+
+    Leviathan et al.'s Theorem 3.5 (``1 - beta`` is ``D_LK``, Lemma 3.3). Deterministic, against
+    [`theory.acceptance_rate`][minispec.core.theory.acceptance_rate]:
+
+    1. the 8 pairs of ``CORNERS`` (``p == q`` gives 1, disjoint supports 0, a one-hot ``p``
+       gives ``q`` at its token; overlap, zeros of ``p`` where ``q > 0``), one ``[V]`` pair each;
+    2. seeded batches ``[16, 6]`` and ``[2, 3, 5]`` with zeros: one ``beta`` per row, over the
+       last dimension only (the result has shape ``[16]``, ``[2, 3]``).
+
+    A result within ``1e-5`` of the exact value passes: the inputs are float32, whose rounding
+    over 6 terms is below ``1e-6``, while a wrong formula (``sum p q``, ``max``, ``1 - beta``, a
+    sum over the whole batch) is off by more than ``0.01`` on some case. Any correct formula
+    passes (``1 - sum |p - q| / 2`` too). The inputs must not be modified. No randomness in the
+    verdict, hence no false alarm.
+
+    Args:
+        fn: the acceptance rate under test.
+        seed: seeds the random batches.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    g = torch.Generator().manual_seed(seed)
+    groups = {f"{len(CORNERS)} pairs of [V] distributions: every regime": CORNERS,
+              "batches [16, 6] and [2, 3, 5]: one beta per row": [_random_pairs(g, 16, 6),
+                                                                  _random_pairs(g, 2, 3, 5)]}
+    return run_cases("acceptance", [
+        (name, harness.every(_acceptance_case, fn, pairs, "exact within 1e-5"))
+        for name, pairs in groups.items()], 0.0, timeout)
+
+
+#: Logits with two tied maxima (3.0) and a tied pair (2.0): top-k keeps every logit tied with the
+#: k-th largest, temperature 0 picks the first of the maxima.
+TIED = _t([1.0, 3.0, 0.5, 3.0, 2.0, 2.0, -1.0, 0.0])
+#: Logits with a heavy tail: top-p after top-k (on the 3 largest, renormalised) keeps fewer tokens
+#: than top-p before it (on all 8) would.
+TAIL = _t([3.0, 2.5, 2.0, 1.5, 1.5, 1.5, 1.5, 1.5])
+
+
+def _nucleus(logits: Tensor, temperature: float, top_k: int, j: int) -> float:
+    """A ``top_p`` that keeps exactly the ``j + 1`` likeliest tokens (after temperature and top-k):
+    halfway between the mass of the ``j`` and of the ``j + 1`` likeliest, far from both edges."""
+    probs = probs_from_logits(logits, SamplingParams(temperature, top_k)).double()
+    mass = torch.cat([torch.zeros(1, dtype=torch.float64), probs.sort(descending=True).values
+                      .cumsum(0)])
+    return float(mass[j] + mass[j + 1]) / 2
+
+
+def _adjust_cases(seed: int) -> list[tuple[str, list[tuple[Tensor, float, int, float]]]]:
+    """Named groups of ``(logits [8], temperature, top_k, top_p)``, from seeded logits, ``TIED``
+    and ``TAIL``; no ``top_p`` lies near an edge of the nucleus (ties there would be ambiguous)."""
+    g = torch.Generator().manual_seed(seed)
+    x = [torch.randn(8, generator=g) * 2 for _ in range(8)]
+    mixed = [(x[5], 0.7, 5, 2), (x[6], 1.8, 6, 3), (x[7], 0.5, 4, 1), (TAIL, 1.0, 3, 1)]
+    return [
+        ("temperature: softmax(logits / T)", [(x[0], t, 0, 1.0) for t in (0.3, 1.0, 2.5)]),
+        ("temperature 0: one-hot at the argmax, the first of tied maxima",
+         [(TIED, 0.0, 0, 1.0), (x[1], 0.0, 3, 0.5)]),
+        ("top-k: the k largest logits and every logit tied with the k-th",
+         [(TIED, 1.0, k, 1.0) for k in (1, 2, 3, 5, 8, 12)] + [(x[2], 0.8, 3, 1.0)]),
+        ("top-p: the smallest prefix of the sorted tokens whose mass reaches top_p",
+         [(x[3], 1.0, 0, 1e-9), (x[3], 1.0, 0, 1.0)]
+         + [(x[4], 1.0, 0, _nucleus(x[4], 1.0, 0, j)) for j in range(1, 6)]),
+        ("all three, in order: temperature, then top-k, then top-p",
+         [(z, t, k, _nucleus(z, t, k, j)) for z, t, k, j in mixed]),
+    ]
+
+
+def _adjust_case(fn: Callable, logits: Tensor, temperature: float, top_k: int,
+                 top_p: float) -> None:
+    inputs = {"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+    given = logits.clone()
+    out = call(fn, given, temperature, top_k, top_p, inputs=inputs)
+    _unchanged((given,), (logits,), inputs)
+    want = probs_from_logits(logits, SamplingParams(temperature, top_k, top_p)).double()
+    got = harness.as_real(out, want.shape, inputs,
+                          f"a [V] = [{len(logits)}] tensor of probabilities")
+    if (got - want).abs().nan_to_num(nan=1.0).max() > 1e-5:
+        raise Failure(Counterexample(
+            "the result is not the adjusted distribution (temperature, then top-k, then top-p, "
+            "then softmax)", inputs,
+            [(f"token {i}", float(want[i]), float(got[i])) for i in range(len(logits))]))
+
+
+def adjustment(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+    """Check that ``fn(logits, temperature, top_k, top_p)`` returns the adjusted distribution.
+
+    Standardized sampling (Leviathan §2.2): every decoding mode samples from an adjusted
+    distribution, computed as [`probs_from_logits`][minispec.core.sampling.probs_from_logits] does:
+    divide by the temperature (0: one-hot at the first argmax); keep the ``top_k`` largest logits
+    and every logit tied with the ``k``-th (0, or ``k >= V``: all); sort, and drop each token once
+    the mass strictly before it reaches ``top_p`` (1: none); softmax. Deterministic: 23 cases
+    over 8 tokens in five groups (``_adjust_cases``): temperature alone; temperature 0 with
+    tied maxima; top-k through ties and past ``V``; top-p from ``1e-9`` (the top token) to 1;
+    the three together, where their order matters.
+
+    Each token's probability must be within ``1e-5`` of the exact one: float32 rounding of a
+    softmax over 8 tokens is below ``1e-6``, and every ``top_p`` keeps a fixed number of tokens
+    with a margin of at least half a token's mass, so a correct computation in float32 or float64
+    cannot drop or keep another token; a wrong rule moves a token by far more. The logits must not
+    be modified. No randomness in the verdict, hence no false alarm.
+
+    Args:
+        fn: the adjustment under test.
+        seed: seeds the random logits.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    return run_cases("adjustment", [
+        (name, harness.every(_adjust_case, fn, group, f"{len(group)} cases within 1e-5"))
+        for name, group in _adjust_cases(seed)], 0.0, timeout)
