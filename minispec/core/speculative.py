@@ -116,8 +116,9 @@ def speculate(p: Tensor, proposals: Draws, us: Iterator[Tensor], tested: list[fl
     """The rule at one position: try ``proposals`` in order, each against what ``p`` has left.
 
     Proposal ``j`` (token ``x_j`` drawn from ``q_j``; ``q_j = None`` is one-hot) is kept iff
-    ``u < p_{j-1}(x_j) / q_j(x_j)``; after a rejection ``p_j = norm(max(0, p_{j-1} - q_j))``
-    (Stratos §2; with one proposal, Leviathan's rule). Appends ``min(1, p_{j-1}(x_j) / q_j(x_j))``
+    ``u < p_left(x_j) / q_j(x_j)``, where ``p_left`` is what ``p`` has left after the earlier
+    rejections: each one sets ``p_left = norm(max(0, p_left - q_j))`` (Stratos §2; with one
+    proposal, Leviathan's rule). Appends ``min(1, p_{j-1}(x_j) / q_j(x_j))``
     of every test to ``tested``.
 
     Returns:
