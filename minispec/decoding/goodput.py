@@ -478,7 +478,7 @@ class GoodputK:
         owed = sum(n for n, k in zip(lags, ks, strict=True) if k)     # lagging tokens fed
         self.costs.record_verify(len(ks), 1 + max(drafted, default=0), verify_s)
         if owed and steps:
-            known = self.costs.draft_seconds(rows) if self.costs.draft else None
+            known = self.costs.draft_seconds(rows)             # None while none is measured
             self.costs.record_catch_up(owed, max(0.0, draft_s - steps * (known or 0.0)))
         else:
             self.costs.record_draft(rows, steps, draft_s)
