@@ -47,7 +47,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -56,6 +55,7 @@ from engine import NeverDrafts, load_models, make_prompts  # benchmarks/engine.p
 import minispec as ms
 from minispec.models.packed import make_fast
 from minispec.serving.engine import Engine
+from minispec.tools.lockstep import lockstep  # one step of each engine in turn, CPU time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -104,35 +104,6 @@ def make_engines(target, drafters: dict, batch: int, args) -> dict[str, Engine]:
     return engines
 
 
-def lockstep(engines: dict[str, Engine], prompts: list[list[int]], max_new_tokens: int) -> dict:
-    """Serve ``prompts`` on every engine, one step each in turn (the order reversed every step);
-    return each engine's CPU seconds (its steps only), tokens, outputs and mean ``k`` chosen."""
-    ids = {name: [e.add_request(p, max_new_tokens=max_new_tokens, eos_token_id=[])
-                  for p in prompts] for name, e in engines.items()}
-    tokens = {name: {i: [] for i in ids[name]} for name in engines}
-    seconds = dict.fromkeys(engines, 0.0)
-    choices = {name: len(e.k_choices) for name, e in engines.items()}
-    order, step = list(engines), 0
-    while any(e.has_unfinished() for e in engines.values()):
-        for name in order if step % 2 == 0 else order[::-1]:
-            engine = engines[name]
-            if engine.has_unfinished():
-                start = time.process_time()
-                outputs = engine.step()
-                seconds[name] += time.process_time() - start
-                for out in outputs:
-                    if out.token is not None:
-                        tokens[name][out.request_id].append(out.token)
-        step += 1
-    result = {}
-    for name, engine in engines.items():
-        ks = [k for choice in list(engine.k_choices)[choices[name]:] for k in choice.ks]
-        outputs = [tokens[name][i] for i in ids[name]]
-        result[name] = dict(seconds=seconds[name], tokens=sum(map(len, outputs)), outputs=outputs,
-                            mean_k=sum(ks) / len(ks) if ks else None)
-    return result
-
-
 def run_batch(target, drafters: dict, tok, batch: int, args) -> dict:
     """``--repeats`` lockstep runs at one batch size, each on fresh engines warmed by a first wave;
     every output is checked against single-request greedy decoding."""
@@ -152,7 +123,7 @@ def run_batch(target, drafters: dict, tok, batch: int, args) -> dict:
         speeds = [r[name]["tokens"] / r[name]["seconds"] for r in runs]
         ratios = sorted(r[name]["tokens"] / r[name]["seconds"]
                         / (r["plain"]["tokens"] / r["plain"]["seconds"]) for r in runs)
-        ks = [r[name]["mean_k"] for r in runs if r[name]["mean_k"] is not None]
+        ks = [k for r in runs for k in r[name]["ks"]]
         row["modes"][name] = dict(
             tokens_per_s=statistics.median(speeds), ratio=statistics.median(ratios),
             ratios=ratios, mean_k=statistics.mean(ks) if ks else None,

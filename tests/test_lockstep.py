@@ -1,0 +1,53 @@
+"""``minispec.tools.lockstep``: engines in lockstep give paired ratios with their spread, and a
+gain is claimed only outside it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from tinymodels import noisy_copy, tiny_llama
+
+import minispec as ms
+from minispec.tools.lockstep import Paired, race
+
+PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
+
+
+def paired(ratios, tokens_per_forward=2.0):
+    return Paired("m", sorted(ratios), 100.0, tokens_per_forward, None, True)
+
+
+def test_verdicts_follow_the_spread():
+    assert paired([1.05, 1.2, 1.3]).verdict == "faster"
+    assert paired([0.95, 1.2, 1.3]).verdict == "within noise"
+    assert paired([0.7, 0.8, 0.99]).verdict == "slower"
+    assert paired([0.7, 0.8, 1.01]).verdict == "within noise"
+    assert paired([1.2, 1.3], tokens_per_forward=1.0).verdict == "within noise"  # drafted nothing
+    assert "[1.05-1.30]" in str(paired([1.05, 1.2, 1.3]))
+
+
+def test_race_pairs_every_repeat_and_checks_the_tokens():
+    target = tiny_llama(seed=0)
+    draft = noisy_copy(target, 0.02)
+    made = itertools.count()
+
+    def engines():
+        next(made)
+        size = dict(max_batch_size=2, max_seq_len=40)
+        return {"plain": ms.Engine(target, **size),
+                "draft": ms.Engine(target, draft, k=3, adaptive=False, **size)}
+
+    result = race(engines, PROMPTS, 12, repeats=3)
+    assert next(made) == 3                                   # fresh engines every repeat
+    plain, spec = result["plain"], result["draft"]
+    assert plain.ratios == [1.0, 1.0, 1.0] and plain.tokens_per_forward == pytest.approx(1.0)
+    assert len(spec.ratios) == 3 and spec.ratios == sorted(spec.ratios) and spec.same
+    assert spec.outputs == [ms.generate(target, p, 12, eos_token_id=[]).tokens for p in PROMPTS]
+    assert spec.tokens_per_forward > 1.5                     # a close draft is mostly accepted
+    assert spec.low <= spec.ratio <= spec.high
+
+
+def test_one_repeat_has_no_spread():
+    with pytest.raises(ValueError, match="at least 2"):
+        race(dict, PROMPTS, 4, repeats=1)
