@@ -66,7 +66,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-pytestmark = pytest.mark.site
+# one xdist worker builds the site once and runs every check of it (``--dist loadgroup``)
+pytestmark = [pytest.mark.site, pytest.mark.xdist_group("site")]
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_TIMEOUT_S = 30 * 60
