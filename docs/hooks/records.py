@@ -1,19 +1,36 @@
-"""mkdocs hook: tables rendered from the benchmark records in ``docs/data/``, never typed by hand.
+"""mkdocs hook: measured figures rendered from the benchmark records, never typed by hand.
 
-A line ``<!-- minispec-record: gpu -->`` is replaced by the tables of ``docs/data/gpu.json`` (the
-record ``benchmarks/gpu.py`` writes on a GPU: the machine, the commit and the command with it):
-the one-token step and the verify cost ``r(k)`` with CUDA graphs and without, each method's speed
-at batch 1, and the engine against transformers by batch size. Where no record is committed yet,
-the line becomes a note saying so and giving the command that makes one.
+Two records: ``docs/data/cpu.json`` (runs on CPUs, each with its machine, clock, command and the
+commit at which it was recorded) and ``docs/data/gpu.json`` (what ``benchmarks/gpu.py`` writes on a
+GPU). On any page:
+
+* a line ``<!-- minispec-record: NAME -->`` becomes the tables of a record: ``gpu`` (the step, the
+  verify cost, each method at batch 1, the engine by batch size; a note with the command while no
+  GPU record is committed), or a run of the CPU record (``shipped_pair``, ``smollm2_lookup``,
+  ``smollm2_tasks``, ``multitask``);
+* an inline ``{{ cpu/runs/multitask/rows/overall/hybrid, k = 4 :.2f }}`` becomes one value of a
+  record (``cpu``: ``docs/data/cpu.json``; ``card``: the shipped pair's model card,
+  ``minispec/zoo/model_card.json``), formatted by the spec after `` :``. A path that names nothing
+  fails the build.
+
+The README's headline block is rendered by [`headline`][] from the same record, and
+``tests/test_records.py`` fails when the README's copy differs (``python docs/hooks/records.py
+--readme`` rewrites it).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import textwrap
 from pathlib import Path
 
 _MARKER = re.compile(r"^<!-- minispec-record: (\w+) -->[ \t]*$", re.MULTILINE)
+_VALUE = re.compile(r"\{\{ (cpu|card)/([^{}]+?)(?: :([^{}]*?))? \}\}")
+HEADLINE = re.compile(r"<!-- headline -->\n.*?<!-- /headline -->", re.DOTALL)
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {"cpu": ROOT / "docs" / "data" / "cpu.json",
+           "card": ROOT / "minispec" / "zoo" / "model_card.json"}
 
 
 def _num(x, digits: int = 2) -> str:
@@ -21,7 +38,7 @@ def _num(x, digits: int = 2) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + " ---: |" * len(header)]
+    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
@@ -62,7 +79,104 @@ def render_gpu(record: dict) -> str:
     return "\n\n".join(parts)
 
 
+def load(source: str = "cpu") -> dict:
+    """A record by its source name (``cpu`` or ``card``)."""
+    return json.loads(SOURCES[source].read_text(encoding="utf-8"))
+
+
+def value(source: str, path: str, spec: str | None = None) -> str:
+    """One value of a record: ``path`` is its keys joined by ``/``; formatted by ``spec``."""
+    node = load(source)
+    for key in path.strip().split("/"):
+        if not isinstance(node, dict) or key not in node:
+            raise KeyError(f"the {source} record has no {path!r} (no key {key!r})")
+        node = node[key]
+    return format(node, spec.strip()) if spec else str(node)
+
+
+def _origin(run: dict) -> str:
+    m = run["machine"]
+    return (f"*Record:* `docs/data/cpu.json`: {m['device']}, {m['threads']} torch threads, "
+            f"{m['clock']} clock ({m['load']}), commit `{run['commit'][:7]}`, `{run['command']}`.")
+
+
+def render_shipped_pair(run: dict) -> str:
+    """The cost model against the measured speedups of the shipped pair, one row per ``k``."""
+    rows = [[k, _num(r["r"]), f"{_num(r['measured'])}x",
+             f"{_num(r['predicted_r'])}x ({r['measured'] / r['predicted_r']:.0%})",
+             f"{_num(r['predicted_r1'])}x", _num(r["tokens_eq1"]), _num(r["counted"])]
+            for k, r in run["rows"].items()]
+    header = ["k", "r(k)", "measured", "predicted, \\(r(k)\\)", "predicted, \\(r = 1\\)",
+              "tokens / round, Eq. (1)", "counted"]
+    return _origin(run) + "\n\n" + _table(header, rows)
+
+
+def _speedup_table(run: dict, first: str, columns: list[tuple[str, str]]) -> str:
+    rows = [[name, f"{row['greedy_tok_s']} tok/s"]
+            + [_num(row[key]) + ("" if "tokens" in key else "x") for key, _ in columns]
+            for name, row in run["rows"].items()]
+    return _table([first, "greedy"] + [title for _, title in columns], rows)
+
+
+def render_smollm2_lookup(run: dict) -> str:
+    """Prompt lookup on SmolLM2's five tasks, beside transformers."""
+    columns = [("prompt lookup, k = 4", "prompt lookup k = 4"),
+               ("tokens_per_forward", "(tokens / forward)"),
+               ("transformers greedy", "transformers greedy"),
+               ("transformers prompt lookup, k = 4", "transformers prompt lookup")]
+    return _origin(run) + "\n\n" + _speedup_table(run, "task", columns)
+
+
+def render_smollm2_tasks(run: dict) -> str:
+    """The shipped head, prompt lookup and the hybrid on SmolLM2's five tasks."""
+    columns = [("EAGLE head, k = 2", "EAGLE k = 2"),
+               ("eagle_tokens_per_forward", "(tokens / forward)"),
+               ("prompt lookup, k = 4", "prompt lookup k = 4"), ("hybrid, k = 4", "hybrid k = 4")]
+    return _origin(run) + "\n\n" + _speedup_table(run, "task", columns)
+
+
+def render_multitask(run: dict) -> str:
+    """Every drafter on the public multi-task set, by category."""
+    columns = [("prompt lookup, k = 4", "prompt lookup"), ("EAGLE head, k = 2", "EAGLE (k = 2)"),
+               ("suffix, k = 4", "suffix"), ("hybrid, k = 4", "hybrid"),
+               ("hybrid_tokens_per_forward", "(tokens / forward)"),
+               ("transformers prompt lookup, k = 4", "HF lookup")]
+    return _origin(run) + "\n\n" + _speedup_table(run, "category", columns)
+
+
+def headline(record: dict) -> str:
+    """The README's headline block: the multi-task run's overall speedups and their range."""
+    run = record["runs"]["multitask"]
+    m, rows = run["machine"], run["rows"]
+    cats = [c for c in rows if c != "overall"]
+    intro = (f"All from one run of one command on one machine: a {m['device']} with "
+             f"{m['load']}, {m['threads']} torch threads, {m['clock']} clock, minispec's packed "
+             f"CPU path (`fast=True`; transformers eager), recorded in `docs/data/cpu.json`. "
+             f"SmolLM2-135M-Instruct answers a public {run['prompts']}-prompt set "
+             f"({run['categories']} categories), greedy, batch 1, {run['new_tokens']} new tokens "
+             f"per prompt; each cell is the speedup over minispec's own greedy decoding "
+             f"({rows['overall']['greedy_tok_s']} tokens/s overall), and all "
+             f"{run['identical_runs']} method x category runs were token-identical to it:")
+    lines = [textwrap.fill(intro, 100), "", "```bash", run["command"], "```", "",
+             "| method | overall | lowest and highest category |", "| --- | ---: | --- |"]
+    for method in run["methods"]:
+        by = {c: rows[c][method] for c in cats}
+        lo, hi = min(by, key=by.get), max(by, key=by.get)
+        lines.append(f"| {method} | {rows['overall'][method]:.2f}x | {by[lo]:.2f}x ({lo}) to "
+                     f"{by[hi]:.2f}x ({hi}) |")
+    greedy = run["transformers_greedy_overall"]
+    lines.append(f"| transformers' greedy `generate` | {greedy:.2f}x | |")
+    return "\n".join(lines)
+
+
+RUNS = {"shipped_pair": render_shipped_pair, "smollm2_lookup": render_smollm2_lookup,
+        "smollm2_tasks": render_smollm2_tasks,
+        "multitask": render_multitask}
+
+
 def _render(name: str, data: Path) -> str:
+    if name in RUNS:
+        return RUNS[name](load("cpu")["runs"][name])
     path = data / f"{name}.json"
     if not path.is_file():
         return (f"*No `docs/data/{name}.json` is committed yet: `bash benchmarks/gpu_session.sh` "
@@ -70,6 +184,26 @@ def _render(name: str, data: Path) -> str:
     return render_gpu(json.loads(path.read_text()))
 
 
+def render_values(markdown: str) -> str:
+    """Every inline ``{{ source/path :spec }}`` replaced by its value."""
+    return _VALUE.sub(lambda m: value(m.group(1), m.group(2), m.group(3)), markdown)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     data = Path(config["docs_dir"]) / "data"
-    return _MARKER.sub(lambda m: _render(m.group(1), data), markdown)
+    return render_values(_MARKER.sub(lambda m: _render(m.group(1), data), markdown))
+
+
+def _rewrite_readme() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    block = f"<!-- headline -->\n{headline(load('cpu'))}\n<!-- /headline -->"
+    readme.write_text(HEADLINE.sub(lambda _: block, text), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--readme"]:
+        sys.exit("usage: python docs/hooks/records.py --readme  (rewrites the README's headline)")
+    _rewrite_readme()

@@ -14,10 +14,9 @@
   of the same prompt by SmolLM2, each token with the process CPU time at which it came out (one
   thread), recorded by [`minispec.tools.viz.record_race`][minispec.tools.viz.record_race];
   ``docs/javascripts/race.js`` replays both at their recorded speeds (``<div class="ms-race">``).
-* ``assets/data/speedup.json`` -- the measured points the speedup explorer
-  (``docs/javascripts/speedup.js``) draws: the rows of the Results page's table whose header starts
-  ``| k | r(k) | measured |``, with the ``alpha`` and ``c`` stated in the marker line above it,
-  ``<!-- minispec-explorer: alpha=0.722 c=0.354 -->``. Edit the table and the explorer follows.
+* ``assets/data/speedup.json`` -- the measured points and presets the speedup explorer
+  (``docs/javascripts/speedup.js``) draws, from the record ``docs/data/cpu.json`` (the shipped
+  pair's cost-model run and the shipped head's run), the same record the Results page renders.
 
 A page shows a figure with an empty element: ``<div class="ms-round" markdown="0"></div>`` or
 ``<div class="ms-speedup"></div>`` (Markdown pages, and markdown cells of a notebook alike). The
@@ -28,7 +27,6 @@ element works on every page, with no network.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from mkdocs.plugins import event_priority
@@ -38,7 +36,7 @@ ROUNDS = "assets/data/rounds.json"
 ROUNDS_SMOLLM2 = "assets/data/rounds-smollm2.json"
 RACE = "assets/data/race.json"
 SPEEDUP = "assets/data/speedup.json"
-RESULTS = "results.md"
+CPU_RECORD = "data/cpu.json"
 
 #: What the round widget replays: one prompt of the benchmark set, k = 4, plain sampling (T = 1),
 #: ten rounds, and the first seed from 0 whose rounds show all three endings a student should see
@@ -129,41 +127,36 @@ def _record_smollm2() -> tuple[dict, dict]:
     return rounds, race
 
 
-_MARKER = re.compile(r"<!-- minispec-explorer:([^>]*)-->")
+def _alpha_for(tokens: float, k: int) -> float:
+    """The alpha at which Eq. (1) gives ``tokens`` per round of ``k`` drafts (bisection)."""
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < tokens else (lo, mid)
+    return round((lo + hi) / 2, 3)
 
 
-def _number(cell: str) -> float | None:
-    m = re.search(r"[0-9]+(?:\.[0-9]+)?", cell)
-    return float(m.group(0)) if m else None
-
-
-def _speedup_points(results_md: str) -> dict:
-    """The explorer's measured points, from the Results page's marked table."""
-    m = _MARKER.search(results_md)
-    if not m:
-        return {"points": []}
-    attrs = dict(re.findall(r"(\w+)=([^\s]+)", m.group(1)))
-    lines = results_md[m.end():].splitlines()
-    points, header = [], None
-    for line in lines:
-        line = line.strip()
-        if header is None:
-            if line.startswith("|"):
-                header = [c.strip().lower() for c in line.strip("|").split("|")]
-            continue
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if set("".join(cells)) <= set("-: "):
-            continue
-        row = dict(zip(header, cells, strict=False))
-        points.append({"k": int(_number(row["k"])), "r": _number(row["r(k)"]),
-                       "measured": _number(row["measured"])})
+def _speedup_points(record: dict) -> dict:
+    """The explorer's measured points and presets, from the runs of ``docs/data/cpu.json``."""
+    pair, tasks = record["runs"]["shipped_pair"], record["runs"]["smollm2_tasks"]
+    head = tasks["rows"]["overall"]
+    alpha_head = _alpha_for(head["eagle_tokens_per_forward"], 2)
     return {
-        "label": attrs.get("label", "measured").replace("_", " "),
-        "alpha": float(attrs.get("alpha", "nan")),
-        "c": float(attrs.get("c", "nan")),
-        "points": points,
+        "label": "shipped pair, 2-core VM, greedy",
+        "alpha": pair["alpha_greedy"], "c": pair["c"],
+        "points": [{"k": int(k), "r": row["r"], "measured": row["measured"]}
+                   for k, row in pair["rows"].items()],
+        "presets": [
+            {"name": "shipped pair, 2-core CPU", "alpha": pair["alpha_greedy"], "k": 4,
+             "c": pair["c"], "r": pair["rows"]["4"]["r"],
+             "note": "Greedy agreement alpha, c and r(4) of the recorded minispec bench run "
+                     "(Results page)."},
+            {"name": "EAGLE head, SmolLM2, CPU", "alpha": alpha_head, "k": 2,
+             "c": tasks["head_c"], "r": tasks["r4_fast"],
+             "note": f"The shipped head at k = 2: alpha from its recorded "
+                     f"{head['eagle_tokens_per_forward']} tokens per forward over five tasks, "
+                     f"c about {tasks['head_c']}, r(4) of the fast path (Results page)."},
+        ],
     }
 
 
@@ -176,7 +169,7 @@ def on_files(files: Files, config) -> Files:
     for path, data in ((ROUNDS_SMOLLM2, smol_rounds), (RACE, race)):
         files.append(File.generated(config, path, content=json.dumps(
             data, ensure_ascii=False, separators=(",", ":"))))
-    results = docs / RESULTS
-    points = _speedup_points(results.read_text(encoding="utf-8")) if results.is_file() else {}
+    record = json.loads((docs / CPU_RECORD).read_text(encoding="utf-8"))
+    points = _speedup_points(record)
     files.append(File.generated(config, SPEEDUP, content=json.dumps(points, separators=(",", ":"))))
     return files

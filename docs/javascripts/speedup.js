@@ -47,11 +47,7 @@
       note: "Table 1's regime: a cheap draft and a free verify (r = 1)." },
     { name: "blog: 2.67x", alpha: 0.8343, k: 5, c: 0.1, r: 1,
       note: "50 ms target, 5 ms draft, five drafts, three accepted on average (lesson 05, section 6)." },
-    { name: "shipped pair, 2-core CPU", alpha: 0.722, k: 4, c: 0.354, r: 1.27,
-      note: "Greedy agreement alpha, c and the median r(k) measured by minispec bench (Results page)." },
-    { name: "EAGLE head, SmolLM2, CPU", alpha: 0.3, k: 2, c: 0.05, r: 1.32,
-      note: "Measured acceptance about 0.3, c = 0.05, r(4) = 1.32 on the fast path (lesson 11, Results)." },
-  ];
+  ];  // and the measured presets of assets/data/speedup.json (docs/data/cpu.json)
 
   function el(tag, attrs, children) {
     var node = document.createElement(tag);
@@ -75,6 +71,7 @@
   function Explorer(root, measured) {
     this.root = root;
     this.measured = measured && measured.points && measured.points.length ? measured : null;
+    this.presets = PRESETS.concat(measured && measured.presets ? measured.presets : []);
     this.state = { alpha: 0.8, k: 4, c: 0.05, r: 1.0 };
     this.build();
     var self = this, width = root.clientWidth;
@@ -82,7 +79,7 @@
       if (root.clientWidth !== width) { width = root.clientWidth; self.draw(); }
     });
     var wanted = root.getAttribute("data-preset");
-    var preset = PRESETS.filter(function (p) { return p.name === wanted; })[0];
+    var preset = this.presets.filter(function (p) { return p.name === wanted; })[0];
     if (preset) this.set(preset); else this.render();
   }
 
@@ -113,7 +110,7 @@
         el("label", { for: id, text: spec[1] }), input, value]));
     });
     var presets = el("div", { cls: "ms-speedup__presets" }, [el("span", { text: "Presets: " })]);
-    PRESETS.forEach(function (p) {
+    this.presets.forEach(function (p) {
       var b = el("button", { type: "button", cls: "md-button ms-round__btn", text: p.name });
       b.addEventListener("click", function () { self.set(p); });
       presets.appendChild(b);
