@@ -708,7 +708,9 @@ def test_round_widget_steps_through_the_recorded_rounds(site: Path, server: str,
 _STATE_JS = """(el) => ({round: +el.dataset.round, step: el.dataset.step, at: +el.dataset.at,
   cards: [...el.querySelectorAll('.ms-card')]
     .map((c) => c.querySelector('.ms-card__tok').textContent),
-  verdicts: [...el.querySelectorAll('.ms-card__verdict')].map((v) => v.textContent)})"""
+  verdicts: [...el.querySelectorAll('.ms-card__verdict')].map((v) => v.textContent),
+  drawn: [...el.querySelectorAll('text.ms-svg-tick--now')].map((t) => t.textContent),
+  tokens: +el.dataset.tokens, forwards: +el.dataset.forwards})"""
 
 
 @contextlib.contextmanager
@@ -748,10 +750,17 @@ def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: i
         assert end["cards"][k] == _show(rounds[0]["final"]["text"]), (where, end)
         want = {"accepted": "\u2714 kept", "rejected": "\u2718 rejected", "untested": "not tested"}
         assert end["verdicts"] == [want[d["verdict"]] for d in rounds[0]["drafts"]], (where, end)
+        # the chart marks the token drawn (from the residual or as the bonus) among its bars
+        label = _show(rounds[0]["final"]["text"])
+        assert end["drawn"] and (end["drawn"][0] == label or (
+            end["drawn"][0].endswith("\u2026") and label.startswith(end["drawn"][0][:-1]))), (
+            where, end["drawn"], label)
+        assert (end["tokens"], end["forwards"]) == (len(rounds[0]["emitted"]), 1), (where, end)
         nxt.click()
         later = widget.evaluate(_STATE_JS)
         assert (later["round"], later["step"]) == (2, "draft"), (where, later)
         assert later["cards"][:k] == [_show(d["text"]) for d in rounds[1]["drafts"]], (where, later)
+        assert (later["tokens"], later["forwards"]) == (len(rounds[0]["emitted"]), 1), later
         scroll = page.evaluate("document.documentElement.scrollWidth - "
                                "document.documentElement.clientWidth")
         assert scroll <= 1, f"{where}: the round page scrolls sideways by {scroll} px"
@@ -782,7 +791,12 @@ def test_smollm2_recordings_obey_the_rule_they_show(site: Path):
 _RACE_JS = """(el) => ({time: +el.dataset.time, done: el.dataset.done,
   shown: Object.fromEntries([...el.querySelectorAll('[data-run]')]
     .map((row) => [row.dataset.run, +row.dataset.shown])),
-  text: el.querySelector('[data-run=speculative] .ms-race__text').textContent})"""
+  text: el.querySelector('[data-run=speculative] .ms-race__text').textContent,
+  finished: Object.fromEntries([...el.querySelectorAll('[data-run]')]
+    .map((row) => [row.dataset.run, row.dataset.finished === 'true'])),
+  counts: [...el.querySelectorAll('.ms-race__count')].map((c) => c.textContent),
+  drafted: [...el.querySelectorAll('[data-run=speculative] .ms-race__drafted')].length,
+  plainDrafted: [...el.querySelectorAll('[data-run=plain] .ms-race__drafted')].length})"""
 
 
 def test_race_replays_both_runs_at_their_recorded_times(site: Path, server: str, browser,
@@ -800,6 +814,8 @@ def test_race_replays_both_runs_at_their_recorded_times(site: Path, server: str,
         mid = widget.evaluate(_RACE_JS)
         want = {name: sum(x <= t for x in run["times"]) for name, run in race["runs"].items()}
         assert mid["shown"] == want, (mid, want)
+        faster = min(race["runs"], key=lambda name: race["runs"][name]["seconds"])
+        assert mid["finished"][faster] == (race["runs"][faster]["seconds"] <= t), mid
         widget.locator("[data-act=race]").click()
         page.wait_for_function("document.querySelector('.ms-race').dataset.done === 'true'",
                                timeout=60_000)
@@ -807,6 +823,13 @@ def test_race_replays_both_runs_at_their_recorded_times(site: Path, server: str,
         n = len(race["runs"]["plain"]["tokens"])
         assert end["shown"] == {"plain": n, "speculative": n}, end
         assert end["text"] == "".join(race["runs"]["speculative"]["texts"])
+        # the finish is marked on both rows, and the tokens that came from accepted drafts are
+        # coloured: every token but the last of each round's burst, none in plain decoding
+        assert end["finished"] == {"plain": True, "speculative": True}, end
+        assert all("finished at" in c for c in end["counts"]), end["counts"]
+        spec = race["runs"]["speculative"]
+        assert 0 < end["drafted"] <= n - spec["target_forwards"] + 1, end  # one own token a forward
+        assert end["plainDrafted"] == 0, end
         widget.screenshot(path=str(screenshot_dir / "widget-race-1400.png"))
         page.wait_for_selector(".ms-round[data-source=smollm2][data-ready='true']",
                                timeout=30_000)

@@ -147,6 +147,24 @@ def test_record_rounds_with_a_context_drafter_obeys_the_one_hot_rule():
         assert r["context_after"] == r["context_before"] + a + 1
 
 
+def test_the_chart_of_a_rejected_draft_shows_the_token_drawn_in_its_place():
+    """The drawn correction is among the bars of the rejected position, even where it is not one
+    of its most likely tokens (the widget's chart highlights it), and the bars stay in order."""
+    from tinymodels import noisy_copy, tiny_llama
+
+    target = tiny_llama(max_pos=200)
+    data = viz.record_rounds(target, noisy_copy(target, 0.6), [1, 2, 3], 12, 4,
+                             ms.SamplingParams(temperature=1.0, seed=5), top=2)
+    corrections = [r for r in data["rounds"] if r["final"]["kind"] == "correction"]
+    assert corrections
+    for r in corrections:
+        rejected = r["drafts"][r["num_accepted"]]
+        shown = [b["token"] for b in rejected["bars"]]
+        assert r["final"]["token"] in shown and rejected["token"] in shown and len(shown) == 2
+        heights = [max(b["p"], b["q"]) for b in rejected["bars"]]
+        assert heights == sorted(heights, reverse=True)
+
+
 def test_record_race_times_both_runs_and_keeps_the_tokens():
     from tinymodels import tiny_llama
 

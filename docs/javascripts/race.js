@@ -74,7 +74,8 @@
       plain.seconds.toFixed(2) + " s, speculative " + spec.seconds.toFixed(2) + " s: " +
       (plain.seconds / spec.seconds).toFixed(2) + "x, with " +
       (spec.tokens.length / spec.target_forwards).toFixed(2) + " tokens per target forward. " +
-      (d.identical ? "The two texts are the same tokens." : "The texts differ!");
+      (d.identical ? "The two texts are the same tokens; green ones came from accepted drafts." :
+        "The texts differ!");
     this.root.appendChild(el("p", "ms-race__source", summary));
   };
 
@@ -86,12 +87,37 @@
     this.names.forEach(function (name) {
       var run = self.data.runs[name], row = self.rows[name];
       var n = countAt(run, t);
-      row.count.textContent = n + " / " + run.tokens.length + " tokens";
+      var done = n === run.tokens.length;
+      row.count.textContent = n + " / " + run.tokens.length + " tokens" +
+        (done ? " \u2014 \u2714 finished at " + run.seconds.toFixed(2) + " s" : "");
       row.fill.style.width = (100 * n / run.tokens.length).toFixed(1) + "%";
-      row.text.textContent = run.texts.slice(0, n).join("");
+      row.fill.classList.toggle("ms-race__fill--done", done);
+      self.root.querySelector('[data-run="' + name + '"]').dataset.finished = String(done);
+      self.drawText(row.text, run, n);
       row.text.scrollTop = row.text.scrollHeight;          // follow the newest tokens
       self.root.querySelector('[data-run="' + name + '"]').dataset.shown = String(n);
     });
+  };
+
+  // The first n tokens; a token that came out with the next one in the same burst (within 2 ms:
+  // a target forward takes far longer) was an accepted draft (a round emits its accepted drafts,
+  // then the target's own token).
+  Race.prototype.drawText = function (box, run, n) {
+    box.innerHTML = "";
+    var plainText = "";
+    var flush = function () {
+      if (plainText) box.appendChild(document.createTextNode(plainText));
+      plainText = "";
+    };
+    for (var i = 0; i < n; i++) {
+      if (i + 1 < run.times.length && run.times[i + 1] - run.times[i] < 0.002) {
+        flush();
+        box.appendChild(el("span", "ms-race__drafted", run.texts[i]));
+      } else {
+        plainText += run.texts[i];
+      }
+    }
+    flush();
   };
 
   Race.prototype.play = function () {

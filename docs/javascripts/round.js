@@ -306,8 +306,17 @@
     this.root.dataset.step = step.kind;
     this.root.dataset.index = step.index === undefined ? "" : String(step.index);
     this.root.dataset.at = String(this.at);
+    // the running count: tokens out and target forwards spent, up to this step
+    var tokens = 0;
+    this.data.rounds.slice(0, step.round).forEach(function (r) { tokens += r.emitted.length; });
+    if (step.kind === "emit") tokens += round.emitted.length;
+    var forwards = step.round + (step.kind === "draft" ? 0 : 1);
+    this.root.dataset.tokens = String(tokens);
+    this.root.dataset.forwards = String(forwards);
     this.where.textContent = "round " + (step.round + 1) + " of " + this.data.rounds.length +
-      ", step " + (index + 1) + " of " + inRound.length;
+      ", step " + (index + 1) + " of " + inRound.length + " \u00b7 so far " + tokens +
+      (tokens === 1 ? " token" : " tokens") + " for " + forwards + " target forward" +
+      (forwards === 1 ? "" : "s");
     this.renderText(step);
     this.renderCards(step, round);
     var say = "", bars = null, highlight = null, title = "";

@@ -324,12 +324,15 @@ def record_rounds(
         logits = model(x, torch.arange(len(ids))[None])[0, -rows:]
         return probs_from_logits(logits, sampling).double()
 
-    def bars(p: torch.Tensor, q: torch.Tensor | None, token: int | None) -> list[dict[str, Any]]:
-        """The ``top`` tokens of max(p, q) (or of p alone), the drafted ``token`` always among
-        them."""
-        ranked = _top(p if q is None else torch.maximum(p, q), top)
-        if token is not None and token not in ranked:
-            ranked[-1] = token
+    def bars(p: torch.Tensor, q: torch.Tensor | None, *keep: int) -> list[dict[str, Any]]:
+        """The ``top`` tokens of max(p, q) (or of p alone), the tokens ``keep`` (the draft, the
+        token drawn from the residual) always among them, in order of max(p, q)."""
+        score = p if q is None else torch.maximum(p, q)
+        ranked = _top(score, top)
+        for t in keep:
+            if t not in ranked:                              # in place of the least, not kept
+                ranked[max(i for i, r in enumerate(ranked) if r not in keep)] = t
+        ranked.sort(key=lambda t: -float(score[t]))
         out = []
         for t in ranked:
             row = {"token": t, "text": text(t), "p": round(float(p[t]), 6)}
@@ -369,9 +372,12 @@ def record_rounds(
                 "beta": round(float(torch.minimum(p[i], q[i]).sum()), 6),
                 "verdict": "accepted" if i < a else ("rejected" if i == a else "untested"),
                 # the min(p, q) picture of every tested position
-                "bars": bars(p[i], q[i], x) if i <= a else [],
+                "bars": [],
             })
         last = verdict.tokens[-1]
+        for i in range(min(a + 1, n)):                       # a rejected draft's chart also
+            keep = (drafts[i], last) if i == a else (drafts[i],)     # shows the token drawn
+            rows[i]["bars"] = bars(p[i], q[i], *keep)
         if a < n:
             res = residual(p[a], q[a])
             final = {"token": last, "text": text(last), "kind": "correction",
