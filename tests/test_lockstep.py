@@ -36,7 +36,8 @@ def test_race_pairs_every_repeat_and_checks_the_tokens():
         next(made)
         size = dict(max_batch_size=2, max_seq_len=40)
         return {"plain": ms.Engine(target, **size),
-                "draft": ms.Engine(target, draft, k=3, adaptive=False, **size)}
+                "draft": ms.Engine(target, draft, k=3, adaptive=False, **size),
+                "queued": ms.Engine(target, max_batch_size=1, max_seq_len=40)}  # one at a time
 
     result = race(engines, PROMPTS, 12, repeats=3)
     assert next(made) == 3                                   # fresh engines every repeat
@@ -46,6 +47,8 @@ def test_race_pairs_every_repeat_and_checks_the_tokens():
     assert spec.outputs == [ms.generate(target, p, 12, eos_token_id=[]).tokens for p in PROMPTS]
     assert spec.tokens_per_forward > 1.5                     # a close draft is mostly accepted
     assert spec.low <= spec.ratio <= spec.high
+    queued = result["queued"]           # a request's own forwards, not the engine's: still 1.0
+    assert queued.tokens_per_forward == pytest.approx(plain.tokens_per_forward) and queued.same
 
 
 def test_one_repeat_has_no_spread():

@@ -36,9 +36,9 @@ class Paired:
         name: the engine's name.
         ratios: tokens per CPU second over the baseline's, one per repeat, sorted.
         tokens_per_s: the median over the repeats of the engine's tokens per CPU second.
-        tokens_per_forward: generated tokens per target forward per request, counting every
-            request in every forward (exact while all requests fit one batch; 1.0 for plain
-            decoding; a round that accepts ``a`` drafts yields ``a + 1``).
+        tokens_per_forward: generated tokens per target forward a request took (each request's
+            own count, whether it waited in the queue or shared its batch; 1.0 for plain decoding;
+            a round that accepts ``a`` drafts yields ``a + 1``).
         mean_k: the mean drafts per round per request chosen by the draft-length policy (``None``
             for an engine without one: plain, or a fixed ``k``).
         same: every repeat's outputs equal the baseline's, token for token.
@@ -90,14 +90,15 @@ def lockstep(engines: dict[str, Engine], prompts: Sequence[list[int]], max_new_t
     """Serve ``prompts`` on every engine, one step each in turn (the order reversed every step).
 
     EOS is ignored, so every engine does the same work. Returns per engine its ``seconds`` (its
-    own steps only), ``tokens``, ``outputs`` (one token list per prompt), ``forwards`` (target
-    forwards) and ``ks`` (the drafts per round it chose, per request).
+    own steps only), ``tokens``, ``outputs`` (one token list per prompt), ``forwards`` (the
+    target forwards each request took, summed over the requests) and ``ks`` (the drafts per round it chose, per request).
     """
     ids = {name: [e.add_request(p, max_new_tokens=max_new_tokens, eos_token_id=[])
                   for p in prompts] for name, e in engines.items()}
     tokens = {name: {i: [] for i in ids[name]} for name in engines}
     seconds = dict.fromkeys(engines, 0.0)
-    before = {name: (len(e.k_choices), e.target_forwards) for name, e in engines.items()}
+    choices = {name: len(e.k_choices) for name, e in engines.items()}
+    forwards = dict.fromkeys(engines, 0)          # target forwards each request took, summed
     order, step = list(engines), 0
     while any(e.has_unfinished() for e in engines.values()):
         for name in order if step % 2 == 0 else order[::-1]:
@@ -109,14 +110,15 @@ def lockstep(engines: dict[str, Engine], prompts: Sequence[list[int]], max_new_t
                 for out in outputs:
                     if out.token is not None:
                         tokens[name][out.request_id].append(out.token)
+                    if out.stats is not None:                  # a request's last output
+                        forwards[name] += out.stats.target_forwards
         step += 1
     result = {}
     for name, engine in engines.items():
-        choices, forwards = before[name]
-        ks = [k for choice in list(engine.k_choices)[choices:] for k in choice.ks]
+        ks = [k for choice in list(engine.k_choices)[choices[name]:] for k in choice.ks]
         outputs = [tokens[name][i] for i in ids[name]]
         result[name] = dict(seconds=seconds[name], tokens=sum(map(len, outputs)), outputs=outputs,
-                            forwards=engine.target_forwards - forwards, ks=ks)
+                            forwards=forwards[name], ks=ks)
     return result
 
 
@@ -151,7 +153,7 @@ def race(make_engines: Callable[[], dict[str, Engine]], prompts: Sequence[list[i
     result = {}
     for name in runs[0]:
         ks = [k for run in runs for k in run[name]["ks"]]
-        forwards = sum(run[name]["forwards"] for run in runs) * len(prompts)
+        forwards = sum(run[name]["forwards"] for run in runs)
         result[name] = Paired(
             name=name,
             ratios=sorted(speed(run, name) / speed(run, base) for run in runs),
