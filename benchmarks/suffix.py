@@ -77,6 +77,10 @@ class RecordingSuffix(SuffixDrafter):
         super().__init__(store)
         self.matches = matches
 
+    def __deepcopy__(self, memo: dict) -> RecordingSuffix:
+        memo[id(self.matches)] = self.matches     # each request's copy records into one list
+        return super().__deepcopy__(memo)
+
     def lookup(self, context: list[int], k: int) -> list[int]:
         out = super().lookup(context, k)
         if out:

@@ -39,9 +39,10 @@ from minispec.core.speculative import (
 from minispec.core.stats import SpecStats
 from minispec.core.tree import DraftTree, Proposal
 from minispec.decoding.loop import GenerationResult, generate, speculative_generate
-from minispec.drafters.base import Draft, Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.base import Draft, Drafter, ModelDrafter
 from minispec.drafters.eagle import EagleDrafter, load_drafter
 from minispec.drafters.hybrid import HybridDrafter
+from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.drafters.suffix import SuffixDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama

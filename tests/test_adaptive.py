@@ -12,7 +12,7 @@ from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
 from minispec.decoding.goodput import GoodputK
-from minispec.drafters.base import Draft
+from minispec.drafters.ngram import ContextDrafter
 
 
 @pytest.fixture(scope="module")
@@ -20,18 +20,18 @@ def target():
     return tiny_llama(max_pos=200)
 
 
-class OracleDrafter:
+class OracleDrafter(ContextDrafter):
     """Proposes the next tokens of a known continuation (``right``: the target's greedy one, always
     accepted; else shifted ids, always rejected); a list lookup, so drafting costs ~nothing."""
 
     def __init__(self, prompt, continuation, right: bool):
         self.text = list(prompt) + list(continuation)
         self.right = right
+        super().__init__()
 
-    def propose(self, context, k, sampling, generator):
+    def lookup(self, context, k):
         ahead = self.text[len(context):len(context) + k]
-        ids = ahead if self.right else [(t + 1) % VOCAB for t in ahead]
-        return Draft(torch.tensor(ids, dtype=torch.long), None)
+        return ahead if self.right else [(t + 1) % VOCAB for t in ahead]
 
 
 def test_greedy_output_is_the_targets_and_k_stays_in_range(target):

@@ -29,8 +29,10 @@ from minispec.check.statistics import (
     pool_bins,
 )
 
-#: The code lines ``minispec/check`` may hold: a ratchet (see its test below).
-CHECK_CODE_LINES = 1_301
+#: The code lines ``minispec/check`` may hold: a ratchet (see its test below). 1_311 since the
+#: drafters have one interface: the grader drives a one-context drafter as a ``Drafter`` itself
+#: (``OneContextDrafter``), paid for by the 52 lines the reading layers lost with it.
+CHECK_CODE_LINES = 1_311
 
 # ---------------------------------------------------------------- the alternative lossless scheme
 

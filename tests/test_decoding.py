@@ -9,7 +9,8 @@ from tinymodels import VOCAB, exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
 from minispec.decoding.loop import generate, speculative_generate
-from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.base import ModelDrafter
+from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,15 @@ import torch
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.base import ModelDrafter
+from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 
 
 def test_ngram_chains_longest_context_first():
     d = NGramDrafter()
     # "the cat sat on the mat ." twice, then "the cat": the 4-gram table continues "sat on the".
     text = [1, 2, 3, 4, 1, 5, 6] * 2 + [1, 2]
-    assert d.propose(text, 4).tokens.tolist() == [3, 4, 1, 5]
+    assert d.draft(text, 4).tokens.tolist() == [3, 4, 1, 5]
 
 
 def test_ngram_most_frequent_then_most_recent():
@@ -49,11 +50,11 @@ def test_ngram_window_expires_counts():
 
 def test_ngram_syncs_with_context_and_resets_on_new_sequence():
     d = NGramDrafter()
-    d.propose([1, 2, 3, 1, 2], 2)
+    d.draft([1, 2, 3, 1, 2], 2)
     assert list(d.history) == [1, 2, 3, 1, 2]
-    d.propose([1, 2, 3, 1, 2, 3, 1], 2)              # only the two new tokens are ingested
+    d.draft([1, 2, 3, 1, 2, 3, 1], 2)              # only the two new tokens are ingested
     assert list(d.history) == [1, 2, 3, 1, 2, 3, 1]
-    d.propose([9, 9], 2)                             # not a continuation: start over
+    d.draft([9, 9], 2)                             # not a continuation: start over
     assert list(d.history) == [9, 9]
 
 
@@ -61,7 +62,7 @@ def test_prompt_lookup_latest_longest_match():
     d = PromptLookupDrafter(max_ngram=3)
     context = [1, 2, 3, 10, 11, 5, 2, 3, 20, 21, 7, 1, 2, 3]
     # Suffix (1, 2, 3) occurred at the start: copy what followed it.
-    assert d.propose(context, 2).tokens.tolist() == [10, 11]
+    assert d.draft(context, 2).tokens.tolist() == [10, 11]
     # Suffix (9, 2, 3) never occurred; (2, 3) last occurred before 20, 21.
     assert d.lookup([2, 3, 20, 21, 2, 3, 30, 9, 2, 3], 3) == [30, 9, 2]
     assert d.lookup([1, 2, 3], 4) == []
@@ -87,7 +88,7 @@ def test_model_drafter_syncs_cache_with_the_accepted_context():
     params = ms.SamplingParams(temperature=1.0, repetition_penalty=1.2)
     g = torch.Generator().manual_seed(0)
     context = [3, 4, 5, 6]
-    draft = drafter.propose(context, 3, params, g)
+    draft = drafter.draft(context, 3, params, g)
     # the lazy prefill of the prompt is its own forward (as in a batch), then 3 draft steps
     assert drafter.forwards == 4
     assert drafter.fed == context + draft.tokens[:2].tolist()   # d_3 was drawn but never fed
@@ -97,18 +98,18 @@ def test_model_drafter_syncs_cache_with_the_accepted_context():
         assert torch.allclose(draft.probs[i], expected, atol=1e-5)
     # All 3 accepted + a bonus token: the drafter must feed d_3 and the bonus (the lag of one).
     context = context + draft.tokens.tolist() + [7]
-    draft2 = drafter.propose(context, 2, params, g)
+    draft2 = drafter.draft(context, 2, params, g)
     assert drafter.fed[: len(context)] == context
     assert torch.allclose(draft2.probs[0], full_context_probs(model, context, params), atol=1e-5)
     # Rollback: only d_1 accepted, then a correction token 9.
     context = context + [draft2.tokens[0].item(), 9]
-    draft3 = drafter.propose(context, 1, params, g)
+    draft3 = drafter.draft(context, 1, params, g)
     assert drafter.cache.length(drafter.slot) == len(context)
     assert torch.allclose(draft3.probs[0], full_context_probs(model, context, params), atol=1e-5)
 
 
 def test_model_drafter_greedy_is_argmax():
     model = tiny_llama(seed=6)
-    draft = ModelDrafter(model).propose([1, 2, 3], 4, ms.SamplingParams(temperature=0), None)
+    draft = ModelDrafter(model).draft([1, 2, 3], 4, ms.SamplingParams(temperature=0), None)
     assert torch.equal(draft.probs.argmax(-1), draft.tokens)
     assert torch.equal(draft.probs.max(-1).values, torch.ones(4))

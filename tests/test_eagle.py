@@ -113,14 +113,14 @@ class Spy:
     def __init__(self, drafter: EagleDrafter):
         self.drafter, self.rounds, self.observed, self.prefills = drafter, [], [], []
         self.last: dict[str, list[int]] = {}
-        propose, observe, prefill = drafter.propose_batch, drafter.observe, drafter.observe_prefill
+        propose, observe, prefill = drafter.propose, drafter.observe, drafter.observe_prefill
 
-        def propose_batch(seqs, ks):
-            drafts = propose(seqs, ks)
-            for seq, k, d in zip(seqs, ks, drafts, strict=True):
-                self.last[seq.request_id] = d.tokens.tolist()
-                self.rounds.append((list(seq.context), k, d.tokens.tolist()))
-            return drafts
+        def propose_hook(seqs, ks):
+            proposals = propose(seqs, ks)
+            for seq, k, p in zip(seqs, ks, proposals, strict=True):
+                self.last[seq.request_id] = p.tree.tokens[1:]             # a chain's drafts
+                self.rounds.append((list(seq.context), k, p.tree.tokens[1:]))
+            return proposals
 
         def observe_hook(seqs, num_accepted, hidden, paths):
             for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
@@ -133,8 +133,8 @@ class Spy:
                 self.prefills.append((seq.request_id, list(seq.context), s, h.clone()))
             prefill(seqs, starts, hidden)
 
-        drafter.propose_batch, drafter.observe, drafter.observe_prefill = (
-            propose_batch, observe_hook, prefill_hook)
+        drafter.propose, drafter.observe, drafter.observe_prefill = (
+            propose_hook, observe_hook, prefill_hook)
 
 
 # ---------------------------------------------------------------------- 1. greedy parity
@@ -242,19 +242,21 @@ def test_q_is_zero_outside_the_draft_vocabulary(target, heads):
     head = heads["reduced"]
     spy = Spy(EagleDrafter(head))
     drafts = []
-    propose = spy.drafter.propose_batch
-    spy.drafter.propose_batch = lambda seqs, ks: drafts.extend(out := propose(seqs, ks)) or out
+    propose = spy.drafter.propose
+    spy.drafter.propose = lambda seqs, ks: drafts.extend(out := propose(seqs, ks)) or out
     ms.speculative_generate(target, spy.drafter, PROMPTS[2], NEW, k=3,
                             sampling=ms.SamplingParams(temperature=1.0, seed=0))
     odd = torch.arange(target.config.vocab_size) % 2 == 1
     assert len(drafts) > 3
-    for d in drafts:
-        if not len(d.tokens):                  # the last round may draft nothing
+    for proposal in drafts:
+        tokens = proposal.tree.tokens[1:]      # a chain's drafts, each with the q it came from
+        if not tokens:                         # the last round may draft nothing
             continue
-        assert d.probs.shape == (len(d.tokens), target.config.vocab_size)
-        assert torch.all(d.probs[:, odd] == 0)
-        assert torch.allclose(d.probs.sum(-1), torch.ones(len(d.tokens)), atol=1e-5)
-        assert all(t % 2 == 0 for t in d.tokens.tolist())
+        probs = torch.stack([q for draws in proposal.draws for _, q in draws])
+        assert probs.shape == (len(tokens), target.config.vocab_size)
+        assert torch.all(probs[:, odd] == 0)
+        assert torch.allclose(probs.sum(-1), torch.ones(len(tokens)), atol=1e-5)
+        assert all(t % 2 == 0 for t in tokens)
 
 
 # ---------------------------------------------------------- 3. features of accepted positions only

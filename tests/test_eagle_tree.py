@@ -1,4 +1,4 @@
-"""Draft trees from an EAGLE head (:class:`minispec.drafters.trees.EagleTreeDrafter`).
+"""Draft trees from an EAGLE head (:class:`minispec.drafters.eagle.EagleDrafter`).
 
 The tiny random targets and heads are those of tests/test_eagle.py; the law check is the sampled
 tree test's of tests/test_tree_attention.py, with the head as the drafter. Three properties:
@@ -22,10 +22,9 @@ from test_tree_attention import law_models, law_pvalue  # noqa: F401 (fixture)
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.core.tree import Proposal, tree_size
+from minispec.core.tree import Proposal
 from minispec.decoding import runner
 from minispec.drafters.eagle import EagleDrafter
-from minispec.drafters.trees import EagleTreeDrafter, TreeDrafter, check_branching
 
 NEW = 24
 PROMPTS = [[1], [1, 2], [5, 6, 5, 6, 5], list(range(10, 22)), list(range(20, 44))]
@@ -128,31 +127,33 @@ def reference_tree(target, head, context: list[int], branching) -> tuple[list[in
 class TreeSpy:
     """Records every proposal (its context; tokens and parents in creation order, as
     :func:`reference_tree` makes them) and every ``observe`` call, with the context of ``seq``
-    then (a round with no room for drafts observes a root-only tree it did not propose)."""
+    then (a round with no room for drafts observes a root-only tree it did not draw)."""
 
-    def __init__(self, drafter: EagleTreeDrafter):
+    def __init__(self, drafter: EagleDrafter):
         self.proposals, self.observed = [], []
-        propose, observe = drafter.propose_tree, drafter.observe_tree
+        propose, observe = drafter.propose, drafter.observe
 
-        def propose_hook(seq, branching):
-            self.seq = seq
-            proposal = propose(seq, branching)
-            tree, created = proposal.tree, proposal.created        # depth-first -> creation id
-            tokens, parents = [0] * len(tree), [-1] * len(tree)
-            for i, c in enumerate(created):
-                tokens[c] = tree.tokens[i]
-                parents[c] = created[tree.parents[i]] if i else -1
-            self.proposals.append((list(seq.context), branching, tokens, parents))
-            return proposal
+        def propose_hook(seqs, shapes):
+            proposals = propose(seqs, shapes)
+            (seq,), (branching,), (proposal,) = seqs, shapes, proposals     # one sequence
+            self.proposal = proposal
+            if branching:
+                tree, created = proposal.tree, proposal.created    # depth-first -> creation id
+                tokens, parents = [0] * len(tree), [-1] * len(tree)
+                for i, c in enumerate(created):
+                    tokens[c] = tree.tokens[i]
+                    parents[c] = created[tree.parents[i]] if i else -1
+                self.proposals.append((list(seq.context), branching, tokens, parents))
+            return proposals
 
-        def observe_hook(proposal, path, hidden):
-            tree = proposal.tree
+        def observe_hook(seqs, num_accepted, hidden, paths):
+            tree, path = self.proposal.tree, paths[0]
             accepted = [tree.tokens[i] for i in path]
             siblings = [tree.tokens[i] for i in range(1, len(tree)) if tree.parents[i] == 0]
-            self.observed.append((list(self.seq.context), accepted, hidden.clone(), siblings))
-            observe(proposal, path, hidden)
+            self.observed.append((list(seqs[0].context), accepted, hidden[0].clone(), siblings))
+            observe(seqs, num_accepted, hidden, paths)
 
-        drafter.propose_tree, drafter.observe_tree = propose_hook, observe_hook
+        drafter.propose, drafter.observe = propose_hook, observe_hook
 
 
 def check_features(target, spy: TreeSpy) -> None:
@@ -165,10 +166,9 @@ def check_features(target, spy: TreeSpy) -> None:
 
 
 def spied_run(target, head, prompt, branching, k=4) -> TreeSpy:
-    drafter = EagleTreeDrafter(head, 96, tree_size(check_branching(branching, k)))
+    drafter = EagleDrafter(head, 96)
     spy = TreeSpy(drafter)
-    batched = TreeDrafter(lambda seq: drafter, source=EagleDrafter(head))
-    ms.speculative_generate(target, batched, prompt, NEW, k=k, branching=branching, max_seq_len=96)
+    ms.speculative_generate(target, drafter, prompt, NEW, k=k, branching=branching, max_seq_len=96)
     return spy
 
 

@@ -249,16 +249,19 @@ def test_bench_threads_must_be_a_count(command, value, capsys):
 # ---------------------------------------------------------------------------- finding 6: the engine
 
 
-class BadDrafter:
-    """A user's single-sequence drafter that proposes ``ids`` (of ``dtype``) for one prompt only."""
+class BadDrafter(ms.Drafter):
+    """A user's drafter that proposes ``ids`` (of ``dtype``) for one prompt only."""
 
     def __init__(self, ids, dtype=torch.long, victim=VOCAB - 1):
         self.ids, self.dtype, self.victim = ids, dtype, victim
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, seqs, shapes):
+        return [self.chain(seq.context, k) for seq, k in zip(seqs, shapes, strict=True)]
+
+    def chain(self, context, k):
         if self.victim in context:
-            return ms.Draft(torch.tensor(self.ids, dtype=self.dtype)[:k])
-        return ms.Draft(torch.tensor([context[-1]] * k))
+            return ms.Proposal.chain(torch.tensor(self.ids, dtype=self.dtype)[:k])
+        return ms.Proposal.chain([context[-1]] * k)
 
 
 @pytest.mark.parametrize("ids, dtype", [([VOCAB], torch.long), ([-1], torch.long),
@@ -283,11 +286,12 @@ class BadQDrafter(BadDrafter):
         super().__init__([0])
         self.width, self.value = width, value
 
-    def propose(self, context, k, sampling, generator):
-        draft = super().propose(context, k, sampling, generator)
-        if self.victim in context:
-            return ms.Draft(draft.tokens[:1], torch.full((1, self.width), self.value))
-        return draft
+    def chain(self, context, k):
+        proposal = super().chain(context, k)
+        if self.victim in context:               # one draft, its q given as is (not checked)
+            proposal = ms.Proposal.chain(proposal.tree.tokens[1:2])
+            proposal.draws[0] = [(1, torch.full((self.width,), self.value))]
+        return proposal
 
 
 @pytest.mark.parametrize("width, value, match", [(VOCAB, float("nan"), "NaN"),

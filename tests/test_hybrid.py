@@ -104,15 +104,15 @@ def test_greedy_output_is_the_targets(target, heads, baselines, head, context):
 
 def spy_on_head(drafter: HybridDrafter, rounds: list) -> None:
     """Record ``(context, k, drafts)`` of every row the head drafts for."""
-    propose = drafter.head.propose_batch
+    propose = drafter.head.propose
 
-    def propose_batch(seqs, ks):
-        drafts = propose(seqs, ks)
-        rounds.extend((list(s.context), k, d.tokens.tolist())
-                      for s, k, d in zip(seqs, ks, drafts, strict=True) if k > 0)
-        return drafts
+    def propose_hook(seqs, ks):
+        proposals = propose(seqs, ks)
+        rounds.extend((list(s.context), k, p.tree.tokens[1:])     # a chain's drafts
+                      for s, k, p in zip(seqs, ks, proposals, strict=True) if k > 0)
+        return proposals
 
-    drafter.head.propose_batch = propose_batch
+    drafter.head.propose = propose_hook
 
 
 @pytest.mark.parametrize("driver", ["single", "engine", "engine-chunked"])

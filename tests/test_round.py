@@ -17,7 +17,8 @@ import torch
 from tinymodels import VOCAB, noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.base import ModelDrafter
+from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.models.llama import Llama
 from minispec.serving.engine import Engine
 
@@ -219,16 +220,13 @@ def test_nan_logits_fail_that_request_only(pair):
     assert engine.target_cache.num_used_blocks == 0
 
 
-class FlakyDrafter:
+class FlakyDrafter(NGramDrafter):
     """An n-gram drafter that raises for contexts starting with token 33."""
 
-    def __init__(self):
-        self.inner, self.forwards = NGramDrafter(), 0
-
-    def propose(self, context, k, sampling=None, generator=None):
+    def lookup(self, context, k):
         if context[0] == 33:
             raise RuntimeError("drafter bug")
-        return self.inner.propose(context, k)
+        return super().lookup(context, k)
 
 
 def test_a_drafter_error_fails_that_request_only(pair):
@@ -437,29 +435,32 @@ def test_verify_on_a_chain_is_algorithm_1_and_the_one_draft_tree(seed):
 # ---------------------------------------------------------------------- the drafter's hook
 
 
-class HiddenRecorder(ms.Drafter):
+class HiddenRecorder(NGramDrafter):
     """An n-gram drafter that asks for the target's hidden states and records what it is given."""
 
     wants_hidden = True
 
     def __init__(self):
-        self.inner, self.forwards, self.seen = (ms.drafters.base.PerRequestDrafter(NGramDrafter),
-                                                0, [])
+        super().__init__()
+        self.seen = []
         self.drafts: dict[str, list[int]] = {}
 
-    def propose_batch(self, seqs, ks):
-        drafts = self.inner.propose_batch(seqs, ks)
-        self.drafts = {s.request_id: d.tokens.tolist() for s, d in zip(seqs, drafts, strict=True)}
-        return drafts
+    def propose(self, seqs, shapes):
+        proposals = super().propose(seqs, shapes)
+        self.drafts = {s.request_id: p.tree.tokens[1:]
+                       for s, p in zip(seqs, proposals, strict=True)}
+        return proposals
+
+    def clone(self):
+        twin = super().clone()
+        twin.seen = self.seen                  # the engine drafts with a clone: one record
+        return twin
 
     def observe(self, seqs, num_accepted, hidden, paths):
         """Before emit: ``seq.context`` is still the round's; a round that did not propose (every
         ``k`` 0, e.g. the last token of the budget) drafted nothing."""
         for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
             self.seen.append((list(seq.context), self.drafts.pop(seq.request_id, []), a, h.clone()))
-
-    def release(self, seq):
-        self.inner.release(seq)
 
 
 @pytest.mark.parametrize("driver", ["single", "engine"])

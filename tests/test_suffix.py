@@ -14,9 +14,7 @@ from lawcheck import chi_square_pvalue
 from tinymodels import exact_two_token_law, tiny_llama
 
 import minispec as ms
-from minispec.drafters.base import DRAFTERS
-from minispec.drafters.suffix import SuffixDrafter, SuffixStore
-from minispec.drafters.trees import SuffixTreeDrafter, TreeDrafter, as_tree_drafter
+from minispec.drafters.suffix import DRAFTERS, SuffixDrafter, SuffixStore
 from minispec.serving.engine import Engine
 
 NEW = 20
@@ -51,7 +49,7 @@ def test_the_draft_length_follows_the_match_and_wraps_into_itself():
     assert SuffixDrafter(draft_factor=0.5).lookup([1, 2, 1, 2, 1], 6) == [2, 1]
     assert SuffixDrafter(min_match=4).lookup([1, 2, 1, 2, 1], 6) == []
     assert SuffixDrafter().lookup([4, 5, 6], 3) == []                              # no match
-    assert SuffixDrafter().propose([3, 1, 3], 2).probs is None                     # one-hot q
+    assert SuffixDrafter().draft([3, 1, 3], 2).probs is None                     # one-hot q
 
 
 def test_a_new_request_starts_over_and_a_continuation_does_not():
@@ -175,12 +173,11 @@ def test_greedy_trees_from_a_store(target, baselines, branching):
         out = ms.speculative_generate(target, drafter, prompt, NEW, k=len(branching),
                                       branching=branching)
         assert out.tokens == base
-    tree = as_tree_drafter(drafter, 32)
-    assert isinstance(tree, TreeDrafter) and isinstance(tree.make(None), SuffixTreeDrafter)
-    assert tree.make(None).suffix.store is drafter.store
     seq = ms.Sequence.new("t", [5, 6, 5, 7, 5, 8, 5], None, max_new_tokens=4, max_seq_len=64,
                           vocab_size=48)
-    proposal = SuffixTreeDrafter(SuffixDrafter(max_match=1, min_prob=0)).propose_tree(seq, (3, 1))
+    state = drafter.for_request(seq)                          # the tree form: the same class
+    assert type(state) is SuffixDrafter and state.store is drafter.store
+    proposal = SuffixDrafter(max_match=1, min_prob=0).propose([seq], [(3, 1)])[0]
     wide = len(proposal.draws[0])
     assert wide == 3 and sorted(proposal.tree.tokens[c] for c, _ in proposal.draws[0]) == [6, 7, 8]
 
@@ -227,9 +224,9 @@ def test_sampled_output_has_the_targets_law(params, mode):
                     branching=(2, 1) if mode == "store-tree" else None)
     wide = []
     if mode == "store-tree":                                  # count trees that branch
-        propose = engine.drafter.propose_trees
-        engine.drafter.propose_trees = lambda seqs, branchings: [
-            wide.append(len(p.draws[0]) > 1) or p for p in propose(seqs, branchings)]
+        propose = engine.drafter.propose
+        engine.drafter.propose = lambda seqs, shapes: [
+            wide.append(len(p.draws[0]) > 1) or p for p in propose(seqs, shapes)]
     results = engine.generate([prompt] * n, [dataclasses.replace(params, seed=s) for s in range(n)],
                               progress=False, max_new_tokens=3)
     assert mode == "chain" or sum(wide) > 10

@@ -17,7 +17,7 @@ from tinymodels import VOCAB, exact_two_token_law, noisy_copy, tiny_llama
 import minispec as ms
 from minispec.decoding import runner
 from minispec.decoding.loop import GenerationResult
-from minispec.drafters.trees import TreeModelDrafter
+from minispec.drafters.base import ModelDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import TreeAttention
 from minispec.models.paged_cache import PagedKVCache
@@ -255,16 +255,16 @@ def test_draft_cache_after_compaction_equals_a_fresh_drafter(pair):
     params = ms.SamplingParams(temperature=0)
     seq = ms.Sequence.new("a", [3, 4, 5], params, max_new_tokens=40, max_seq_len=96,
                           vocab_size=VOCAB)
-    drafter = TreeModelDrafter(draft, 96, 64)
+    drafter = ModelDrafter(draft)
     rng = random.Random(0)
     for _ in range(6):
-        proposal = drafter.propose_tree(seq, (3, 2, 2))
-        fresh = TreeModelDrafter(draft, 96, 64).propose_tree(seq, (3, 2, 2))
+        proposal = drafter.propose([seq], [(3, 2, 2)])[0]
+        fresh = ModelDrafter(draft).propose([seq], [(3, 2, 2)])[0]
         assert proposal.tree.tokens == fresh.tree.tokens
         assert proposal.tree.parents == fresh.tree.parents
         leaf = rng.choice(proposal.tree.draft_nodes)
         path = leaf[: rng.randint(0, len(leaf))]
-        drafter.observe_tree(proposal, path, None)
+        drafter.observe([seq], [len(path)], None, [path])
         seq.generated += [proposal.tree.tokens[i] for i in path] + [rng.randrange(VOCAB)]
 
 

@@ -11,7 +11,8 @@ import pytest
 from tinymodels import noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.drafters.trees import NGramTreeDrafter, TreeModelDrafter
+from minispec.drafters.base import ModelDrafter
+from minispec.drafters.ngram import NGramDrafter
 
 NEW = 16
 HEALTHY = [[1, 2, 3, 1, 2], [5, 6, 5, 6, 5], list(range(10, 22))]
@@ -49,14 +50,14 @@ def check_alone(results, engine, expected, bad: int, words: str):
 @pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
 def test_a_tree_drafter_that_raises_fails_its_row_alone(pair, monkeypatch, kv_cache):
     target, _ = pair
-    propose = NGramTreeDrafter.propose_tree
+    propose = NGramDrafter.lookup_tree
 
-    def flaky(self, seq, branching):
-        if seq.context[0] == 33:
+    def flaky(self, context, branching):
+        if context[0] == 33:
             raise RuntimeError("tree drafter bug")
-        return propose(self, seq, branching)
+        return propose(self, context, branching)
 
-    monkeypatch.setattr(NGramTreeDrafter, "propose_tree", flaky)
+    monkeypatch.setattr(NGramDrafter, "lookup_tree", flaky)
     greedy = ms.SamplingParams(temperature=0.0)
     expected = [ms.generate(target, p, NEW).tokens for p in HEALTHY]
     prompts = HEALTHY[:1] + [[33, 1, 2]] + HEALTHY[1:]
@@ -69,15 +70,15 @@ def test_nan_draft_logits_in_a_tree_fail_that_row_alone(pair, monkeypatch, tempe
     """The draft model's logits are NaN for the row whose prompt starts with 33 (a broken draft
     model, as a NaN weight read by that request alone would make it); the target is healthy."""
     target, draft = pair
-    start = TreeModelDrafter._start
+    start = ModelDrafter._tree_root
 
-    def poisoned(self, seq):
-        logits, n = start(self, seq)
+    def poisoned(self, seq, row):
+        logits, n = start(self, seq, row)
         return (logits * float("nan") if seq.context[0] == 33 else logits), n
 
     sampling = ms.SamplingParams(temperature=temperature, seed=0 if temperature else None)
     alone, _ = served(target, HEALTHY, sampling, draft=draft)
-    monkeypatch.setattr(TreeModelDrafter, "_start", poisoned)
+    monkeypatch.setattr(ModelDrafter, "_tree_root", poisoned)
     prompts = HEALTHY[:2] + [[33, 4, 5]] + HEALTHY[2:]
     params = [dataclasses.replace(sampling, seed=None if sampling.seed is None else i)
               for i in (0, 1, 99, 2)]                 # the healthy rows keep their seeds

@@ -1,9 +1,10 @@
 """Grade a student's drafter: its proposals agree with the ``q`` it declares, and decoding with it
 is token-for-token plain greedy decoding.
 
-A drafter is either an object with ``propose(context, k, sampling, generator) -> Draft`` (as
+A drafter is either an object with ``propose(context, k, sampling, generator) -> Draft``, a
+minispec drafter with ``draft(context, k, sampling, generator) -> Draft`` (as
 [`minispec.NGramDrafter`][minispec.drafters.ngram.NGramDrafter] or
-[`minispec.ModelDrafter`][minispec.drafters.base.ModelDrafter]) or a plain function
+[`minispec.ModelDrafter`][minispec.drafters.base.ModelDrafter]), or a plain function
 ``propose(context, k) -> list[int]`` (a deterministic drafter, e.g. an n-gram proposer). A
 ``Draft`` has ``tokens`` ``[n <= k]`` and ``probs`` ``[n, V]`` (the ``q`` each token was drawn
 from) or ``None`` (deterministic: one-hot ``q``).
@@ -12,7 +13,6 @@ from) or ``None`` (deterministic: one-hot ``q``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,8 +24,11 @@ from minispec.check.models import tiny_llama
 from minispec.check.report import CheckReport, Counterexample, fmt
 from minispec.check.statistics import BUDGET, per_test_alpha
 from minispec.core.sampling import SamplingParams
+from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
+from minispec.core.tree import Proposal
 from minispec.decoding.loop import generate, speculative_generate
+from minispec.drafters.base import Drafter
 from minispec.models.llama import Llama
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -34,20 +37,30 @@ SAMPLED = SamplingParams(temperature=0.7, top_p=0.8)
 PROPOSALS = 150
 
 
-class FunctionDrafter:
-    """A plain ``propose(context, k) -> list[int]`` function as a deterministic drafter."""
+class OneContextDrafter(Drafter):
+    """A drafter of one context as a minispec [`Drafter`][minispec.drafters.base.Drafter] of
+    chains: an object with ``propose(context, k, sampling, generator) -> Draft`` (a student's, a
+    bug's) or a plain ``propose(context, k) -> list[int]`` function (one-hot ``q``: at most ``k +
+    1`` ids are read, since a generator may never end, and ids that are not integers are kept for
+    the check to report). In a decoding loop drafts beyond ``k`` are cut."""
 
-    def __init__(self, fn: Callable[[list[int], int], Any]) -> None:
-        self.fn = fn
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
-                generator: torch.Generator | None = None) -> Draft:
-        """``fn(context, k)``'s ids as a ``Draft`` with ``probs=None`` (one-hot ``q``); at most
-        ``k + 1`` are read (a generator may never end), and ids that are not integers are kept
-        as they are, for the check to report."""
-        ids = list(itertools.islice(self.fn(list(context), k), k + 1))
+    def draft(self, context: list[int], k: int, sampling: SamplingParams | None = None,
+              generator: torch.Generator | None = None) -> Draft:
+        """The object's draft after ``context``."""
+        if hasattr(self.obj, "propose"):
+            return self.obj.propose(context, k, sampling, generator)
+        ids = list(itertools.islice(self.obj(list(context), k), k + 1))
         exact = [as_int(x) for x in ids]
         return Draft(ids if None in exact else torch.tensor(exact, dtype=torch.long))
+
+    def propose(self, seqs: list[Sequence], shapes: list[int]) -> list[Proposal]:
+        drafts = [self.draft(list(seq.context), k, seq.sampling, seq.generator)
+                  for seq, k in zip(seqs, shapes, strict=True)]
+        return [Proposal.chain(d.tokens[:k], None if d.probs is None else d.probs[:k])
+                for d, k in zip(drafts, shapes, strict=True)]
 
 
 def _declared_q(probs: Any, tokens: list[int], vocab: int) -> bool:
@@ -64,7 +77,7 @@ def _declared_q(probs: Any, tokens: list[int], vocab: int) -> bool:
 def _propose(d: Any, context: list[int], k: int, sampling: SamplingParams, g, vocab: int):
     """Call ``propose`` and check the draft's form; returns ``(tokens, probs or None)``."""
     inputs = {"context": context, "k": k, "temperature": sampling.temperature}
-    out = call(d.propose, list(context), k, sampling, g, inputs=inputs)
+    out = call(d.draft, list(context), k, sampling, g, inputs=inputs)
     tokens, probs = as_tokens(out, inputs, k), getattr(out, "probs", None)
     inputs["proposed"] = tokens
     if any(not 0 <= t < vocab for t in tokens):
@@ -195,7 +208,7 @@ def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool =
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
-    d = obj if hasattr(obj, "propose") else FunctionDrafter(obj)
+    d = obj if isinstance(obj, Drafter) else OneContextDrafter(obj)
     model = getattr(obj, "model", None)
     if target is None:
         own = model.config if isinstance(model, Llama) else None     # share its ids and EOS

@@ -30,8 +30,9 @@ from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
 from minispec.decoding.goodput import GoodputK, KChoice, policy_for
 from minispec.decoding.runner import SpeculativeRunner
-from minispec.drafters.base import Drafter, as_drafter, keeps_cache
-from minispec.drafters.trees import as_tree_drafter, check_branching
+from minispec.drafters.base import Drafter, ModelDrafter, keeps_cache
+from minispec.drafters.suffix import DRAFTERS
+from minispec.drafters.trees import check_branching
 from minispec.models.chat import encode_prompt, end_of_turn_ids, is_chat
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
@@ -108,9 +109,10 @@ def speculative_generate(
 
     Args:
         target: the target model ``p``.
-        drafter: a draft [`Llama`][minispec.models.llama.Llama], a drafter (``ModelDrafter``,
-            ``NGramDrafter``, ``PromptLookupDrafter``, any object with ``propose``), a name
-            (``"ngram"``, ``"prompt_lookup"``), or ``None`` for plain decoding.
+        drafter: a draft [`Llama`][minispec.models.llama.Llama], a
+            [`Drafter`][minispec.drafters.base.Drafter] (``ModelDrafter``, ``NGramDrafter``,
+            ``PromptLookupDrafter``, ...) or a class or factory making one, a name (``"ngram"``,
+            ``"prompt_lookup"``, ``"suffix"``), or ``None`` for plain decoding.
         prompt_ids: prompt token ids, a string or chat messages ``[{"role": ..., "content": ...}]``
             (both need ``tokenizer``; messages are rendered with its chat template, and decoding
             also stops at the template's end-of-turn token).
@@ -126,9 +128,9 @@ def speculative_generate(
         max_seq_len: limit on prompt + new tokens, in ``[1, max_position_embeddings]``.
         branching: draft a tree instead of a chain: children per node at each depth, e.g.
             ``(3, 2, 1, 1)`` (``k`` is the depth), all verified in one target forward with tree
-            attention, by the same round as a chain (a draft model, an EAGLE head or an n-gram
-            table; see [`minispec.drafters.trees`][minispec.drafters.trees]). ``None``: the chain
-            of Algorithm 1.
+            attention, by the same round as a chain (every drafter draws trees; see
+            [`minispec.drafters.trees`][minispec.drafters.trees]). ``None``: the chain of
+            Algorithm 1.
         adaptive: ``False`` (the default): every round drafts ``k`` (shrunk only near
             ``max_seq_len`` and the token budget), the fixed gamma the theorems are about.
             ``True``: the engine's draft-length policy chooses each round's ``k`` in ``0..k``
@@ -177,7 +179,7 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
                         stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
     cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
     seq.slot = cache.allocate()
-    if keeps_cache(drafter):                                 # a draft model's or a head's cache
+    if keeps_cache(drafter) and branching is None:       # a draft model's or a head's chains
         drafter.attach(ContiguousKVCache.for_model(drafter.model, 1, seq.max_seq_len))
         seq.draft_slot = drafter.cache.allocate()
     runner = SpeculativeRunner(target, cache, drafter, branching, graphs)
@@ -207,7 +209,27 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
                         tokenizer=tokenizer, k=k, device=target.device)
 
 
-def as_drafter_for(spec: Any, k: Any, branching: Any, copy_per_request: bool = False
+def as_drafter(spec: Any) -> Drafter | None:
+    """What a user passes as a drafter -> a [`Drafter`][minispec.drafters.base.Drafter] (``None``:
+    plain decoding): ``None``; a draft [`Llama`][minispec.models.llama.Llama] (a
+    [`ModelDrafter`][minispec.drafters.base.ModelDrafter]); a drafter; a name in ``DRAFTERS``
+    (``"ngram"``, ``"prompt_lookup"``, ``"suffix"``); or a drafter class or factory (called once).
+    """
+    if isinstance(spec, Llama):
+        return ModelDrafter(spec)
+    if isinstance(spec, str):
+        if spec not in DRAFTERS:
+            raise ValueError(f"unknown drafter {spec!r}; choose one of {sorted(DRAFTERS)}")
+        spec = DRAFTERS[spec]
+    if callable(spec) and not isinstance(spec, Drafter):         # a drafter class or a factory
+        spec = spec()
+    if spec is not None and not isinstance(spec, Drafter):
+        raise ValueError(f"{spec!r} is no drafter: a chain or tree drafter is a draft model, a "
+                         f"Drafter, a name in {sorted(DRAFTERS)} or a factory making a Drafter")
+    return spec
+
+
+def as_drafter_for(spec: Any, k: Any, branching: Any
                    ) -> tuple[Drafter | None, tuple[int, ...] | None, int]:
     """What a user passes as a drafter, for chains or (with ``branching``) trees of depth ``k``;
     ``k`` is checked here ([`check_k`][minispec.decoding.loop.check_k]) for both loops.
@@ -217,16 +239,15 @@ def as_drafter_for(spec: Any, k: Any, branching: Any, copy_per_request: bool = F
         branching (``None``: chains), and the cache positions a round needs beyond a chain's
         ``k + 1`` (a tree is stored past the context before it is compacted).
     """
-    if branching is None:
-        drafter = as_drafter(spec, copy_per_request)
-        check_k(k, drafter is not None)
-        return drafter, None, 0
-    if spec is None:
+    if branching is not None and spec is None:
         raise ValueError("branching needs a drafter")
-    check_k(k, True)
+    drafter = as_drafter(spec)
+    check_k(k, drafter is not None)
+    if branching is None:
+        return drafter, None, 0
     branching = check_branching(branching, k)
     nodes = tree_size(branching)
-    return as_tree_drafter(spec, nodes), branching, nodes - (k + 1)
+    return drafter, branching, nodes - (k + 1)
 
 
 def check_k(k: Any, has_drafter: bool) -> None:

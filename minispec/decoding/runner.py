@@ -31,11 +31,11 @@ import time
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import probs_for_rows
+from minispec.core.sampling import check_probs, is_int, probs_for_rows
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Verdict, verify
-from minispec.core.tree import Proposal
-from minispec.drafters.base import Drafter
+from minispec.core.tree import Proposal, tree_size
+from minispec.drafters.base import Drafter, Shape
 from minispec.models.llama import Llama, TreeAttention
 from minispec.models.static_step import StaticForward
 
@@ -141,12 +141,11 @@ class SpeculativeRunner:
         t0 = time.perf_counter()
         if self.drafter is None or (self.branching is None and not any(ks)):
             proposals = [Proposal.chain([]) for _ in seqs]   # a plain step
-        elif self.branching is not None:
-            proposals = self.drafter.propose_trees(seqs, [self.branching[:k] for k in ks])
         else:
-            drafts = self.drafter.propose_batch(seqs, ks)
-            proposals = [_chain(seq, d, k, self.target.config.vocab_size)
-                         for seq, d, k in zip(seqs, drafts, ks, strict=True)]
+            shapes = ks if self.branching is None else [self.branching[:k] for k in ks]
+            proposals = [_checked(seq, proposal, shape, self.target.config.vocab_size)
+                         for seq, proposal, shape in zip(seqs, self.drafter.propose(seqs, shapes),
+                                                         shapes, strict=True)]
         elapsed = time.perf_counter() - t0
         for seq, k in zip(seqs, ks, strict=True):
             seq.stats.draft_time += elapsed                     # the batch's time, shared
@@ -273,19 +272,22 @@ class SpeculativeRunner:
                            return_hidden=True, tree=tree)
 
 
-def _chain(seq: Sequence, draft, k: int, vocab_size: int) -> Proposal:
-    """A chain drafter's ``Draft`` as a proposal; a row proposing something invalid fails."""
-    tokens = draft.tokens
-    if tokens.dtype != torch.long or tokens.ndim != 1 or len(tokens) > k:
-        seq.fail(ValueError(f"the drafter proposed {tuple(tokens.shape)} {tokens.dtype} tokens; "
-                            f"expected at most {k} int64 ids"))
-        return Proposal.chain([])
-    ids = tokens.tolist()
-    if any(not 0 <= t < vocab_size for t in ids):
-        seq.fail(ValueError(f"the drafter proposed token ids outside [0, {vocab_size}): {ids}"))
-        return Proposal.chain([])
+def _checked(seq: Sequence, proposal: Proposal, shape: Shape, vocab_size: int) -> Proposal:
+    """A drafter's proposal for a row, or the root alone when it does not fit ``shape`` (deeper,
+    or more nodes), holds a token id outside the vocabulary or a ``q`` that is no distribution:
+    then the row fails."""
+    depth, nodes = (shape, shape + 1) if isinstance(shape, int) else (len(shape), tree_size(shape))
+    ids = proposal.tree.tokens[1:]
+    qs = [q for draws in proposal.draws for _, q in draws if q is not None]
     try:
-        return Proposal.chain(ids, draft.probs)         # checks the q rows are distributions
-    except ValueError as error:
+        if proposal.depth > depth or len(proposal.tree) > nodes or not all(
+                is_int(t) and 0 <= t < vocab_size for t in ids):
+            raise ValueError(f"the drafter proposed token ids {ids} in {len(proposal.tree) - 1} "
+                             f"nodes of depth {proposal.depth}; expected ids in [0, {vocab_size})"
+                             f" in at most {nodes - 1} nodes of depth {depth}")
+        if qs:
+            check_probs(torch.stack(qs), "the drafter's q")
+    except (ValueError, RuntimeError) as error:           # RuntimeError: q rows of two widths
         seq.fail(error)
         return Proposal.chain([])
+    return proposal

@@ -1,34 +1,33 @@
-"""Drafters: where the ``k`` guesses of each round come from, behind one batched interface.
+"""Drafters: where the guesses of each round come from, behind one interface.
 
 Both decoding loops
 ([`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] for one sequence,
 the [`Engine`][minispec.serving.engine.Engine] for many) talk to a drafter through the same three
 calls:
 
-* ``propose_batch(seqs, ks) -> list[Draft]`` -- row ``b`` guesses up to ``ks[b]`` tokens after
-  ``seqs[b].context`` and says which distribution ``q`` each guess was drawn from (``probs=None``
-  for a deterministic drafter: verify treats that as one-hot ``q``, and sampling stays exact);
-* ``observe(seqs, num_accepted, hidden)`` -- after verify: how many drafts each row kept and, for a
-  drafter with ``wants_hidden = True``, the target's last hidden states at the *accepted* positions
-  only (``[last, d_1..d_a]``; a rejected draft's state never reaches a drafter);
+* ``propose(seqs, shapes) -> list[Proposal]`` -- row ``b`` guesses after ``seqs[b].context`` in
+  the shape ``shapes[b]``: an ``int`` ``k`` asks for a chain of up to ``k`` drafts, a tuple
+  ``(b_1, .., b_k)`` for a tree with ``b_t`` children per node at depth ``t``. Each draw carries
+  the distribution ``q`` it came from (``None`` for a deterministic drafter: verify treats that as
+  one-hot ``q``, and sampling stays exact);
+* ``observe(seqs, num_accepted, hidden, paths)`` -- after verify: how many drafts each row kept
+  and, for a drafter with ``wants_hidden = True``, the target's last hidden states at the
+  *accepted* positions only (``[last, d_1..d_a]``; a rejected draft's state never reaches a
+  drafter);
 * ``release(seq)`` -- the request is gone: drop what is kept for it.
 
-The drafters:
-
-* [`ModelDrafter`][minispec.drafters.base.ModelDrafter] runs a small draft model
-  (Leviathan et al.), all rows in one forward per draft step, with its own KV cache;
-* [`PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter] drives one single-sequence
-  drafter per request: the n-gram and prompt-lookup drafters of
-  [`minispec.drafters.ngram`][minispec.drafters.ngram] (``propose(context, k) -> Draft``).
-
-[`as_drafter`][minispec.drafters.base.as_drafter] turns what a user passes (a draft model, a
-drafter, ``"ngram"``, a factory) into one of these, the same way for both loops.
+The drafters: [`ModelDrafter`][minispec.drafters.base.ModelDrafter] (a small draft model,
+Leviathan et al.), the context drafters of [`minispec.drafters.ngram`][minispec.drafters.ngram]
+and [`minispec.drafters.suffix`][minispec.drafters.suffix] (n-gram tables, prompt lookup, suffix
+matches), [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] (a feature head) and
+[`HybridDrafter`][minispec.drafters.hybrid.HybridDrafter]; each draws its trees itself
+([`minispec.drafters.trees`][minispec.drafters.trees] holds the helpers they share).
+[`as_drafter`][minispec.decoding.loop.as_drafter] turns what a user passes into one of them.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
+import functools
 from typing import Any
 
 import torch
@@ -37,20 +36,17 @@ from torch import Tensor
 from minispec.core.sampling import SamplingParams, one_hot, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
-from minispec.core.tree import Proposal
-from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
-from minispec.drafters.suffix import SuffixDrafter
+from minispec.core.tree import Proposal, tree_size
+from minispec.drafters.trees import grow_levels
 from minispec.models.kv_cache import ContiguousKVCache, KVCache
-from minispec.models.llama import Llama, ModelConfig
+from minispec.models.llama import Llama, ModelConfig, TreeAttention
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "ModelDrafter", "NGramDrafter", "PerRequestDrafter",
-           "PromptLookupDrafter", "as_drafter", "as_drafts", "check_compatible", "choose_drafts",
+__all__ = ["Draft", "Drafter", "ModelDrafter", "Shape", "check_compatible", "choose_drafts",
            "common_prefix", "keeps_cache"]
 
-#: Deterministic drafters made by name, one per request.
-DRAFTERS: dict[str, Callable[[], Any]] = {"ngram": NGramDrafter,
-                                          "prompt_lookup": PromptLookupDrafter,
-                                          "suffix": SuffixDrafter}
+#: What a row drafts: ``k``, a chain of up to ``k`` drafts, or a branching ``(b_1, .., b_k)``, a
+#: tree with ``b_t`` children per node at depth ``t`` (``()``: nothing).
+Shape = int | tuple[int, ...]
 
 
 class Drafter:
@@ -84,19 +80,15 @@ class Drafter:
     def check_target(self, target: Llama) -> None:
         """``ValueError`` if this drafter cannot draft for ``target`` (default: it can)."""
 
-    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        """Up to ``ks[b]`` guesses (a chain) after ``seqs[b].context`` for every row ``b``.
+    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
+        """Row ``b``'s guesses after ``seqs[b].context`` in the shape ``shapes[b]``: a chain of up
+        to ``k`` drafts for an ``int``, a tree for a branching (a node may get fewer children).
 
-        The round calls it (or ``propose_trees``) whenever a row drafts, rows with ``ks[b] = 0``
+        The round calls it whenever a row drafts, rows with nothing to draft (``0`` or ``()``)
         included; a round of chains where no row drafts is a plain step and does not call it
-        (``observe`` follows every round), so a drafter catches up on the context lazily."""
-        raise NotImplementedError(f"{type(self).__name__} does not propose chains")
-
-    def propose_trees(self, seqs: list[Sequence], branchings: list[tuple[int, ...]]
-                      ) -> list[Proposal]:
-        """A draft tree per row with ``branchings[b][t]`` children per node at depth ``t``."""
-        raise ValueError(f"{type(self).__name__} proposes chains only: give a draft model, an "
-                         "EAGLE head or an n-gram table to draft trees")
+        (``observe`` follows every round), so a drafter catches up on the context lazily. A row
+        whose drafting fails is failed (``seq.fail``) and proposes the root alone."""
+        raise NotImplementedError(f"{type(self).__name__} does not propose")
 
     def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
                         ) -> None:
@@ -137,6 +129,36 @@ class Drafter:
             seq.draft_len = keep
 
 
+    def _tree(self, seq: Sequence, branching: tuple[int, ...]) -> Proposal:
+        """``seq``'s tree, drawn by its twin (a drafter with a model: ``_twin``) from the root's
+        logits (``_tree_root``), one forward per depth (``_score_level``). A row whose drafting
+        fails is failed alone and proposes the root alone."""
+        twin, row = self._twin(seq, branching)
+        before, twin.storage = twin.forwards, {}
+        try:
+            root = twin._tree_root(seq, row) if branching else None
+            proposal = Proposal.chain([]) if root is None else grow_levels(
+                seq, branching, root, functools.partial(twin._score_level, row), twin.storage)
+        except Exception as error:             # this request's drafting is broken: it alone fails
+            seq.fail(error)
+            proposal = Proposal.chain([])
+        seq.stats.draft_forwards += twin.forwards - before
+        self.forwards += twin.forwards - before
+        return proposal
+
+    def _twin(self, seq: Sequence, branching: tuple[int, ...]) -> tuple[Any, Sequence]:
+        """``seq``'s twin for trees: a clone of this drafter on a one-slot cache of its own with
+        room for a tree of ``branching`` past the context, and the row it drafts for (its
+        ``draft_len``: the positions that cache holds)."""
+        if seq.request_id not in self.trees:
+            twin = self.clone()
+            twin.attach(ContiguousKVCache.for_model(self.model, 1, seq.max_seq_len,
+                                                    extra=tree_size(branching)))
+            row = Sequence(seq.request_id, [0], seq.sampling, draft_slot=twin.cache.allocate())
+            self.trees[seq.request_id] = twin, row
+        return self.trees[seq.request_id]
+
+
 def check_compatible(target: ModelConfig, draft: ModelConfig) -> None:
     """Raise ``ValueError`` unless the draft model can share the target's token ids.
 
@@ -157,81 +179,25 @@ def keeps_cache(drafter: Drafter | None) -> bool:
     return drafter is not None and drafter.model is not None
 
 
-def as_drafter(spec: Any, copy_per_request: bool = False) -> Drafter | None:
-    """What a user passes as a drafter -> a batched [`Drafter`][minispec.drafters.base.Drafter] (or
-    ``None``: plain decoding).
-
-    Args:
-        spec: ``None``; a draft [`Llama`][minispec.models.llama.Llama]; a batched drafter (has
-            a [`Drafter`][minispec.drafters.base.Drafter], e.g.
-            [`ModelDrafter`][minispec.drafters.base.ModelDrafter]); ``"ngram"``
-            or ``"prompt_lookup"``; a single-sequence drafter instance (has ``propose``); or a
-            factory making one.
-        copy_per_request: give every request its own deep copy of a single-sequence instance (the
-            engine); otherwise the instance itself drafts (one sequence).
-    """
-    if spec is None or isinstance(spec, Drafter):
-        return spec
-    if isinstance(spec, Llama):
-        return ModelDrafter(spec)
-    if isinstance(spec, str):
-        if spec not in DRAFTERS:
-            raise ValueError(f"unknown drafter {spec!r}; choose one of {sorted(DRAFTERS)}")
-        return PerRequestDrafter(DRAFTERS[spec])
-    if hasattr(spec, "propose") and not isinstance(spec, type):           # an instance
-        return PerRequestDrafter((lambda: copy.deepcopy(spec)) if copy_per_request
-                                 else (lambda: spec))
-    if callable(spec):                  # a drafter class or a factory: one instance per request
-        return PerRequestDrafter(spec)
-    raise ValueError(f"a drafter is a draft model, a drafter, a name in {sorted(DRAFTERS)} or a "
-                     f"factory, got {spec!r}")
-
-
-class PerRequestDrafter(Drafter):
-    """One single-sequence drafter per request (n-gram tables, prompt lookup), driven row by row.
-
-    A row whose drafter raises fails alone (``finish_reason="error"``) and drafts nothing.
-
-    Args:
-        make: makes a fresh drafter with ``propose(context, k, sampling, generator) -> Draft``.
-    """
-
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self.make = make
-        self.instances: dict[str, Any] = {}
-
-    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        drafts = [Draft(torch.zeros(0, dtype=torch.long)) for _ in seqs]     # k = 0: nothing
-        for b, (seq, k) in enumerate(zip(seqs, ks, strict=True)):
-            try:
-                if k > 0:
-                    drafter = self.instances.get(seq.request_id) or self.make()
-                    self.instances[seq.request_id] = drafter
-                    before = getattr(drafter, "forwards", 0)    # a user's drafter may not count
-                    draft = drafter.propose(seq.context, k, seq.sampling, seq.generator)
-                    seq.stats.draft_forwards += getattr(drafter, "forwards", 0) - before
-                    drafts[b] = Draft(draft.tokens[:k],
-                                      None if draft.probs is None else draft.probs[:k])
-            except Exception as error:            # this request's drafter is broken: it alone fails
-                seq.fail(error)
-        return drafts
-
-    def release(self, seq: Sequence) -> None:
-        self.instances.pop(seq.request_id, None)
-
-
 class ModelDrafter(Drafter):
-    """Drafts with a small language model that shares the target's tokenizer, all rows batched.
+    """Drafts with a small language model that shares the target's tokenizer.
 
-    The draft model has its own KV cache ([`attach`][minispec.drafters.base.ModelDrafter.attach];
-    the decoding loop makes it the same kind as the target's). Row ``b`` of a draft step feeds what
-    its cache lacks -- ``seq.context[draft_len:]``: one token normally, two after a round that
-    accepted all ``k`` drafts (``d_k`` was sampled but never fed: the draft lags by one), the whole
-    context on first use or after a preemption (a lazy prefill, done in its own forward so short
-    rows are not padded to the prompt's length). Then ``k - 1`` more steps feed the previous draft.
-    Every row turns its logits into ``q`` with its own ``SamplingParams`` and samples with its own
-    generator. After verify, [`observe`][minispec.drafters.base.ModelDrafter.observe] rolls the
-    cache back to the accepted length.
+    **Chains**, all rows batched: the draft model has its own KV cache
+    ([`attach`][minispec.drafters.base.ModelDrafter.attach]; the decoding loop makes it the same
+    kind as the target's). Row ``b`` of a draft step feeds what its cache lacks --
+    ``seq.context[draft_len:]``: one token normally, two after a round that accepted all ``k``
+    drafts (``d_k`` was sampled but never fed: the draft lags by one), the whole context on first
+    use or after a preemption (a lazy prefill, done in its own forward so short rows are not padded
+    to the prompt's length). Then ``k - 1`` more steps feed the previous draft. Every row turns its
+    logits into ``q`` with its own ``SamplingParams`` and samples with its own generator. After
+    verify, [`observe`][minispec.drafters.base.ModelDrafter.observe] rolls the cache back to the
+    accepted length.
+
+    **Trees**, row by row: each request has a twin (this drafter on a one-slot cache of its own,
+    with room for one tree past the context) that feeds the context past what it holds, then
+    expands the tree one depth per forward with tree attention
+    ([`grow_levels`][minispec.drafters.trees.grow_levels]); after verify the twin's cache keeps the
+    context plus the fed nodes of the accepted path.
 
     Args:
         model: the draft [`Llama`][minispec.models.llama.Llama].
@@ -242,7 +208,10 @@ class ModelDrafter(Drafter):
         self.model = model
         self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
                                model.config.max_position_embeddings)
-        self._probe: Sequence | None = None      # the state of ``propose``
+        self._probe: Sequence | None = None      # the state of ``draft``
+        self.trees: dict[str, tuple[ModelDrafter, Sequence]] = {}    # request -> twin, its row
+        self.proposals: dict[str, Proposal] = {}  # request -> its tree of this round
+        self.storage: dict[int, int] = {}         # a twin's tree: created node -> cache position
 
     def attach(self, cache: KVCache) -> None:
         """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``)."""
@@ -258,7 +227,19 @@ class ModelDrafter(Drafter):
         check_compatible(target.config, self.model.config)
 
     @torch.inference_mode()
-    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
+        """Chains batched in one draft cache, trees row by row (class docstring)."""
+        chains = [b for b, shape in enumerate(shapes) if isinstance(shape, int)]
+        tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
+        proposals = dict(zip(chains, as_proposals(tokens, probs), strict=True))
+        for b, shape in enumerate(shapes):
+            if b not in proposals:
+                proposals[b] = self.proposals[seqs[b].request_id] = self._tree(seqs[b], shape)
+        return [proposals[b] for b in range(len(seqs))]
+
+    def _draft_chains(self, seqs: list[Sequence], ks: list[int]
+                      ) -> tuple[list[list[int]], list[list[Tensor]]]:
+        """Up to ``ks[b]`` drafts per row and the ``q`` rows they were drawn from (none: greedy)."""
         tokens: list[list[int]] = [[] for _ in seqs]
         probs: list[list[Tensor]] = [[] for _ in seqs]
         active = [b for b, k in enumerate(ks) if k > 0]
@@ -278,23 +259,50 @@ class ModelDrafter(Drafter):
                 if q is not None:
                     probs[b].append(q)
                 feeds[b] = [token]          # fed next step; the last draft of a row is never fed
-        return as_drafts(tokens, probs, self.model.device)
+        return tokens, probs
 
     def _forward(self, seqs: list[Sequence], feeds: list[list[int]]) -> Tensor:
         """Feed each row's tokens (``_feed``); logits after the last ``(R, V)``."""
         return self._feed(seqs, feeds)[:, -1]                                  # (R, T, V) -> (R, V)
 
+    def _tree_root(self, seq: Sequence, row: Sequence) -> tuple[Tensor, int]:
+        """A twin's start of a tree: feed ``seq.context`` past the prefix its ``row`` holds (at
+        least the last token: the root); the root's logits ``(1, V)`` and the positions held."""
+        common = common_prefix(row.context[:row.draft_len], seq.context, limit=seq.num_tokens - 1)
+        self.cache.truncate_to(row.draft_slot, common)
+        row.prompt, row.generated, row.draft_len = list(seq.context), [], common
+        return self._feed([row], [seq.context[common:]])[0, -1:], seq.num_tokens        # (1, V)
+
+    def _score_level(self, row: Sequence, frontier: list[int], parents: list[int], ids: Tensor,
+                     positions: Tensor, tree: TreeAttention) -> Tensor:
+        """A twin's forward over one depth of its tree: logits ``(F, V)``."""
+        self.forwards += 1
+        return self.model(ids, positions, self.cache, [row.draft_slot], tree=tree)[0]   # (F, V)
+
+    @torch.inference_mode()
     def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
                 paths: list[list[int]]) -> None:
-        """Roll each row's draft cache back to ``n + a``: the context plus the accepted drafts."""
-        for seq, a in zip(seqs, num_accepted, strict=True):
-            self._truncate(seq, seq.num_tokens + a)
+        """Roll each row's draft cache back to ``n + a``: the context plus the accepted drafts (a
+        tree's twin keeps the context plus the fed nodes of the accepted path)."""
+        for seq, a, path in zip(seqs, num_accepted, paths, strict=True):
+            if (proposal := self.proposals.pop(seq.request_id, None)) is None:
+                self._truncate(seq, seq.num_tokens + a)
+                continue
+            twin, row = self.trees[seq.request_id]
+            kept = [proposal.created[i] for i in path if proposal.created[i] in twin.storage]
+            twin.cache.compact(row.draft_slot, row.draft_len, [twin.storage[c] for c in kept])
+            row.prompt = row.prompt + [proposal.tree.tokens[i] for i in path[:len(kept)]]
+            row.draft_len += len(kept)
+
+    def release(self, seq: Sequence) -> None:
+        self.trees.pop(seq.request_id, None)
+        self.proposals.pop(seq.request_id, None)
 
     # ------------------------------------------------------------------ one context, no loop
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int, sampling: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
+    def draft(self, context: list[int], k: int, sampling: SamplingParams,
+              generator: torch.Generator | None) -> Draft:
         """Draft ``k`` tokens after any ``context`` (for teaching and tests, outside a loop).
 
         The drafter keeps one sequence of its own: it rolls that cache back to the longest prefix
@@ -306,14 +314,16 @@ class ModelDrafter(Drafter):
         if self._probe is None:
             if self.cache is None:
                 self.attach(ContiguousKVCache.for_model(self.model, 1, self.max_seq_len))
-            self._probe = Sequence("propose", [0], sampling, draft_slot=self.cache.allocate())
+            self._probe = Sequence("draft", [0], sampling, draft_slot=self.cache.allocate())
         probe = self._probe
         common = common_prefix(self.fed, context, limit=len(context) - 1)
         self.cache.truncate_to(probe.draft_slot, common)
         probe.prompt, probe.generated, probe.draft_len = list(context), [], common
         probe.sampling, probe.generator = sampling, generator
-        draft = self.propose_batch([probe], [k])[0]
-        probe.generated = draft.tokens.tolist()
+        tokens, probs = self._draft_chains([probe], [k])
+        probe.generated = tokens[0]
+        draft = Draft(torch.tensor(tokens[0], dtype=torch.long, device=self.model.device),
+                      torch.stack(probs[0]) if probs[0] else None)
         if sampling.greedy and draft.probs is None and k > 0:
             draft = Draft(draft.tokens, one_hot(draft.tokens, self.model.config.vocab_size))
         return draft
@@ -321,12 +331,12 @@ class ModelDrafter(Drafter):
     @property
     def fed(self) -> list[int]:
         """Token ids whose keys and values sit in
-        [`propose`][minispec.drafters.base.ModelDrafter.propose]'s cache slot."""
+        [`draft`][minispec.drafters.base.ModelDrafter.draft]'s cache slot."""
         return [] if self._probe is None else self._probe.context[: self._probe.draft_len]
 
     @property
     def slot(self) -> int | None:
-        """[`propose`][minispec.drafters.base.ModelDrafter.propose]'s cache slot."""
+        """[`draft`][minispec.drafters.base.ModelDrafter.draft]'s cache slot."""
         return None if self._probe is None else self._probe.draft_slot
 
 
@@ -360,10 +370,9 @@ def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
             yield rows[r], int(sample(qs[r], seq.generator)), qs[r]
 
 
-def as_drafts(tokens: list[list[int]], probs: list[list[Tensor]], device: torch.device
-              ) -> list[Draft]:
-    """Each row's draft tokens and their ``q`` rows (none: one-hot ``q``) as a ``Draft``."""
-    return [Draft(torch.tensor(t, dtype=torch.long, device=device), torch.stack(p) if p else None)
+def as_proposals(tokens: list[list[int]], probs: list[list[Tensor]]) -> list[Proposal]:
+    """Each row's draft tokens and their ``q`` rows (none: one-hot ``q``) as a chain."""
+    return [Proposal.chain(t, torch.stack(p) if p else None)
             for t, p in zip(tokens, probs, strict=True)]
 
 

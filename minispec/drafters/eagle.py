@@ -14,7 +14,7 @@ when:
   ([`EagleDrafter.observe`][minispec.drafters.eagle.EagleDrafter.observe]): ``a + 1`` new pairs,
   whose tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next round.
 
-A round ([`EagleDrafter.propose_batch`][minispec.drafters.eagle.EagleDrafter.propose_batch]) feeds
+A round of chains ([`EagleDrafter.propose`][minispec.drafters.eagle.EagleDrafter.propose]) feeds
 each row's pending real pairs into the head's cache, then drafts ``k`` tokens: ``d_1`` from the
 head's output at the last real pair, and ``d_{i+1}`` from the pair ``(f'_i, d_i)`` -- the head's own
 predicted feature, since the target has not scored ``d_i`` yet (EAGLE-1). Those ``k - 1``
@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minispec.core.sequence import Sequence
-from minispec.core.speculative import Draft
-from minispec.drafters.base import Drafter, as_drafts, choose_drafts
+from minispec.core.tree import Proposal
+from minispec.drafters.base import Drafter, Shape, as_proposals, choose_drafts
 from minispec.models.eagle_head import EagleHead, load_head
-from minispec.models.llama import Llama
+from minispec.models.llama import Llama, TreeAttention
 from minispec.models.packed import is_fast
 
 __all__ = ["EagleDrafter", "full_vocab", "load_drafter"]
@@ -47,6 +47,15 @@ class EagleDrafter(Drafter):
     The head's KV cache is the decoding loop's draft cache, exactly as for a draft model: slot
     ``seq.draft_slot``, ``seq.draft_len`` pairs held, created by the loop from ``drafter.model``
     (the head: one layer of the target's shape).
+
+    A tree is drawn row by row by the request's twin (this drafter on a one-slot cache of its own,
+    sharing the pending features): after the catch-up, a node ``d`` at depth ``t`` is the pair
+    ``(f'_parent, d)`` at pair position ``n - 2 + t``, the head's OWN predicted feature of its
+    parent (the root's: the head's output at the last real pair); siblings share a position and
+    see only their ancestors (tree attention in the head's layer). After verify every tree pair is
+    dropped and the target's features of the root and the ACCEPTED path only are kept, fed as real
+    pairs next round. Draft logits over the head's ``V'`` are spread over the full vocabulary
+    (``-inf``, so ``q = 0``, outside).
 
     Args:
         head: the head, bound to the target the loop verifies with.
@@ -61,6 +70,9 @@ class EagleDrafter(Drafter):
                                head.config.max_position_embeddings)
         self.pending: dict[str, Tensor] = {}    # request -> (m, D) real features not yet fed
         self.last_fed: dict[str, Tensor] = {}   # request -> (1, D) the last one fed (for a retry)
+        self.trees: dict[str, tuple[EagleDrafter, Sequence]] = {}    # request -> twin, its row
+        self.storage: dict[int, int] = {}       # a twin's tree: created node -> cache position
+        self.features: dict[int, Tensor] = {}   # a twin's tree: created node -> its feature (D,)
 
     def clone(self) -> EagleDrafter:
         """The same head with no cache and no request state (an engine owns its own)."""
@@ -84,26 +96,41 @@ class EagleDrafter(Drafter):
         for seq, start, h in zip(seqs, starts, hidden, strict=True):
             if start == 0:
                 self.pending[seq.request_id] = h
-                self._truncate(seq, 0)
+                twin, row = self.trees.get(seq.request_id, (self, seq))    # a tree's: its twin's
+                twin._truncate(row, 0)
             else:
                 self.pending[seq.request_id] = torch.cat([self.pending[seq.request_id], h])
 
     def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
                 paths: list[list[int]]) -> None:
-        """Drop the round's speculative pairs; keep the real features of the accepted positions."""
+        """Drop the round's speculative pairs (a tree's too); keep the real features of the
+        accepted positions."""
         for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
-            self._truncate(seq, seq.num_tokens - 1)         # real pairs: j = 0..n-2
+            twin, row = self.trees.get(seq.request_id, (self, seq))
+            if twin is not self:                             # the twin's row: seq as it is now
+                twin.cache.truncate_to(row.draft_slot, row.draft_len)
+                row.prompt, row.generated = seq.prompt, seq.generated
+            twin._truncate(row, row.num_tokens - 1)          # real pairs: j = 0..n-2
             kept = self.pending.get(seq.request_id, h[:0])     # unfed when the row drafted nothing
             self.pending[seq.request_id] = torch.cat([kept, h[: a + 1]])        # (m + a + 1, D)
 
     def release(self, seq: Sequence) -> None:
-        self.pending.pop(seq.request_id, None)
-        self.last_fed.pop(seq.request_id, None)
+        for state in (self.pending, self.last_fed, self.trees):
+            state.pop(seq.request_id, None)
 
     # ------------------------------------------------------------------ drafting
 
     @torch.inference_mode()
-    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
+        """Chains batched (``_draft_chains``), trees row by row by each request's twin."""
+        chains = [b for b, shape in enumerate(shapes) if isinstance(shape, int)]
+        tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
+        proposals = dict(zip(chains, as_proposals(tokens, probs), strict=True))
+        return [proposals[b] if b in proposals else self._tree(seqs[b], shapes[b])
+                for b in range(len(seqs))]
+
+    def _draft_chains(self, seqs: list[Sequence], ks: list[int]
+                      ) -> tuple[list[list[int]], list[list[Tensor]]]:
         """Up to ``ks[b]`` drafts per row: one catch-up forward over the pending real pairs, then
         one single-token forward per further draft over the rows still drafting."""
         tokens: list[list[int]] = [[] for _ in seqs]
@@ -125,7 +152,35 @@ class EagleDrafter(Drafter):
                     tokens[b].append(token)
                     if q is not None:
                         probs[b].append(q)
-        return as_drafts(tokens, probs, self.model.device)
+        return tokens, probs
+
+    def _twin(self, seq: Sequence, branching: tuple[int, ...]) -> tuple[EagleDrafter, Sequence]:
+        """``Drafter._twin``, sharing the pending features."""
+        twin, row = super()._twin(seq, branching)
+        twin.pending, twin.last_fed = self.pending, self.last_fed
+        return twin, row
+
+    def _tree_root(self, seq: Sequence, row: Sequence) -> tuple[Tensor, int] | None:
+        """A twin's start of a tree: feed the pending real pairs (the catch-up forward); the root's
+        logits ``(1, V)`` come from the last one (``None``: no pair yet, no tree)."""
+        if seq.num_tokens < 2:
+            return None
+        row.prompt, row.generated = seq.prompt, seq.generated
+        logits, feature = self._catch_up([row])                              # (1, V'), (1, D)
+        self.features = {0: feature[0]}
+        return full_vocab(self.model, logits), seq.num_tokens - 1
+
+    def _score_level(self, row: Sequence, frontier: list[int], parents: list[int], ids: Tensor,
+                     positions: Tensor, tree: TreeAttention) -> Tensor:
+        """A twin's forward over one depth of its tree, each node fed with its parent's
+        predicted feature: logits ``(F, V)``."""
+        parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
+        # (1, F, V'), (1, F, D)
+        logits, feature = self.model(ids, parent, positions, self.cache, [row.draft_slot],
+                                     tree=tree)
+        self.forwards += 1
+        self.features.update(zip(frontier, feature[0], strict=True))
+        return full_vocab(self.model, logits[0])                                       # (F, V)
 
     def _catch_up(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor]:
         """Feed each row's pending real pairs (right-aligned, left-padded); the head's output at the

@@ -34,10 +34,10 @@ from torch import Tensor
 
 from minispec.core.sampling import is_int, is_real
 from minispec.core.sequence import Sequence
-from minispec.core.speculative import Draft
-from minispec.drafters.base import Drafter, PerRequestDrafter, as_drafter
-from minispec.drafters.ngram import PromptLookupDrafter
-from minispec.drafters.suffix import SuffixDrafter, check_args
+from minispec.core.tree import Proposal
+from minispec.drafters.base import Drafter, Shape
+from minispec.drafters.ngram import ContextDrafter, PromptLookupDrafter
+from minispec.drafters.suffix import DRAFTERS, SuffixDrafter, check_args
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
 
@@ -94,12 +94,12 @@ class HybridDrafter(Drafter):
     in a batch.
 
     Args:
-        context: the context source, one instance per request: a
-            [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] (default; a copy per
+        context: the context source: a
+            [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] (default; its state per
             request shares its store) or a
             [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter], an instance, a
             class or a name (``"suffix"``, ``"prompt_lookup"``).
-        head: the batched drafter used otherwise, normally an
+        head: the drafter used otherwise, normally an
             [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] (a ``ModelDrafter`` works too).
         min_match: shortest context match ever used.
         head_cost: a head round's extra time relative to a context round.
@@ -119,11 +119,12 @@ class HybridDrafter(Drafter):
              "a finite number >= 0"),
             ("decay", decay, is_real(decay) and 0 < decay <= 1, "a number in (0, 1]")])
         spec = SuffixDrafter() if context is None else context
-        source = as_drafter(spec, copy_per_request=True)
-        check_args("HybridDrafter", [("context", context, isinstance(source, PerRequestDrafter),
-                                      "a single-sequence drafter (a SuffixDrafter or a "
+        source = DRAFTERS.get(spec, spec) if isinstance(spec, str) else spec
+        source = source() if isinstance(source, type) else source
+        check_args("HybridDrafter", [("context", context, isinstance(source, ContextDrafter),
+                                      "a context drafter (a SuffixDrafter or a "
                                       "PromptLookupDrafter)")])
-        self.spec, self.context, self.head = spec, source, head
+        self.spec, self.context, self.head = spec, source.clone(), head
         self.min_match, self.head_cost, self.decay = min_match, head_cost, decay
         self.wants_hidden, self.model, self.max_seq_len = (head.wants_hidden, head.model,
                                                            head.max_seq_len)
@@ -153,31 +154,34 @@ class HybridDrafter(Drafter):
 
     # ------------------------------------------------------------------ the round's hooks
 
-    def propose_batch(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
         """The context source proposes for every row (lookups, no model); rows it does not win
-        go to the head, in one batched call."""
-        drafts = self.context.propose_batch(seqs, ks)
-        head_ks = [self._choose_source(s, k, d) for s, k, d in zip(seqs, ks, drafts, strict=True)]
-        if any(head_ks):
-            head_drafts = self.head.propose_batch(seqs, head_ks)
-            drafts = [h if k else d for d, h, k in zip(drafts, head_drafts, head_ks, strict=True)]
-        for seq, draft in zip(seqs, drafts, strict=True):
-            if not len(draft.tokens):                      # nothing drafted: nothing to learn
+        go to the head, in one call."""
+        proposals = self.context.propose(seqs, shapes)
+        head = [b for b, (seq, shape, proposal) in enumerate(zip(seqs, shapes, proposals,
+                                                                strict=True))
+                if self._head_wins(seq, shape, proposal)]
+        if head:
+            drafted = self.head.propose([seqs[b] for b in head], [shapes[b] for b in head])
+            for b, proposal in zip(head, drafted, strict=True):
+                proposals[b] = proposal
+        for seq, proposal in zip(seqs, proposals, strict=True):
+            if proposal.depth == 0:                        # nothing drafted: nothing to learn
                 self.chosen.pop(seq.request_id, None)
-        return drafts
+        return proposals
 
-    def _choose_source(self, seq: Sequence, k: int, draft: Draft) -> int:
+    def _head_wins(self, seq: Sequence, shape: Shape, proposal: Proposal) -> bool:
         """Choose the row's source by the rule and remember it (with the length of the match the
-        context's ``draft`` came from, 0 for none); the head's ``k`` for the row: ``k`` if it
-        drafts, else 0. A row with no room, or whose context drafter failed, chooses nothing."""
-        if k == 0 or seq.is_finished:
-            return 0
-        instance = self.context.instances[seq.request_id]
-        match = getattr(instance, "last_match", self.min_match) if len(draft.tokens) else 0
+        context's ``proposal`` came from, 0 for none); whether the head drafts. A row with no room,
+        or whose context drafter failed, chooses nothing."""
+        if not shape or seq.is_finished:
+            return False
+        state = self.context.requests[seq.request_id]
+        match = state.last_match if proposal.depth else 0
         tally = self.tallies.setdefault(seq.request_id, Tally())
         context_wins = tally.prefers_context(match, self.min_match, self.head_cost)
         self.chosen[seq.request_id] = ("context" if context_wins else "head", match)
-        return 0 if context_wins else k
+        return not context_wins
 
     def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
                         ) -> None:

@@ -5,17 +5,16 @@
 * [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter] copies what followed the last
   earlier occurrence of the context's suffix (prompt lookup decoding).
 
-Both are deterministic, so ``q`` is one-hot (``Draft.probs is None``) and sampling stays exact.
-Each answers ``propose(context, k) -> Draft`` for one sequence (their
-[`LookupDrafter`][minispec.drafters.ngram.LookupDrafter] base, shared with the suffix drafter,
-wraps what their ``lookup(context, k)`` finds) and syncs its tables with ``context`` on every call,
-so rollback needs no extra call: the context *is* the accepted sequence. The decoding loops drive
-them through [`minispec.drafters.base.PerRequestDrafter`][minispec.drafters.base.PerRequestDrafter]
-(one instance per request).
+Both are deterministic, so ``q`` is one-hot (``probs=None``) and sampling stays exact. Their base,
+[`ContextDrafter`][minispec.drafters.ngram.ContextDrafter] (shared with the suffix drafter), is
+one request's state: ``lookup(context, k)`` syncs its tables with ``context`` on every call, so
+rollback needs no extra call (the context *is* the accepted sequence), and ``propose`` keeps one
+such state per request.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
 from collections import deque
 from itertools import islice
@@ -23,28 +22,93 @@ from itertools import islice
 import torch
 
 from minispec.core.sampling import SamplingParams
+from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
+from minispec.core.tree import Proposal
+from minispec.drafters.base import Drafter, Shape
+from minispec.drafters.trees import grow_tree
 
-__all__ = ["LookupDrafter", "NGramDrafter", "PromptLookupDrafter"]
+__all__ = ["ContextDrafter", "NGramDrafter", "PromptLookupDrafter"]
 
 
-class LookupDrafter:
-    """What the drafters without a model share: ``propose`` drafts the token ids that ``lookup``
-    finds in the text, deterministically, so ``q`` is one-hot (``Draft.probs is None``)."""
+class ContextDrafter(Drafter):
+    """What the drafters without a model share: drafts looked up in the request's own text,
+    deterministic, so ``q`` is one-hot.
 
-    forwards = 0                             # no model: drafting is lookups
+    An instance is one request's state (its tables, its index): ``lookup(context, k)`` drafts a
+    chain after ``context`` and ``lookup_tree(context, branching)`` a tree (default: that chain).
+    [`propose`][minispec.drafters.ngram.ContextDrafter.propose] keeps a clone per request
+    (``requests``, by ``seq.request_id``); a row whose lookup raises fails alone. A clone
+    (``clone``, ``copy.deepcopy``) is of the same class (a subclass keeps its overrides and its own
+    attributes, deep-copied) with no request state.
+
+    Attributes:
+        last_match: tokens of context the last lookup matched on (0: none).
+    """
+
+    last_match: int = 0
+
+    def __init__(self) -> None:
+        self.requests: dict[str, ContextDrafter] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the request (a new, unrelated sequence)."""
+        self.last_match = 0
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """Up to ``k`` token ids to draft after ``context``."""
         raise NotImplementedError
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams | None = None,
-                generator: torch.Generator | None = None) -> Draft:
-        """Draft up to ``k`` tokens after ``context`` (one-hot ``q``: ``probs=None``)."""
+    def lookup_tree(self, context: list[int], branching: tuple[int, ...]) -> Proposal:
+        """A tree after ``context`` with up to ``branching[t]`` children per node at depth ``t``
+        (default: the chain ``lookup`` drafts, one child per node)."""
+        return Proposal.chain(self.lookup(context, len(branching)))
+
+    def draft(self, context: list[int], k: int, sampling: SamplingParams | None = None,
+              generator: torch.Generator | None = None) -> Draft:
+        """Draft up to ``k`` tokens after ``context`` (one-hot ``q``: ``probs=None``; as
+        [`ModelDrafter.draft`][minispec.drafters.base.ModelDrafter.draft], which samples)."""
         return Draft(torch.tensor(self.lookup(context, k), dtype=torch.long))
 
+    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
+        """Each row's chain (``lookup``) or tree (``lookup_tree``), by its request's state."""
+        proposals = []
+        for seq, shape in zip(seqs, shapes, strict=True):
+            try:
+                if seq.request_id not in self.requests:
+                    self.requests[seq.request_id] = self.for_request(seq)
+                state = self.requests[seq.request_id]
+                proposals.append(state.lookup_tree(seq.context, shape) if isinstance(shape, tuple)
+                                 else Proposal.chain(state.lookup(seq.context, shape)))
+            except Exception as error:       # this request's drafter is broken: it alone fails
+                seq.fail(error)
+                proposals.append(Proposal.chain([]))
+        return proposals
 
-class NGramDrafter(LookupDrafter):
+    def for_request(self, seq: Sequence) -> ContextDrafter:
+        """A fresh state for ``seq`` (a clone)."""
+        return self.clone()
+
+    def release(self, seq: Sequence) -> None:
+        self.requests.pop(seq.request_id, None)
+
+    def clone(self) -> ContextDrafter:
+        """The same class and settings with no request state."""
+        return copy.deepcopy(self)
+
+    def __deepcopy__(self, memo: dict) -> ContextDrafter:
+        """A copy of the same class and settings (a subclass's own state deep-copied) with no
+        request state."""
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(copy.deepcopy({name: value for name, value in vars(self).items()
+                                            if name != "requests"}, memo))
+        twin.requests = {}
+        twin.reset()
+        return twin
+
+
+class NGramDrafter(ContextDrafter):
     """akunu's n-gram predictor: frequency tables of 2..4-grams over a sliding window.
 
     For each context of ``1..max_order-1`` tokens the table counts which token followed it. A
@@ -62,15 +126,15 @@ class NGramDrafter(LookupDrafter):
             raise ValueError(f"need max_order >= 2 and window >= max_order, got {max_order}, "
                              f"{window}")
         self.max_order, self.window = max_order, window
+        super().__init__()
+
+    def reset(self) -> None:
+        """Forget every table (a new, unrelated sequence)."""
         self.history: deque[int] = deque()
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}
         self.last_seen: dict[tuple[tuple[int, ...], int], int] = {}
         self._ingested: list[int] = []       # the context consumed so far
         self._clock = 0
-
-    def reset(self) -> None:
-        """Forget every table (a new, unrelated sequence)."""
-        self.__init__(self.max_order, self.window)
 
     def update(self, token: int) -> None:
         """Slide one accepted token into the window and count the n-grams it completes."""
@@ -130,23 +194,28 @@ class NGramDrafter(LookupDrafter):
         self._ingested = list(context)
         return self.predict(k)
 
+    def lookup_tree(self, context: list[int], branching: tuple[int, ...]) -> Proposal:
+        """A tree after ``context``: the ``b`` most frequent distinct continuations per node; a
+        node with no known continuation gets no children."""
+        self.lookup(context, 0)                        # ingest the accepted tokens
+        return grow_tree(context[-1], branching, self._tail(), lambda _, path, b: [
+            (t, None, path + [t]) for t in self.continuations(path, b)])
 
-class PromptLookupDrafter(LookupDrafter):
+
+class PromptLookupDrafter(ContextDrafter):
     """Prompt lookup decoding: copy what followed an earlier occurrence of the context's suffix.
 
     The longest suffix of the context (``max_ngram`` tokens down to ``min_ngram``) that also occurs
     earlier in the context is looked up; the ``k`` tokens that followed its most recent earlier
-    occurrence are the draft. Deterministic, so ``q`` is one-hot.
-
-    Attributes:
-        last_match: tokens of context the last lookup matched on (0: none).
+    occurrence are the draft. Deterministic, so ``q`` is one-hot; ``last_match`` is the length of
+    the suffix the last lookup matched on (0: none).
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.last_match = 0
+        super().__init__()
 
     def match(self, context: list[int]) -> tuple[int, int]:
         """The longest suffix of ``context`` (``max_ngram`` tokens down to ``min_ngram``) that also

@@ -27,15 +27,17 @@ request a ``tenant`` where requests may not see each other's text.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from minispec.core.sampling import is_int, is_real
-from minispec.drafters.ngram import LookupDrafter
+from minispec.core.sequence import Sequence
+from minispec.core.tree import Proposal
+from minispec.drafters.ngram import ContextDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.trees import grow_tree
 
-__all__ = ["Match", "SuffixDrafter", "SuffixStore"]
+__all__ = ["DRAFTERS", "Match", "SuffixDrafter", "SuffixStore"]
 
 Position = tuple[int, int]            # (document id, index of a token in it)
 
@@ -191,15 +193,15 @@ class SuffixStore:
         return Match(best, ends, self.docs)
 
 
-class SuffixDrafter(LookupDrafter):
+class SuffixDrafter(ContextDrafter):
     """Drafts the continuation of the longest suffix match (module docstring); one request at a
     time, like [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter].
 
-    Each ``propose`` syncs the drafter's own index with ``context`` (a context that does not
+    Each ``lookup`` syncs the drafter's own index with ``context`` (a context that does not
     extend the last one is a new request: the index starts over) and writes the new tokens into
-    its document of ``store``, if any. A copy (``copy.deepcopy``, which the engine makes per
-    request) is of the same class (a subclass keeps its overrides), shares the store and starts
-    with an empty index.
+    its document of ``store``, if any. A copy (``clone``, which ``propose`` makes per request)
+    is of the same class (a subclass keeps its overrides), shares the store and starts with an
+    empty index; a request's copy writes and drafts as ``seq.tenant`` when the request has one.
 
     Args:
         store: a [`SuffixStore`][minispec.drafters.suffix.SuffixStore] shared with other
@@ -212,8 +214,8 @@ class SuffixDrafter(LookupDrafter):
         min_prob: stop when the empirical probability of the drafted path falls below this.
         max_candidates: occurrences of the last token examined per source and round.
         tenant: whose documents of ``store`` it writes and drafts from (``None``: the shared pool
-            of requests without a tenant). The engine sets it per request (the ``tenant=`` of
-            [`Engine.add_request`][minispec.serving.engine.Engine.add_request]).
+            of requests without a tenant); a request's own ``tenant`` (the ``tenant=`` of
+            [`Engine.add_request`][minispec.serving.engine.Engine.add_request]) comes first.
 
     Attributes:
         last_match: tokens of context the last draft was matched on (0: none).
@@ -241,11 +243,11 @@ class SuffixDrafter(LookupDrafter):
         self.store, self.tenant = store, tenant
         self.max_match, self.min_match, self.draft_factor = max_match, min_match, draft_factor
         self.min_prob, self.max_candidates = min_prob, max_candidates
-        self.last_match, self.last_source = 0, None
-        self.reset()
+        super().__init__()
 
     def reset(self) -> None:
         """Forget the request (its document in the store stays, and ages out)."""
+        self.last_match, self.last_source = 0, None
         self.own = SuffixStore(max_tokens=None)        # the request's context: document 0
         self.own.open()
         self.doc: int | None = None                    # its document in the store, once opened
@@ -254,12 +256,13 @@ class SuffixDrafter(LookupDrafter):
         """A copy of the same class and settings (a subclass's own state deep-copied), sharing the
         store, with an empty index."""
         memo[id(self.store)] = self.store
-        twin = type(self).__new__(type(self))
-        twin.__dict__.update(copy.deepcopy({name: value for name, value in vars(self).items()
-                                            if name not in ("own", "doc")}, memo))
-        twin.last_match, twin.last_source = 0, None
-        twin.reset()
-        return twin
+        return super().__deepcopy__(memo)
+
+    def for_request(self, seq: Sequence) -> SuffixDrafter:
+        """A fresh state for ``seq``, writing and drafting as its tenant if it has one."""
+        state = self.clone()
+        state.tenant = self.tenant if seq.tenant is None else seq.tenant
+        return state
 
     def sync(self, context: list[int]) -> None:
         """Index the tokens of ``context`` not seen yet (start over if it is another request)."""
@@ -312,3 +315,28 @@ class SuffixDrafter(LookupDrafter):
         if not out:
             self.last_source = None
         return out
+
+    def lookup_tree(self, context: list[int], branching: tuple[int, ...]) -> Proposal:
+        """A tree after ``context``: at each node, the ``b`` most frequent tokens that followed
+        the occurrences of the longest match still agreeing with the node's path; a child whose
+        path probability (its share of the occurrences, multiplied down the tree) falls below
+        ``min_prob`` is not proposed, and the depth is capped as a chain's (``draft_factor``)."""
+        match = self.match(context)
+
+        def children(_: int, state: tuple[list, list[int], float], b: int):
+            ends, path, prob = state                 # occurrences, path, path probability
+            options = match.following(ends, path)
+            total = sum(len(e) for _, e in options)
+            for token, kept in options[:b]:
+                if prob * len(kept) / total < self.min_prob:
+                    break                            # options are most frequent first
+                yield token, None, (kept, path + [token], prob * len(kept) / total)
+
+        depth = self.draft_limit(match.length, len(branching))
+        return grow_tree(context[-1], branching[:depth], (match.ends, [], 1.0), children)
+
+
+#: The drafters made by name.
+DRAFTERS: dict[str, type[ContextDrafter]] = {"ngram": NGramDrafter,
+                                             "prompt_lookup": PromptLookupDrafter,
+                                             "suffix": SuffixDrafter}

@@ -34,10 +34,7 @@ from minispec.core.tree import tree_size
 from minispec.decoding.goodput import KChoice, StepCosts, policy_for
 from minispec.decoding.loop import GenerationResult, as_drafter_for, context_limit, make_sequence
 from minispec.decoding.runner import SpeculativeRunner
-from minispec.drafters.base import Drafter, PerRequestDrafter, keeps_cache
-from minispec.drafters.hybrid import HybridDrafter
-from minispec.drafters.suffix import SuffixDrafter
-from minispec.drafters.trees import TreeDrafter
+from minispec.drafters.base import Drafter, keeps_cache
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
 from minispec.models.paged_cache import PagedKVCache
@@ -84,9 +81,9 @@ class Engine:
         draft: a draft model (the same as ``drafter=draft``; kept for the familiar spelling).
         drafter: what drafts, as for
             [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate]: a draft
-            model, a ``Drafter`` (``ModelDrafter``, ``EagleDrafter``, ...), ``"ngram"``,
-            ``"prompt_lookup"``, a single-sequence drafter instance (copied per request) or a
-            factory; ``None`` for plain decoding.
+            model, a ``Drafter`` (``ModelDrafter``, ``EagleDrafter``, ...; the engine drafts with
+            its ``clone``), ``"ngram"``, ``"prompt_lookup"``, ``"suffix"``, or a class or factory
+            making a drafter; ``None`` for plain decoding.
         k: drafts per round (gamma; the depth of a tree), an integer >= 1 with a drafter; ignored
             without one.
         max_batch_size: most requests running at once.
@@ -143,12 +140,13 @@ class Engine:
         spec = _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
                                   max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
-        drafter, self.branching, extra = as_drafter_for(spec, k, branching, copy_per_request=True)
+        drafter, self.branching, extra = as_drafter_for(spec, k, branching)
         self.target, self.device, self.tokenizer = target, target.device, tokenizer
         self.k = k if drafter is not None else 0
         self.policy = policy_for(adaptive, self.k, self.branching is None)  # goodput k or None
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
-        check_kv_memory([target] + ([drafter.model] if keeps_cache(drafter) else []),
+        chains = keeps_cache(drafter) and self.branching is None   # a draft cache for chains
+        check_kv_memory([target] + ([drafter.model] if chains else []),
                         kv_cache == "paged", max_batch_size, self.max_seq_len + extra, block_size,
                         num_blocks)
         if kv_cache == "contiguous":    # the target's and a draft model's caches: the same shape
@@ -157,9 +155,10 @@ class Engine:
             make = lambda m: PagedKVCache.for_model(m, max_batch_size, self.max_seq_len, extra,
                                                     block_size=block_size, num_blocks=num_blocks)
         self.target_cache = make(target)
-        self.draft_cache = make(drafter.model) if keeps_cache(drafter) else None
-        if self.draft_cache is not None:                # a draft model's or a head's cache:
+        self.draft_cache = make(drafter.model) if chains else None
+        if drafter is not None:
             drafter = drafter.clone()                   # a fresh drafter, the engine owns it
+        if self.draft_cache is not None:                # a draft model's or a head's cache
             drafter.attach(self.draft_cache)
         space = KVCacheSpace(self.target_cache, self.draft_cache)
         watermark = max(1, space.num_blocks() // 100) if kv_cache == "paged" else 0
@@ -253,23 +252,7 @@ class Engine:
         if reason is not None:                          # ends before any round
             seq.finish(reason)
             self._route(self._last_output(seq, []))
-        elif tenant is not None:
-            self._bind_tenant(seq)
         return request_id
-
-    def _bind_tenant(self, seq: Sequence) -> None:
-        """Make the request's own suffix drafter now (a per-request or tree drafter's, also as a
-        ``HybridDrafter``'s context source) and give it ``seq.tenant``."""
-        source = self.drafter.context if isinstance(self.drafter, HybridDrafter) else self.drafter
-        if isinstance(source, (PerRequestDrafter, TreeDrafter)):
-            try:
-                instance = source.make(seq) if isinstance(source, TreeDrafter) else source.make()
-            except Exception:              # a broken factory: the request fails in its round
-                return
-            source.instances[seq.request_id] = instance
-            suffix = getattr(instance, "suffix", instance)   # a SuffixTreeDrafter's chain drafter
-            if isinstance(suffix, SuffixDrafter):
-                suffix.tenant = seq.tenant
 
     def abort(self, request_id: str) -> None:
         """Cancel a waiting or running request: it finishes with ``"abort"`` and its blocks are

@@ -34,7 +34,8 @@ import torch
 from minispec.core import theory
 from minispec.decoding.goodput import StepCosts
 from minispec.decoding.loop import generate, speculative_generate
-from minispec.drafters.base import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.base import ModelDrafter
+from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
 

@@ -283,8 +283,8 @@ def record_rounds(
 
     Args:
         target: the target model ``p`` (a [`Llama`][minispec.models.llama.Llama]).
-        draft: the draft model ``q`` (same vocabulary), or a drafter with
-            ``propose(context, k, sampling, generator) -> Draft``.
+        draft: the draft model ``q`` (same vocabulary), or a context drafter
+            ([`ContextDrafter`][minispec.drafters.ngram.ContextDrafter]: ``lookup(context, k)``).
         prompt_ids: the prompt's token ids.
         num_rounds: how many rounds to record.
         k: drafts per round.
@@ -307,6 +307,7 @@ def record_rounds(
     from minispec.core.sampling import SamplingParams, one_hot, probs_from_logits, sample
     from minispec.core.speculative import residual, verify
     from minispec.core.tree import Proposal
+    from minispec.drafters.ngram import ContextDrafter
 
     sampling = sampling if sampling is not None else SamplingParams(temperature=1.0, seed=0)
     if sampling.repetition_penalty != 1.0:
@@ -343,8 +344,8 @@ def record_rounds(
 
     def propose(ids: list[int]) -> tuple[list[int], torch.Tensor]:
         """Step 1: the drafts and their ``q`` rows ``(n, V)``."""
-        if hasattr(draft, "propose"):                        # a context drafter: one-hot q
-            tokens = draft.propose(list(ids), k, sampling, generator).tokens.tolist()
+        if isinstance(draft, ContextDrafter):                # a context drafter: one-hot q
+            tokens = draft.lookup(list(ids), k)
             return tokens, one_hot(torch.tensor(tokens, dtype=torch.long), vocab).double()
         drafts, qs = [], []
         for _ in range(k):                                   # k draft steps, each from q_i
@@ -396,7 +397,7 @@ def record_rounds(
         "prompt_tokens": len(prompt_ids),
         "settings": {"k": k, "temperature": sampling.temperature, "top_k": sampling.top_k,
                      "top_p": sampling.top_p, "seed": sampling.seed,
-                     "drafter": "context" if hasattr(draft, "propose") else "model"},
+                     "drafter": "context" if isinstance(draft, ContextDrafter) else "model"},
         "rounds": rounds,
     }
 
