@@ -91,7 +91,8 @@ def lockstep(engines: dict[str, Engine], prompts: Sequence[list[int]], max_new_t
 
     EOS is ignored, so every engine does the same work. Returns per engine its ``seconds`` (its
     own steps only), ``tokens``, ``outputs`` (one token list per prompt), ``forwards`` (the
-    target forwards each request took, summed over the requests) and ``ks`` (the drafts per round it chose, per request).
+    target forwards each request took, summed over the requests) and ``ks`` (the drafts per
+    round its policy chose, per request).
     """
     ids = {name: [e.add_request(p, max_new_tokens=max_new_tokens, eos_token_id=[])
                   for p in prompts] for name, e in engines.items()}
