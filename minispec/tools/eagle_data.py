@@ -13,7 +13,8 @@ GSM8K, ...) and none of them minispec's evaluation tasks
 
 `extract` runs the target over each text (in chunks, no cache) and keeps, per position ``t``,
 the token ``x_t``, the final-normed feature ``f_t`` (float16) and the target's greedy next token
-``argmax p(. | x_{<=t})`` -- the label a greedy draft must hit.
+``argmax p(. | x_{<=t})`` -- the label a greedy draft must hit; for an EAGLE-3 head
+(``aux_layers``) also the target's streams entering those three layers, concatenated (float16).
 """
 
 from __future__ import annotations
@@ -154,23 +155,30 @@ class Chunk:
     """One forward's worth of training data; ``source`` names where the text came from.
 
     Attributes: tokens (L,) ids; features (L, D) float16, ``f_t``; greedy (L,) the target's argmax
-    next token at each position.
+    next token at each position; aux (L, 3D) float16, the target's three layers an EAGLE-3 head
+    fuses (``None`` for an EAGLE-1 head's data).
     """
 
     source: str
     tokens: torch.Tensor
     features: torch.Tensor
     greedy: torch.Tensor
+    aux: torch.Tensor | None = None
 
 
 @torch.inference_mode()
 def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 512,
-            progress: bool = True, batch: int = 8) -> list[Chunk]:
+            progress: bool = True, batch: int = 8,
+            aux_layers: tuple[int, ...] | None = None) -> list[Chunk]:
     """The target's features on every ``(source, ids)`` sequence, in chunks of ``chunk`` tokens.
 
     Chunks of equal length run ``batch`` at a time (no cache, no padding: a chunk never sees
-    another); the results stay on the CPU, in the order of ``sequences``.
+    another); the results stay on the CPU, in the order of ``sequences``. With ``aux_layers``
+    (an EAGLE-3 head's) each chunk also keeps the streams entering those layers, from the same
+    forward.
     """
+    L, D = target.config.num_hidden_layers, target.config.hidden_size
+    taps = (*aux_layers, L) if aux_layers else True    # the last: the final stream, before norm
     pieces = [(src, ids[i:i + chunk]) for src, ids in sequences for i in range(0, len(ids), chunk)]
     pieces = [(src, ids) for src, ids in pieces if len(ids) >= 8]
     order = sorted(range(len(pieces)), key=lambda i: len(pieces[i][1]))
@@ -181,10 +189,13 @@ def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 
         for part in (same[k:k + batch] for k in range(0, len(same), batch)):
             x = torch.tensor([pieces[i][1] for i in part], device=target.device)     # (B, L)
             pos = torch.arange(x.shape[1], device=target.device)[None].expand_as(x)
-            logits, hidden = target(x, pos, return_hidden=True)            # (B, L, V), (B, L, D)
+            logits, hidden = target(x, pos, return_hidden=taps)   # (B, L, V), (B, L, D or 4D)
+            aux = hidden[..., :-D].to(torch.float16).cpu() if aux_layers else None  # (B, L, 3D)
+            hidden = target.norm(hidden[..., -D:]) if aux_layers else hidden        # (B, L, D)
             greedy, feats = logits.argmax(-1).cpu(), hidden.to(torch.float16).cpu()
             for row, i in enumerate(part):
-                out[i] = Chunk(pieces[i][0], x[row].cpu(), feats[row], greedy[row])
+                out[i] = Chunk(pieces[i][0], x[row].cpu(), feats[row], greedy[row],
+                               None if aux is None else aux[row])
             bar.update(len(part))
     bar.close()
     return out
