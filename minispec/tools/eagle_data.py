@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from minispec.core.sampling import SamplingParams
 from minispec.models.chat import encode_prompt
 from minispec.models.llama import Llama
 from minispec.serving.engine import Engine
@@ -107,18 +108,21 @@ def _stdlib_docstrings(n: int) -> list[str]:
 
 
 def answers(target: Llama, tokenizer, prompts: list, max_new_tokens: int = 192,
-            batch: int = 16) -> list[list[int]]:
-    """Each prompt's chat-formatted ids followed by the target's greedy answer (minispec's engine).
+            batch: int = 16, samples: int = 1, temperature: float = 0.0) -> list[list[int]]:
+    """Each prompt's chat-formatted ids followed by the target's answer (minispec's engine):
+    greedy, or ``samples`` answers per prompt drawn at ``temperature`` (one seed each).
 
     A tokenizer without a chat template (the tiny Shakespeare model) gets the message text alone.
     """
     if not getattr(tokenizer, "chat_template", None):
         prompts = [p[-1]["content"] for p in prompts]
-    ids = [encode_prompt(p, tokenizer) for p in prompts]
+    ids = [encode_prompt(p, tokenizer) for p in prompts for _ in range(samples)]
     longest = min(max(map(len, ids)) + max_new_tokens, target.config.max_position_embeddings)
     engine = Engine(target, max_batch_size=batch, kv_cache="paged", tokenizer=tokenizer,
                     max_seq_len=longest)              # the pool sized for these requests alone
-    results = engine.generate(ids, max_new_tokens=max_new_tokens)
+    sampling = None if temperature == 0 else [SamplingParams(temperature=temperature, seed=i)
+                                              for i in range(len(ids))]
+    results = engine.generate(ids, sampling, max_new_tokens=max_new_tokens)
     return [p + r.tokens for p, r in zip(ids, results, strict=True)]
 
 

