@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import minispec as ms
+from minispec.models.eagle_head import EagleHead, default_aux_layers
 from minispec.tools import eagle_data, train_eagle, workloads
 
 LINES = ["Ham.\nTo be, or not to be, that is the question:\n",
@@ -124,3 +125,51 @@ def test_help(capsys):
         train_eagle.parse_args(["--help"])
     assert exit_info.value.code == 0
     assert "--time-budget" in capsys.readouterr().out
+
+
+def test_the_eagle3_recipe_trains_a_head_that_fuses_three_layers(toy_corpus, tmp_path, one_thread):
+    """``--layout eagle3``: the data keep the target's three layers, the head fuses them, trains
+    unrolled 3 passes with the KL term, and the saved head reloads and drafts exactly."""
+    head_dir = train_eagle.main([*tiny_args(tmp_path / "run", toy_corpus), "--steps", "2",
+                                 "--layout", "eagle3"])
+    saved = json.loads((head_dir / "eagle_config.json").read_text())
+    target, tok = ms.load("shakespeare-target")
+    layers = default_aux_layers(target.config.num_hidden_layers)
+    assert tuple(saved["aux_layers"]) == layers
+    facts = saved["training"]
+    assert facts["name"].endswith("-eagle3") and facts["args"]["unroll"] == "3"
+    assert facts["args"]["w_kl"] == "1.0"
+    assert len(facts["training"]["heldout_top1_by_position"]) == 4
+    assert "KL(p || q)" in (head_dir / "MODEL_CARD.md").read_text()
+    drafter = ms.load_drafter(head_dir, target)
+    assert drafter.feature_layers == layers
+    prompt = tok.encode("ROMEO:")
+    for branching in (None, (2, 2, 1)):
+        out = ms.speculative_generate(target, drafter, prompt, 16, k=3, branching=branching)
+        assert out.tokens == ms.generate(target, prompt, 16).tokens
+
+
+def test_the_eagle3_loss_decreases_on_a_fixed_batch(one_thread):
+    """A few AdamW steps of ``head_loss`` (3 passes, the KL term) on one batch of a tiny random
+    target's three-layer features lower it."""
+    from tinymodels import tiny_llama
+
+    torch.manual_seed(0)
+    target = tiny_llama(layers=4).requires_grad_(False)
+    layers = default_aux_layers(4)
+    seqs = [("answers", torch.randint(0, 48, (40,)).tolist()) for _ in range(4)]
+    chunks = eagle_data.extract(target, seqs, chunk=40, progress=False, aux_layers=layers)
+    assert chunks[0].aux.shape == (40, 3 * 32) and chunks[0].features.shape == (40, 32)
+    head = EagleHead(target.config, aux_layers=layers).bind(target).init_from_target()
+    index = train_eagle._index(head)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(15):
+        loss, _ = train_eagle.head_loss(head, chunks, index, 3, 0.5, 0.0, w_kl=1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    kl = train_eagle.kl_to_target(head, torch.randn(1, 2, 48), torch.randn(1, 2, 32))
+    assert kl.shape == (1, 2) and bool((kl >= -1e-6).all())

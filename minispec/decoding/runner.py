@@ -266,10 +266,13 @@ class SpeculativeRunner:
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)          # (B, T)
         pos_t = torch.tensor(pos, dtype=torch.long, device=self.device)          # (B, T)
         slots = [s.slot for s in seqs]
-        if self.static is not None and (out := self.static(ids_t, pos_t, slots, tree)):
+        # an EAGLE-3 head's layers (B, T, 3D), else the final-normed states (B, T, D)
+        layers = None if self.drafter is None else self.drafter.feature_layers
+        if (self.static is not None and layers is None
+                and (out := self.static(ids_t, pos_t, slots, tree))):
             return out                                    # a static bucket held the batch
         return self.target(ids_t, pos_t, self.target_cache, [s.slot for s in seqs],
-                           return_hidden=True, tree=tree)
+                           return_hidden=layers or True, tree=tree)
 
 
 def _checked(seq: Sequence, proposal: Proposal, shape: Shape, vocab_size: int) -> Proposal:

@@ -56,6 +56,9 @@ class Drafter:
     Attributes:
         wants_hidden: give ``observe`` (and ``observe_prefill``) the target's final-normed hidden
             states; a feature head (EAGLE) needs them, other drafters do not.
+        feature_layers: with ``wants_hidden``, the target layers whose input streams to hand over
+            instead, concatenated (``(T, 3D)`` for EAGLE-3's three; ``Llama.forward``'s
+            ``return_hidden``); ``None``: the final-normed states.
         model: a model whose KV cache the decoding loop makes and hands over with ``attach``
             (a draft model, an EAGLE head); ``None`` for a drafter without one.
         cache: that cache, once attached (``None`` before).
@@ -64,6 +67,7 @@ class Drafter:
     """
 
     wants_hidden: bool = False
+    feature_layers: tuple[int, ...] | None = None
     model: Any = None
     cache: KVCache | None = None
     max_seq_len: int | None = None

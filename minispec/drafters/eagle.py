@@ -57,6 +57,10 @@ class EagleDrafter(Drafter):
     pairs next round. Draft logits over the head's ``V'`` are spread over the full vocabulary
     (``-inf``, so ``q = 0``, outside).
 
+    An EAGLE-3 head (``aux_layers``) reads, as real features, the target's three layers
+    concatenated, ``(T, 3D)``: the drafter names them in ``feature_layers`` and the runner asks the
+    target for them; the speculative pairs read the head's own ``(D,)`` features as before.
+
     Args:
         head: the head, bound to the target the loop verifies with.
         max_seq_len: longest context its cache may hold (default: the target's).
@@ -66,10 +70,11 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead, max_seq_len: int | None = None) -> None:
         self.model = head                       # shapes the draft cache, like a draft model
+        self.feature_layers = head.aux_layers   # EAGLE-3: the runner hands over these layers
         self.max_seq_len = min(max_seq_len or head.config.max_position_embeddings,
                                head.config.max_position_embeddings)
-        self.pending: dict[str, Tensor] = {}    # request -> (m, D) real features not yet fed
-        self.last_fed: dict[str, Tensor] = {}   # request -> (1, D) the last one fed (for a retry)
+        self.pending: dict[str, Tensor] = {}    # request -> (m, D or 3D) real features not fed
+        self.last_fed: dict[str, Tensor] = {}   # request -> (1, D or 3D) the last fed (a retry)
         self.trees: dict[str, tuple[EagleDrafter, Sequence]] = {}    # request -> twin, its row
         self.storage: dict[int, int] = {}       # a twin's tree: created node -> cache position
         self.features: dict[int, Tensor] = {}   # a twin's tree: created node -> its feature (D,)

@@ -128,6 +128,7 @@ class HybridDrafter(Drafter):
         self.min_match, self.head_cost, self.decay = min_match, head_cost, decay
         self.wants_hidden, self.model, self.max_seq_len = (head.wants_hidden, head.model,
                                                            head.max_seq_len)
+        self.feature_layers = head.feature_layers
         self.tallies: dict[str, Tally] = {}
         self.chosen: dict[str, tuple[str, int]] = {}     # request -> (source, match) this round
         self.rounds = {"context": 0, "head": 0}

@@ -21,8 +21,8 @@ The head, layer by layer (D the target's hidden size)::
 
 The draft vocabulary ``V'`` (optional) keeps the LM head's rows of the most frequent tokens (the
 FR-Spec lever: on SmolLM2-135M the full head is 28 M of 135 M parameters); ``q`` is zero outside
-``V'``, so verification stays exact. Layouts ``"minispec"`` (the shipped head's) and ``"eagle1"``
-(vLLM's and SGLang's): [`EagleHead`][minispec.models.eagle_head.EagleHead].
+``V'``, so verification stays exact. Layouts, and EAGLE-3's fused target layers (``aux_layers``):
+[`EagleHead`][minispec.models.eagle_head.EagleHead].
 """
 
 from __future__ import annotations
@@ -41,12 +41,19 @@ from minispec.models import packed
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Block, Llama, ModelConfig, TreeAttention
 
-__all__ = ["EagleHead", "load_head", "save_head"]
+__all__ = ["EagleHead", "default_aux_layers", "load_head", "save_head"]
 
 LAYOUTS = ("minispec", "eagle1")
 
 #: The target's shape a head is made for: ``bind`` refuses a target that differs in one of them.
 SHAPE = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's three target layers for a target of ``num_layers``: the streams entering layers
+    ``2``, ``L // 2`` and ``L - 3`` (clamped into ``0..L`` for a tiny target, sorted)."""
+    L = num_layers
+    return tuple(sorted((min(2, L), L // 2, max(L - 3, 0))))
 
 
 class EagleHead(nn.Module):
@@ -65,22 +72,39 @@ class EagleHead(nn.Module):
     head trained in that layout can be served there
     ([`minispec.tools.export`][minispec.tools.export]).
 
+    EAGLE-3 (Li et al., 2025) reads more of the target than its last layer: a head with
+    ``aux_layers`` ``(i, j, k)`` gets, in place of the target's ``f_{t-1}``, its residual stream
+    entering three layers (low, middle, high; by default EAGLE-3's ``2, L/2, L-3``:
+    [`default_aux_layers`][minispec.models.eagle_head.default_aux_layers]), concatenated, and
+    fuses them first, ``g = fuse([s_i; s_j; s_k])`` (``3D -> D``, no bias), then goes on with
+    ``g`` for ``f_{t-1}``. Later drafts read the head's own ``f'`` as before (only the pairs of
+    real positions read the target's layers).
+
     Args:
         config: the target's [`ModelConfig`][minispec.models.llama.ModelConfig]; the head uses one
             layer of it (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV
             cache).
         vocab: the draft vocabulary ``V'`` as sorted token ids, or ``None`` for the full one.
         layout: ``"minispec"`` or ``"eagle1"`` (above).
+        aux_layers: EAGLE-3: the three target layers (ids in ``0..L``, as ``Llama.forward``'s
+            ``return_hidden``) whose streams the head fuses with ``fuse`` (``3D -> D``); ``None``:
+            the target's final-normed feature (EAGLE-1).
     """
 
     def __init__(self, config: ModelConfig, vocab: torch.Tensor | None = None,
-                 layout: str = "minispec") -> None:
+                 layout: str = "minispec", aux_layers: tuple[int, ...] | None = None) -> None:
         super().__init__()
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+        L, D = config.num_hidden_layers, config.hidden_size
+        if aux_layers is not None and (len(aux_layers) != 3 or not all(
+                0 <= int(i) <= L for i in aux_layers)):
+            raise ValueError(f"aux_layers must be three layer ids in [0, {L}], not {aux_layers}")
+        self.aux_layers = None if aux_layers is None else tuple(int(i) for i in aux_layers)
         self.config = dataclasses.replace(config, num_hidden_layers=1)
         self.layout = layout
-        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=layout == "minispec")
+        self.fuse = None if aux_layers is None else nn.Linear(3 * D, D, bias=False)
+        self.fc = nn.Linear(2 * D, D, bias=layout == "minispec")
         self.layer = Block(self.config, layer_idx=0)
         if layout == "eagle1":
             self.layer.input_layernorm = nn.Identity()     # the layer reads fc's output as it is
@@ -108,6 +132,8 @@ class EagleHead(nn.Module):
             if getattr(c, field) != getattr(t, field):
                 raise ValueError(f"this head was made for a target with {field}="
                                  f"{getattr(c, field)}, the target given has {getattr(t, field)}")
+        if self.aux_layers and max(self.aux_layers) > t.num_hidden_layers:
+            raise ValueError(f"aux_layers {self.aux_layers}: the target has {t.num_hidden_layers}")
         self._target = (target,)
         weight = target.output_weight
         self.head_weight = weight.detach()[self.vocab.to(weight.device)]      # (V', D)
@@ -123,6 +149,9 @@ class EagleHead(nn.Module):
         d = self.config.hidden_size
         self.fc.weight.zero_()
         self.fc.weight[:, d:] = torch.eye(d)
+        if self.fuse is not None:                    # EAGLE-3: pass the highest layer through
+            self.fuse.weight.zero_()
+            self.fuse.weight[:, 2 * d:] = torch.eye(d)
         if self.fc.bias is not None:
             self.fc.bias.zero_()
         return self
@@ -156,7 +185,9 @@ class EagleHead(nn.Module):
 
         Args:
             input_ids: (B, T) the tokens ``x_t``.
-            features: (B, T, D) the features ``f_{t-1}`` (the target's, or the head's own).
+            features: (B, T, D) the features ``f_{t-1}`` (the target's, or the head's own); for a
+                head with ``aux_layers`` the target's are its three layers, (B, T, 3D), fused
+                here.
             positions: (B, T) pair index ``t - 1`` of each row; -1 marks padding.
             cache: the head's KV cache, or None (causal over T; then ``slots`` is None too).
             slots: each row's slot in ``cache``, or None with no cache.
@@ -168,6 +199,8 @@ class EagleHead(nn.Module):
             (logits (B, T, V') over the draft vocabulary, predicted features f'_t (B, T, D)).
         """
         target = self.target
+        if self.fuse is not None and features.shape[-1] != self.config.hidden_size:
+            features = self.fuse(features)               # the target's layers (B, T, 3D) -> D
         e = target.embed_tokens(input_ids).to(features.dtype)                  # (B, T, D)
         h = self.fc(torch.cat([e, features], dim=-1))                           # (B, T, D)
         # the layer runs with the target's RoPE tables (same config)
@@ -195,6 +228,8 @@ class EagleHead(nn.Module):
         packed.pack_block(self.layer)
         if not isinstance(self.fc, packed.PackedLinear):
             self.fc = packed.PackedLinear.from_linear(self.fc)
+        if self.fuse is not None and not isinstance(self.fuse, packed.PackedLinear):
+            self.fuse = packed.PackedLinear.from_linear(self.fuse)
         self.packed_logits = packed.PackedLinear(self.head_weight)
         head = self.target.packed_head           # the fast target's timed choice of kernels
         packed.set_blas_rows(self, 0 if head is None else head.blas_rows)
@@ -222,7 +257,8 @@ def save_head(head: EagleHead, directory: str | Path, *, dtype: torch.dtype = to
                for name, t in head.state_dict().items()}
     save_file(tensors, str(directory / WEIGHTS))
     config = {"target_config": dataclasses.asdict(head.config) | {"num_hidden_layers": None},
-              "draft_vocab_size": head.draft_vocab_size, "layout": head.layout, **(extra or {})}
+              "draft_vocab_size": head.draft_vocab_size, "layout": head.layout,
+              "aux_layers": head.aux_layers, **(extra or {})}
     (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return directory
 
@@ -251,6 +287,7 @@ def load_head(directory: str | Path, target: Llama) -> EagleHead:
     saved, tensors = read_head(directory)
     shape = {k: saved["target_config"][k] for k in (*SHAPE, "intermediate_size")}
     config = dataclasses.replace(target.config, **shape)
-    head = EagleHead(config, vocab=tensors["vocab"], layout=saved.get("layout", "minispec"))
+    head = EagleHead(config, vocab=tensors["vocab"], layout=saved.get("layout", "minispec"),
+                     aux_layers=saved.get("aux_layers"))
     head.to(device=target.device, dtype=target.dtype).load_state_dict(tensors)  # cast as copied
     return head.eval().requires_grad_(False).bind(target)  # raises on a target of another shape

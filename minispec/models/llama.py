@@ -400,7 +400,7 @@ class Llama(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, slots: list[int] | None = None,
-                return_hidden: bool = False, tree: TreeAttention | None = None
+                return_hidden: bool | tuple[int, ...] = False, tree: TreeAttention | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Next-token logits for every input token (and, on request, the last hidden states).
 
@@ -414,7 +414,11 @@ class Llama(nn.Module):
             slots: (B,) cache slot of each row; required with a cache.
             return_hidden: also return the final-normed hidden states (B, T, D) that the LM head
                 reads (the features an EAGLE-style drafter drafts from); they are computed
-                anyway, so asking costs nothing.
+                anyway, so asking costs nothing. A tuple of layer ids ``(i, j, k)`` returns
+                instead the residual stream entering each of those layers, concatenated
+                (B, T, 3D): EAGLE-3's fused features (id ``i`` is Hugging Face's
+                ``hidden_states[i]``, the output of layer ``i - 1``; ``num_hidden_layers`` is
+                the last layer's output, before the final norm).
             tree: score a draft tree (tree attention). ``positions`` are then the RoPE positions
                 (committed length + depth: siblings share one), the keys/values are stored at
                 ``tree.storage`` and attention follows ``tree.mask`` (see
@@ -425,30 +429,38 @@ class Llama(nn.Module):
             logits (B, T, V) in the model dtype, or ``(logits, hidden)`` with ``return_hidden``.
         """
         x = self.embed_tokens(input_ids)  # (B, T, D)
-        x = self.run_layers(self.layers, x, positions, cache, slots, tree)  # (B, T, D)
+        taps = return_hidden if isinstance(return_hidden, tuple) else ()
+        out = self.run_layers(self.layers, x, positions, cache, slots, tree, taps)
+        x, tapped = out if taps else (out, None)  # (B, T, D), (B, T, len(taps) D)
         x = self.norm(x)  # (B, T, D)
         head = self.packed_head  # make_fast's packed copy of the LM head; None: eager
         logits = head(x) if head is not None else F.linear(x, self.output_weight)  # (B, T, V)
-        return (logits, x) if return_hidden else logits
+        return (logits, x if tapped is None else tapped) if return_hidden else logits
 
     def run_layers(self, layers, x: torch.Tensor, positions: torch.Tensor,
                    cache: KVCache | None = None, slots: list[int] | None = None,
-                   tree: TreeAttention | None = None) -> torch.Tensor:
+                   tree: TreeAttention | None = None, taps: tuple[int, ...] = ()
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run decoder ``layers`` on hidden states ``x`` (B, T, D) with this model's RoPE tables.
 
         ``layers`` are this model's own, or an EAGLE head's one layer (same config). Arguments
         as for ``forward``; every layer shares one attention plan, and the cache's lengths advance
-        once, after the last layer wrote. Returns (B, T, D), before the final norm.
+        once, after the last layer wrote. Returns (B, T, D), before the final norm; with ``taps``
+        (layer ids, as ``forward``'s ``return_hidden``) also the stream entering each tapped
+        layer, concatenated (B, T, len(taps) D).
         """
         index = positions.clamp(min=0)  # (B, T); padding reads row 0, harmlessly
         cos = self.rope_cos[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
         sin = self.rope_sin[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
         plan, mask, drop = attention_plan(positions, cache, slots, tree)  # mask (B, 1, T, S)
-        for layer in layers:
+        states = {}  # layer id -> the stream entering it (B, T, D)
+        for i, layer in enumerate(layers):
+            states[i] = x
             x = layer(x, cos, sin, mask, cache, plan, drop)  # (B, T, D)
+        states[len(layers)] = x
         if cache is not None:
             cache.commit(plan)  # lengths advance once per forward, after every layer wrote
-        return x
+        return (x, torch.cat([states[i] for i in taps], dim=-1)) if taps else x
 
     @property
     def output_weight(self) -> torch.Tensor:

@@ -13,7 +13,8 @@ GSM8K, ...) and none of them minispec's evaluation tasks
 
 `extract` runs the target over each text (in chunks, no cache) and keeps, per position ``t``,
 the token ``x_t``, the final-normed feature ``f_t`` (float16) and the target's greedy next token
-``argmax p(. | x_{<=t})`` -- the label a greedy draft must hit.
+``argmax p(. | x_{<=t})`` -- the label a greedy draft must hit; for an EAGLE-3 head
+(``aux_layers``) also the target's streams entering those three layers, concatenated (float16).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from minispec.core.sampling import SamplingParams
 from minispec.models.chat import encode_prompt
 from minispec.models.llama import Llama
 from minispec.serving.engine import Engine
@@ -106,18 +108,21 @@ def _stdlib_docstrings(n: int) -> list[str]:
 
 
 def answers(target: Llama, tokenizer, prompts: list, max_new_tokens: int = 192,
-            batch: int = 16) -> list[list[int]]:
-    """Each prompt's chat-formatted ids followed by the target's greedy answer (minispec's engine).
+            batch: int = 16, samples: int = 1, temperature: float = 0.0) -> list[list[int]]:
+    """Each prompt's chat-formatted ids followed by the target's answer (minispec's engine):
+    greedy, or ``samples`` answers per prompt drawn at ``temperature`` (one seed each).
 
     A tokenizer without a chat template (the tiny Shakespeare model) gets the message text alone.
     """
     if not getattr(tokenizer, "chat_template", None):
         prompts = [p[-1]["content"] for p in prompts]
-    ids = [encode_prompt(p, tokenizer) for p in prompts]
+    ids = [encode_prompt(p, tokenizer) for p in prompts for _ in range(samples)]
     longest = min(max(map(len, ids)) + max_new_tokens, target.config.max_position_embeddings)
     engine = Engine(target, max_batch_size=batch, kv_cache="paged", tokenizer=tokenizer,
                     max_seq_len=longest)              # the pool sized for these requests alone
-    results = engine.generate(ids, max_new_tokens=max_new_tokens)
+    sampling = None if temperature == 0 else [SamplingParams(temperature=temperature, seed=i)
+                                              for i in range(len(ids))]
+    results = engine.generate(ids, sampling, max_new_tokens=max_new_tokens)
     return [p + r.tokens for p, r in zip(ids, results, strict=True)]
 
 
@@ -154,23 +159,30 @@ class Chunk:
     """One forward's worth of training data; ``source`` names where the text came from.
 
     Attributes: tokens (L,) ids; features (L, D) float16, ``f_t``; greedy (L,) the target's argmax
-    next token at each position.
+    next token at each position; aux (L, 3D) float16, the target's three layers an EAGLE-3 head
+    fuses (``None`` for an EAGLE-1 head's data).
     """
 
     source: str
     tokens: torch.Tensor
     features: torch.Tensor
     greedy: torch.Tensor
+    aux: torch.Tensor | None = None
 
 
 @torch.inference_mode()
 def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 512,
-            progress: bool = True, batch: int = 8) -> list[Chunk]:
+            progress: bool = True, batch: int = 8,
+            aux_layers: tuple[int, ...] | None = None) -> list[Chunk]:
     """The target's features on every ``(source, ids)`` sequence, in chunks of ``chunk`` tokens.
 
     Chunks of equal length run ``batch`` at a time (no cache, no padding: a chunk never sees
-    another); the results stay on the CPU, in the order of ``sequences``.
+    another); the results stay on the CPU, in the order of ``sequences``. With ``aux_layers``
+    (an EAGLE-3 head's) each chunk also keeps the streams entering those layers, from the same
+    forward.
     """
+    L, D = target.config.num_hidden_layers, target.config.hidden_size
+    taps = (*aux_layers, L) if aux_layers else True    # the last: the final stream, before norm
     pieces = [(src, ids[i:i + chunk]) for src, ids in sequences for i in range(0, len(ids), chunk)]
     pieces = [(src, ids) for src, ids in pieces if len(ids) >= 8]
     order = sorted(range(len(pieces)), key=lambda i: len(pieces[i][1]))
@@ -181,10 +193,13 @@ def extract(target: Llama, sequences: list[tuple[str, list[int]]], chunk: int = 
         for part in (same[k:k + batch] for k in range(0, len(same), batch)):
             x = torch.tensor([pieces[i][1] for i in part], device=target.device)     # (B, L)
             pos = torch.arange(x.shape[1], device=target.device)[None].expand_as(x)
-            logits, hidden = target(x, pos, return_hidden=True)            # (B, L, V), (B, L, D)
+            logits, hidden = target(x, pos, return_hidden=taps)   # (B, L, V), (B, L, D or 4D)
+            aux = hidden[..., :-D].to(torch.float16).cpu() if aux_layers else None  # (B, L, 3D)
+            hidden = target.norm(hidden[..., -D:]) if aux_layers else hidden        # (B, L, D)
             greedy, feats = logits.argmax(-1).cpu(), hidden.to(torch.float16).cpu()
             for row, i in enumerate(part):
-                out[i] = Chunk(pieces[i][0], x[row].cpu(), feats[row], greedy[row])
+                out[i] = Chunk(pieces[i][0], x[row].cpu(), feats[row], greedy[row],
+                               None if aux is None else aux[row])
             bar.update(len(part))
     bar.close()
     return out

