@@ -38,12 +38,9 @@ TIMEOUT = 5.0
 _case = threading.local()       # on a case's thread: ``watch``, the student's call running now
 
 
-class _Stub(Exception):
-    """The student's function raised NotImplementedError."""
-
-
 class StudentError(Exception):
-    """The student's function raised; carries the exception and the inputs that provoked it."""
+    """The student's function raised (``NotImplementedError``: an exercise's stub); carries the
+    exception and the inputs that provoked it."""
 
     def __init__(self, error: BaseException, inputs: dict[str, Any]) -> None:
         super().__init__(str(error))
@@ -70,8 +67,6 @@ def call(fn: Callable[..., Any], *args: Any, inputs: dict[str, Any] | None = Non
     watch["call"] = (time.monotonic(), inputs or {})
     try:
         return fn(*args)
-    except NotImplementedError as error:
-        raise _Stub(str(error)) from error
     except Exception as error:  # the student's bug, reported with its inputs
         raise StudentError(error, inputs or {}) from error
     finally:
@@ -303,12 +298,12 @@ def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], str]]],
     for name, run in cases:
         try:
             case = Case(name, True, _watched(run, timeout))
-        except _Stub as stub:
-            why = f": {stub}" if str(stub) else ""
-            summary = f"not implemented yet (NotImplementedError{why})"
-            return CheckReport(check, False, done, summary,
-                               not_implemented=True, false_alarm_rate=false_alarm_rate)
         except StudentError as err:
+            if isinstance(err.error, NotImplementedError):
+                why = f": {err.error}" if str(err.error) else ""
+                return CheckReport(check, False, done, f"not implemented yet (NotImplementedError"
+                                   f"{why})", not_implemented=True,
+                                   false_alarm_rate=false_alarm_rate)
             case = _raised(name, err.error, err.inputs, "the function raised")
         except Failure as failure:
             case = Case(name, False, failure.note, failure.counterexample)
