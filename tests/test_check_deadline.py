@@ -149,7 +149,7 @@ def test_a_drafter_proposing_non_integer_ids_fails():
     _failed(check.drafter(lambda context, k: [1.5]), "not 1.5 (float)")
 
     class FloatDraft:
-        def propose(self, context, k, sampling=None, generator=None):
+        def draft(self, context, k, sampling=None, generator=None):
             return Draft(torch.tensor([1.5]))
 
     _failed(check.drafter(FloatDraft()), "not 1.5 (float)")
@@ -157,7 +157,7 @@ def test_a_drafter_proposing_non_integer_ids_fails():
 
 def test_declared_probs_must_be_real_distributions():
     class ComplexQ:
-        def propose(self, context, k, sampling=None, generator=None):
+        def draft(self, context, k, sampling=None, generator=None):
             return Draft(torch.tensor([1]), torch.full((1, 64), 1 / 64, dtype=torch.complex64))
 
     _failed(check.drafter(ComplexQ()), "real floating-point [n, V] tensor")

@@ -1,5 +1,5 @@
-"""The lessons' law harness (``minispec.check.laws``): exact laws that sum to one, and a Pearson
-test that agrees with scipy's and rejects a wrong law."""
+"""The lessons' law harness (in ``minispec.check.statistics``): exact laws that sum to one, and a
+Pearson test that agrees with scipy's and rejects a wrong law."""
 
 import random
 
@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 from tinymodels import tiny_llama
 
-from minispec.check.laws import chi_square, first_tokens_law, next_token_probs
+from minispec.check.statistics import chi_square, first_tokens_law, next_token_probs
 
 
 def test_chi_square_matches_scipy_and_pools_rare_cells():

@@ -22,7 +22,7 @@ under a deadline ([`harness`][minispec.check.harness]: it never crashes or hangs
 correct implementation with probability at most ``1e-3`` (a deterministic one: never; each
 docstring justifies its sample sizes). Any exact rule passes. [`bugs`][minispec.check.bugs] is the
 lab: implementations modelled on reported engine bugs, each caught by its check;
-[`laws`][minispec.check.laws], the lessons' exact laws of a model's first tokens.
+[`statistics`][minispec.check.statistics] holds the one law test of the graders and the lessons.
 """
 
 from minispec.check import bugs

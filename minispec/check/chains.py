@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from minispec.check.harness import TIMEOUT, Failure, as_real, call, every, run_cases
+from minispec.check.harness import TIMEOUT, Failure, call, every, exact, run_cases
 from minispec.check.markov import GREEDY, Chain, emitted, grade_streams
 from minispec.check.report import CheckReport, Counterexample
 from minispec.core.theory import expected_tokens, walltime_speedup
@@ -153,15 +153,12 @@ def _speedup_cases(seed: int) -> list[tuple[str, list[tuple[float, int, float, f
 
 
 def _speedup_case(fn: Callable, alpha: float, gamma: int, c: float, r: float) -> None:
-    inputs = {"alpha": alpha, "gamma": gamma, "c": c, "r": r}
-    got = float(as_real(call(fn, alpha, gamma, c, r, inputs=inputs), (), inputs, "a number"))
     want = walltime_speedup(alpha, gamma, c, r)
-    if not abs(got - want) <= 1e-4 * want:      # NaN fails too
-        raise Failure(Counterexample(
-            "the result is not the expected tokens per round over the cost of a round in target "
-            "steps, (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + r)): here "
-            f"{expected_tokens(alpha, gamma):.6g} tokens for {gamma * c + r:.6g} steps", inputs,
-            [("speedup", want, got)]))
+    exact(fn, (alpha, gamma, c, r), {"alpha": alpha, "gamma": gamma, "c": c, "r": r},
+          torch.tensor(want, dtype=torch.float64), "the result is not the expected tokens per "
+          "round over the cost of a round in target steps, (1 - alpha^(gamma+1)) / ((1 - alpha) "
+          f"(gamma c + r)): here {expected_tokens(alpha, gamma):.6g} tokens for "
+          f"{gamma * c + r:.6g} steps", "a number", 1e-4 * want, lambda i: "speedup")
 
 
 def speedup(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:

@@ -1,10 +1,11 @@
 """Grade a student's drafter: its proposals agree with the ``q`` it declares, and decoding with it
 is token-for-token plain greedy decoding.
 
-A drafter is either an object with ``propose(context, k, sampling, generator) -> Draft``, a
-minispec drafter with ``draft(context, k, sampling, generator) -> Draft`` (as
-[`minispec.NGramDrafter`][minispec.drafters.ngram.NGramDrafter] or
-[`minispec.ModelDrafter`][minispec.drafters.base.ModelDrafter]), or a plain function
+A drafter is an object with ``draft(context, k, sampling, generator) -> Draft`` (as
+[`minispec.NGramDrafter`][minispec.drafters.ngram.NGramDrafter] and
+[`minispec.ModelDrafter`][minispec.drafters.base.ModelDrafter] have; a minispec
+[`Drafter`][minispec.drafters.base.Drafter] decodes as itself in the parity case, any other object
+through [`ChainDrafter`][minispec.check.drafting.ChainDrafter]), or a plain function
 ``propose(context, k) -> list[int]`` (a deterministic drafter, e.g. an n-gram proposer). A
 ``Draft`` has ``tokens`` ``[n <= k]`` and ``probs`` ``[n, V]`` (the ``q`` each token was drawn
 from) or ``None`` (deterministic: one-hot ``q``).
@@ -13,13 +14,14 @@ from) or ``None`` (deterministic: one-hot ``q``).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from minispec.check import harness
-from minispec.check.harness import TIMEOUT, Failure, as_int, as_tokens, call, expect_law, run_cases
+from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, expect_law, run_cases
 from minispec.check.models import tiny_llama
 from minispec.check.report import CheckReport, Counterexample, fmt
 from minispec.check.statistics import BUDGET, per_test_alpha
@@ -37,30 +39,30 @@ SAMPLED = SamplingParams(temperature=0.7, top_p=0.8)
 PROPOSALS = 150
 
 
-class OneContextDrafter(Drafter):
-    """A drafter of one context as a minispec [`Drafter`][minispec.drafters.base.Drafter] of
-    chains: an object with ``propose(context, k, sampling, generator) -> Draft`` (a student's, a
-    bug's) or a plain ``propose(context, k) -> list[int]`` function (one-hot ``q``: at most ``k +
-    1`` ids are read, since a generator may never end, and ids that are not integers are kept for
-    the check to report). In a decoding loop drafts beyond ``k`` are cut."""
+class ChainDrafter(Drafter):
+    """A one-context ``draft(context, k, sampling, generator) -> Draft`` as a minispec
+    [`Drafter`][minispec.drafters.base.Drafter] of chains, for the decoding loop: called once per
+    row, drafts beyond ``k`` cut."""
 
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def draft(self, context: list[int], k: int, sampling: SamplingParams | None = None,
-              generator: torch.Generator | None = None) -> Draft:
-        """The object's draft after ``context``."""
-        if hasattr(self.obj, "propose"):
-            return self.obj.propose(context, k, sampling, generator)
-        ids = list(itertools.islice(self.obj(list(context), k), k + 1))
-        exact = [as_int(x) for x in ids]
-        return Draft(ids if None in exact else torch.tensor(exact, dtype=torch.long))
+    def __init__(self, draft: Callable[..., Draft]) -> None:
+        self.draft = draft
 
     def propose(self, seqs: list[Sequence], shapes: list[int]) -> list[Proposal]:
         drafts = [self.draft(list(seq.context), k, seq.sampling, seq.generator)
                   for seq, k in zip(seqs, shapes, strict=True)]
         return [Proposal.chain(d.tokens[:k], None if d.probs is None else d.probs[:k])
                 for d, k in zip(drafts, shapes, strict=True)]
+
+
+def from_function(fn: Callable[[list[int], int], Any]) -> Callable[..., Draft]:
+    """A plain ``propose(context, k) -> ids`` function as a ``draft`` with one-hot ``q``; at most
+    ``k + 1`` ids are read (a generator may never end), and ids that are not integers are kept
+    for the check to report."""
+
+    def draft(context: list[int], k: int, sampling: Any = None, generator: Any = None) -> Draft:
+        return Draft(torch.tensor(list(itertools.islice(fn(list(context), k), k + 1))))
+
+    return draft
 
 
 def _declared_q(probs: Any, tokens: list[int], vocab: int) -> bool:
@@ -74,10 +76,11 @@ def _declared_q(probs: Any, tokens: list[int], vocab: int) -> bool:
                 and all(probs[i, t] > 0 for i, t in enumerate(tokens)))
 
 
-def _propose(d: Any, context: list[int], k: int, sampling: SamplingParams, g, vocab: int):
-    """Call ``propose`` and check the draft's form; returns ``(tokens, probs or None)``."""
+def _propose(draft: Callable, context: list[int], k: int, sampling: SamplingParams, g,
+             vocab: int):
+    """Call ``draft`` and check the draft's form; returns ``(tokens, probs or None)``."""
     inputs = {"context": context, "k": k, "temperature": sampling.temperature}
-    out = call(d.draft, list(context), k, sampling, g, inputs=inputs)
+    out = call(draft, list(context), k, sampling, g, inputs=inputs)
     tokens, probs = as_tokens(out, inputs, k), getattr(out, "probs", None)
     inputs["proposed"] = tokens
     if any(not 0 <= t < vocab for t in tokens):
@@ -97,15 +100,15 @@ def _contexts(vocab: int, g: torch.Generator) -> list[list[int]]:
             torch.randint(0, vocab, (2,), generator=g).tolist()]
 
 
-def _form_case(d: Any, vocab: int, seed: int) -> str:
+def _form_case(draft: Callable, vocab: int, seed: int) -> str:
     g, declared = torch.Generator().manual_seed(seed), False
     for context, k, sampling in itertools.product(_contexts(vocab, g), (1, 3, 5),
                                                   (GREEDY, SAMPLED)):
-        tokens, probs = _propose(d, context, k, sampling, g, vocab)
+        tokens, probs = _propose(draft, context, k, sampling, g, vocab)
         declared |= probs is not None
         if probs is None:                # one-hot q: the proposal cannot depend on randomness
             with harness.perturbed_global_rng(seed + 1):
-                again, _ = _propose(d, context, k, sampling,
+                again, _ = _propose(draft, context, k, sampling,
                                     torch.Generator().manual_seed(seed + 7), vocab)
             if again != tokens:
                 raise Failure(Counterexample(
@@ -123,7 +126,7 @@ def _pit(probs: Tensor, tokens: list[int], g: torch.Generator) -> list[float]:
     return [float(cdf[i, t] - probs[i, t] + u[i] * probs[i, t]) for i, t in enumerate(tokens)]
 
 
-def _law_case(d: Any, vocab: int, seed: int) -> str:
+def _law_case(draft: Callable, vocab: int, seed: int) -> str:
     """The first token's counts against the declared ``q_1`` per context, then the PIT of all."""
     g, g_pit = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     contexts = _contexts(vocab, g)[:2]
@@ -131,7 +134,7 @@ def _law_case(d: Any, vocab: int, seed: int) -> str:
     for context in contexts:
         counts, q1 = torch.zeros(vocab, dtype=torch.float64), None
         for _ in range(PROPOSALS):
-            tokens, probs = _propose(d, context, 3, SAMPLED, g, vocab)
+            tokens, probs = _propose(draft, context, 3, SAMPLED, g, vocab)
             if probs is None or not tokens:
                 return "nothing declared"
             counts[tokens[0]] += 1
@@ -148,9 +151,9 @@ def _law_case(d: Any, vocab: int, seed: int) -> str:
     return f"{len(contexts) * PROPOSALS} calls; PIT p-value {fmt(fitted.pvalue)}"
 
 
-def _pattern_case(d: Any, vocab: int) -> str:
+def _pattern_case(draft: Callable, vocab: int) -> str:
     context = [3, 1, 4, 5, 9] * 3 + [3, 1]
-    tokens, _ = _propose(d, context, 3, GREEDY, torch.Generator().manual_seed(0), vocab)
+    tokens, _ = _propose(draft, context, 3, GREEDY, torch.Generator().manual_seed(0), vocab)
     if tokens != [4, 5, 9]:
         raise Failure(Counterexample(
             "on a context that repeats a pattern, the drafter must propose its continuation",
@@ -158,7 +161,7 @@ def _pattern_case(d: Any, vocab: int) -> str:
     return f"proposed {tokens}"
 
 
-def _parity_case(d: Any, target: Llama, vocab: int, seed: int) -> str:
+def _parity_case(d: Drafter, target: Llama, vocab: int, seed: int) -> str:
     g = torch.Generator().manual_seed(seed)
     for prompt in _contexts(vocab, g)[:2]:
         plain = generate(target, prompt, 24).tokens
@@ -202,23 +205,25 @@ def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool =
             drafter's vocabulary and EOS ids (those of ``obj.model.config``, else 64 tokens).
         continues_patterns: also run case 3.
         seed: seeds contexts, prompts and generators.
-        timeout: seconds each call of the drafter (each ``propose``, and each whole decoding of
+        timeout: seconds each call of the drafter (each ``draft``, and each whole decoding of
             the parity case) may take before the check fails it (no hang).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
-    d = obj if isinstance(obj, Drafter) else OneContextDrafter(obj)
+    draft = from_function(obj) if callable(obj) else obj.draft
     model = getattr(obj, "model", None)
     if target is None:
         own = model.config if isinstance(model, Llama) else None     # share its ids and EOS
         target = tiny_llama(own.vocab_size if own else 64, seed=seed + 100,
                             eos=own.eos_token_id if own else None)
     vocab = target.config.vocab_size
-    cases = [("proposals are well-formed", lambda: _form_case(d, vocab, seed)),
-             ("declared q is the law of the proposals", lambda: _law_case(d, vocab, seed + 2))]
+    loop = obj if isinstance(obj, Drafter) else ChainDrafter(draft)
+    cases = [("proposals are well-formed", lambda: _form_case(draft, vocab, seed)),
+             ("declared q is the law of the proposals",
+              lambda: _law_case(draft, vocab, seed + 2))]
     if continues_patterns:
-        cases.append(("continues a repeated pattern", lambda: _pattern_case(d, vocab)))
+        cases.append(("continues a repeated pattern", lambda: _pattern_case(draft, vocab)))
     cases.append(("greedy decoding with it equals plain greedy decoding",
-                  lambda: _parity_case(d, target, vocab, seed + 3)))
+                  lambda: _parity_case(loop, target, vocab, seed + 3)))
     return run_cases("drafter", cases, BUDGET, timeout)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import operator
 import queue
 import random
@@ -37,12 +38,9 @@ TIMEOUT = 5.0
 _case = threading.local()       # on a case's thread: ``watch``, the student's call running now
 
 
-class _Stub(Exception):
-    """The student's function raised NotImplementedError."""
-
-
 class StudentError(Exception):
-    """The student's function raised; carries the exception and the inputs that provoked it."""
+    """The student's function raised (``NotImplementedError``: an exercise's stub); carries the
+    exception and the inputs that provoked it."""
 
     def __init__(self, error: BaseException, inputs: dict[str, Any]) -> None:
         super().__init__(str(error))
@@ -69,8 +67,6 @@ def call(fn: Callable[..., Any], *args: Any, inputs: dict[str, Any] | None = Non
     watch["call"] = (time.monotonic(), inputs or {})
     try:
         return fn(*args)
-    except NotImplementedError as error:
-        raise _Stub(str(error)) from error
     except Exception as error:  # the student's bug, reported with its inputs
         raise StudentError(error, inputs or {}) from error
     finally:
@@ -131,17 +127,43 @@ def as_int(x: Any) -> int | None:
         return None
 
 
-def as_real(out: Any, shape: tuple[int, ...], inputs: dict[str, Any], what: str) -> Tensor:
+def as_real(out: Any, shape: tuple[int, ...], inputs: dict[str, Any], what: str,
+            tensor: bool = False) -> Tensor:
     """The result as a float64 tensor of ``shape`` (a plain number for ``()``: a float, an int, a
     one-element tensor of that shape), else a ``Failure`` saying it must be ``what``. A bool or a
-    complex number is not a real number here."""
+    complex number is not a real number here; with ``tensor`` only a floating-point tensor is."""
     try:
         got = torch.as_tensor(out, dtype=torch.float64)
         ok = not (isinstance(out, bool) or torch.is_tensor(out) and out.is_complex())
+        ok = ok and (not tensor or torch.is_tensor(out) and out.is_floating_point())
     except Exception:  # anything that is not numbers: the failure below
         got, ok = None, False
     if not ok or got.shape != shape:
-        raise Failure(Counterexample(f"the result must be {what}, got {out!r}", inputs))
+        seen = f"{out.dtype} {list(out.shape)}" if torch.is_tensor(out) else repr(out)
+        raise Failure(Counterexample(f"the result must be {what}, got {seen}", inputs))
+    return got
+
+
+def exact(fn: Callable, args: tuple, inputs: dict[str, Any], want: Tensor, what: str, form: str,
+          tol: float = 1e-5, label: Callable[[int], str] = "token {}".format,
+          tensor: bool = False) -> Tensor:
+    """Call ``fn`` on copies of ``args``; fail unless it left them unchanged and returned ``want``.
+
+    The result is read by ``as_real`` (``form``: what it must be, ``tensor``: a floating-point
+    tensor only) and must be within ``tol`` of ``want`` everywhere (NaN fails). Otherwise the
+    ``Failure`` says ``what``, with the most discrepant entries (named by ``label``), expected
+    against returned. Returns the result, as float64.
+    """
+    given = tuple(a.clone() if torch.is_tensor(a) else a for a in args)
+    out = call(fn, *given, inputs=inputs)
+    if not all(torch.equal(a, b) for a, b in zip(given, args, strict=True) if torch.is_tensor(a)):
+        raise Failure(Counterexample("the function changed its inputs in place", inputs))
+    got = as_real(out, tuple(want.shape), inputs, form, tensor)
+    error = (got - want).abs().nan_to_num(nan=math.inf).flatten()
+    if error.max() > tol:
+        worst = error.argsort(descending=True, stable=True)[:8].tolist()
+        raise Failure(Counterexample(what, inputs, [
+            (label(i), float(want.flatten()[i]), float(got.flatten()[i])) for i in worst]))
     return got
 
 
@@ -276,12 +298,12 @@ def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], str]]],
     for name, run in cases:
         try:
             case = Case(name, True, _watched(run, timeout))
-        except _Stub as stub:
-            why = f": {stub}" if str(stub) else ""
-            summary = f"not implemented yet (NotImplementedError{why})"
-            return CheckReport(check, False, done, summary,
-                               not_implemented=True, false_alarm_rate=false_alarm_rate)
         except StudentError as err:
+            if isinstance(err.error, NotImplementedError):
+                why = f": {err.error}" if str(err.error) else ""
+                return CheckReport(check, False, done, f"not implemented yet (NotImplementedError"
+                                   f"{why})", not_implemented=True,
+                                   false_alarm_rate=false_alarm_rate)
             case = _raised(name, err.error, err.inputs, "the function raised")
         except Failure as failure:
             case = Case(name, False, failure.note, failure.counterexample)

@@ -15,6 +15,7 @@ adjusted distribution.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -143,34 +144,18 @@ def _residual_pairs(seed: int) -> list[tuple[Tensor, Tensor]]:
     return CORNERS + list(zip(p, q, strict=True))
 
 
-def _unchanged(given: tuple[Tensor, ...], kept: tuple[Tensor, ...], inputs: dict) -> None:
-    """Fail unless the tensors handed to the student (``given``) still equal the originals."""
-    if not all(torch.equal(a, b) for a, b in zip(given, kept, strict=True)):
-        raise Failure(Counterexample("the function changed its inputs in place", inputs))
-
-
 def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
+    excess = (p.double() - q.double()).clamp_min(0)
+    none = excess.sum() == 0        # p == q: never used, but must still be a distribution
     inputs: dict[str, Any] = {"p": p, "q": q}
-    p_in, q_in = p.clone(), q.clone()
-    out = call(fn, p_in, q_in, inputs=inputs)
-    _unchanged((p_in, q_in), (p, q), inputs)
-    if not isinstance(out, Tensor) or out.shape != p.shape or not out.is_floating_point():
-        got = f"{out.dtype} {list(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
-        raise Failure(Counterexample(f"the result must be a real floating-point [V] = "
-                                     f"[{p.shape[0]}] tensor, got {got}", inputs))
-    out, excess = out.double(), (p.double() - q.double()).clamp_min(0)
-    inputs["returned"] = out
-    if excess.sum() == 0:           # p == q: never used, but must still be a distribution
-        if not (out.isfinite().all() and (out >= 0).all() and abs(float(out.sum()) - 1) < 1e-4):
-            raise Failure(Counterexample(
-                "when p == q there is no excess (a rejection never happens), but the result must "
-                "still be a distribution: no NaN (never divide by zero), >= 0, summing to 1",
-                inputs))
-        return
-    expected = excess / excess.sum()
-    if not out.isfinite().all() or (out - expected).abs().max() > 1e-5:
-        table = [(f"token {i}", float(expected[i]), float(out[i])) for i in range(p.shape[0])]
-        raise Failure(Counterexample("the result is not norm(max(0, p - q))", inputs, table))
+    got = harness.exact(fn, (p, q), inputs, excess / excess.sum().clamp_min(1e-30),
+                        "the result is not norm(max(0, p - q))", f"a real floating-point [V] = "
+                        f"[{p.shape[0]}] tensor", math.inf if none else 1e-5, tensor=True)
+    if none and not (got.isfinite().all() and (got >= 0).all() and abs(got.sum() - 1) < 1e-4):
+        raise Failure(Counterexample(
+            "when p == q there is no excess (a rejection never happens), but the result must "
+            "still be a distribution: no NaN (never divide by zero), >= 0, summing to 1",
+            dict(inputs, returned=got)))
 
 
 def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
@@ -198,20 +183,10 @@ def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckR
 def _acceptance_case(fn: Callable, p: Tensor, q: Tensor) -> None:
     inputs: dict[str, Any] = {"p": p, "q": q} if p.ndim == 1 else {"p, q": f"{list(p.shape)} "
                                                                     "tensors (seeded)"}
-    p_in, q_in = p.clone(), q.clone()
-    out = call(fn, p_in, q_in, inputs=inputs)
-    _unchanged((p_in, q_in), (p, q), inputs)
     want = acceptance_rate(p.double(), q.double())                           # [...]
-    got = harness.as_real(out, want.shape, inputs, f"one number per pair of rows, of shape "
-                          f"{list(want.shape)} (the last dimension summed)")
-    error = (got - want).abs().nan_to_num(nan=1.0).flatten()
-    if error.max() > 1e-5:
-        row, V = int(error.argmax()), p.shape[-1]
-        where = {"p": p.reshape(-1, V)[row], "q": q.reshape(-1, V)[row]}
-        if p.ndim > 1:
-            where = {"shape": list(p.shape), "row": row, **where}
-        raise Failure(Counterexample("the result is not beta = sum_x min(p(x), q(x))", where, [
-            ("beta", float(want.flatten()[row]), float(got.flatten()[row]))]))
+    harness.exact(fn, (p, q), inputs, want, "the result is not beta = sum_x min(p(x), q(x))",
+                  f"one number per pair of rows, of shape {list(want.shape)} (the last dimension "
+                  "summed)", label=lambda i: "beta" if p.ndim == 1 else f"beta of row {i}")
 
 
 def acceptance(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
@@ -288,17 +263,10 @@ def _adjust_cases(seed: int) -> list[tuple[str, list[tuple[Tensor, float, int, f
 def _adjust_case(fn: Callable, logits: Tensor, temperature: float, top_k: int,
                  top_p: float) -> None:
     inputs = {"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-    given = logits.clone()
-    out = call(fn, given, temperature, top_k, top_p, inputs=inputs)
-    _unchanged((given,), (logits,), inputs)
-    want = probs_from_logits(logits, SamplingParams(temperature, top_k, top_p)).double()
-    got = harness.as_real(out, want.shape, inputs,
-                          f"a [V] = [{len(logits)}] tensor of probabilities")
-    if (got - want).abs().nan_to_num(nan=1.0).max() > 1e-5:
-        raise Failure(Counterexample(
-            "the result is not the adjusted distribution (temperature, then top-k, then top-p, "
-            "then softmax)", inputs,
-            [(f"token {i}", float(want[i]), float(got[i])) for i in range(len(logits))]))
+    harness.exact(fn, (logits, temperature, top_k, top_p), inputs,
+                  probs_from_logits(logits, SamplingParams(temperature, top_k, top_p)).double(),
+                  "the result is not the adjusted distribution (temperature, then top-k, then "
+                  "top-p, then softmax)", f"a [V] = [{len(logits)}] tensor of probabilities")
 
 
 def adjustment(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:

@@ -1,27 +1,27 @@
 """The statistics of every check and lesson, in one place: one pooled Pearson chi-square test
 ([`fit`][minispec.check.statistics.fit]), a one-sided Hoeffding bound, a total-variation
-tolerance, and the Bonferroni split of a check's false-alarm budget. Nothing here needs scipy.
+tolerance, the Bonferroni split of a check's false-alarm budget, and the exact laws of a model's
+first tokens that lessons 04 and 06 test a decoder against. Nothing here needs scipy.
 
 **Why these tests.** Every sampled case of a check compares observed counts with an *exact* law
 (computed by enumeration, never estimated), so the counts are multinomial under the null
-hypothesis "the implementation is correct". Pearson's statistic
-``X^2 = sum (O - E)^2 / E`` is then asymptotically chi-square with ``bins - 1`` degrees of freedom;
-cells whose expected count is below ``min_expected`` are pooled into one bin so that the
-approximation holds (Cochran's rule asks for 5, which the lessons use; the graders pool below 10,
-and grow the pooled bin to 10, because their tails are far out, at ``alpha ~ 1e-4``). A cell the
-exact law gives probability 0 is not tested statistically: one observation there is a certain
-failure.
+hypothesis "the implementation is correct". Pearson's ``X^2 = sum (O - E)^2 / E`` is then
+asymptotically chi-square with ``bins - 1`` degrees of freedom; cells expected fewer than
+``min_expected`` times are pooled into one bin so that the approximation holds (Cochran's rule asks
+for 5, which the lessons use; the graders pool below 10, and grow the pooled bin to 10, because
+their tails are far out, at ``alpha ~ 1e-4``). A cell the exact law gives probability 0 is not
+tested statistically: one observation there is a certain failure.
 
 **The false-alarm budget.** A check runs ``m`` tests; each gets ``alpha = budget / (4 m)`` with
 ``budget = 1e-3`` (Bonferroni, valid whatever the dependence between the tests; the factor 4:
-[`per_test_alpha`][minispec.check.statistics.per_test_alpha]). So ``m`` tests at
-``budget / (4 m)`` reject a correct implementation with probability well below ``budget``.
+[`per_test_alpha`][minispec.check.statistics.per_test_alpha]).
 
-The lessons call the same test through two adapters:
-[`chi_square`][minispec.check.statistics.chi_square] (outcomes against a mapping
-``outcome -> probability``, lessons 04 and 06) and [`law_test`][minispec.check.statistics.law_test]
-(a table of counts against a table of probabilities, lessons 03 and 09), with
-[`tv_tolerance`][minispec.check.statistics.tv_tolerance]; ``minispec.check.laws`` re-exports them.
+**The lessons** call the same test through two adapters:
+[`chi_square`][minispec.check.statistics.chi_square] (outcomes against a mapping, lessons 04 and
+06) and [`law_test`][minispec.check.statistics.law_test] (a table of counts against a table of
+probabilities, lessons 03 and 09), with [`tv_tolerance`][minispec.check.statistics.tv_tolerance];
+their exact laws come from [`next_token_probs`][minispec.check.statistics.next_token_probs] and
+[`first_tokens_law`][minispec.check.statistics.first_tokens_law].
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from minispec.core.sampling import SamplingParams, probs_from_logits
+from minispec.models.llama import Llama
 
 #: The documented false-alarm rate of every check, for a correct implementation.
 BUDGET = 1e-3
@@ -195,3 +198,45 @@ def tv_tolerance(law: Tensor, n: int, delta: float = 1e-6) -> float:
     law = law.double().flatten()
     mean_bound = 0.5 * float(torch.sqrt(law * (1 - law) / n).sum())
     return mean_bound + (math.log(1 / delta) / (2 * n)) ** 0.5
+
+
+@torch.inference_mode()
+def next_token_probs(model: Llama, prefixes: Sequence[Sequence[int]],
+                     sampling: SamplingParams | None = None) -> torch.Tensor:
+    """The adjusted next-token distribution after each prefix (all of one length), ``(B, V)``
+    float64; ``sampling`` defaults to temperature 1."""
+    sampling = sampling or SamplingParams(temperature=1.0)
+    ids = torch.tensor([list(p) for p in prefixes], device=model.device)           # (B, L)
+    positions = torch.arange(ids.shape[1], device=model.device).expand_as(ids)     # (B, L)
+    return probs_from_logits(model(ids, positions)[:, -1], sampling).double().cpu()
+
+
+def first_tokens_law(model: Llama, prompt: Sequence[int], n: int, exclude: Sequence[int] = (),
+                     sampling: SamplingParams | None = None
+                     ) -> tuple[torch.Tensor, dict[Hashable, float], dict[Hashable, float]]:
+    """The exact law of the first token and of the first two tokens after ``prompt``, computed from
+    the target's logits (no sampling): lessons 04 and 06 count the first tokens that
+    ``speculative_generate`` emits over seeded runs and test them against it (``chi_square``).
+
+    Args:
+        model: the target.
+        prompt: the context.
+        n: the number of runs the law will be tested against: a first token ``a`` expected at
+            least once gets its second token's law, and a pair ``(a, b)`` expected at least 5
+            times gets its own cell; the rest of ``a``'s mass is the cell ``(a, "other")``.
+        exclude: first tokens not continued (e.g. EOS, after which nothing is emitted).
+        sampling: the adjustment applied to the logits (default: temperature 1).
+
+    Returns:
+        ``(p1, first_law, pair_law)``: the first token's distribution ``(V,)``, its law as a
+        mapping ``token -> probability``, and the pair law ``{(a, b) or (a, "other"): prob}``.
+    """
+    p1 = next_token_probs(model, [prompt], sampling)[0]                            # (V,)
+    likely = [a for a in range(len(p1)) if n * p1[a] >= 1 and a not in exclude]
+    joint = p1[likely, None] * next_token_probs(model, [list(prompt) + [a] for a in likely],
+                                                sampling)                          # (A, V)
+    top = {(likely[i], b): joint[i, b].item() for i, b in (n * joint >= 5).nonzero().tolist()}
+    pairs: dict[Hashable, float] = dict(top)
+    for a in likely:                                    # "a, then anything else"
+        pairs[a, "other"] = p1[a].item() - sum(p for (x, _), p in top.items() if x == a)
+    return p1, {a: p1[a].item() for a in range(len(p1))}, pairs

@@ -17,6 +17,7 @@ The implementations live in [`samplers`][minispec.check.bugs.samplers],
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,8 +47,9 @@ class Bug:
         kind: which check grades it (a key of ``CHECKS``).
         make: returns the implementation (a function, a drafter, or a cache factory).
         doc: the implementation's docstring: what the bug is and why it breaks the law.
-        mirrors: URLs of the reported issues it is modelled on (empty for a classic mistake).
-        options: keyword arguments for the check (e.g. greedy mode only).
+        mirrors: URLs of the reported issues it is modelled on, those its docstring links (empty
+            for a classic mistake).
+        options: keyword arguments for the check (greedy mode only for a greedy verifier).
     """
 
     name: str
@@ -58,47 +60,37 @@ class Bug:
     options: dict = field(default_factory=dict)
 
 
-def _bug(impl: Any, kind: str, *mirrors: str, **options) -> Bug:
+def _bug(impl: Any, kind: str) -> Bug:
     """The lab entry of ``impl``: a function, a class whose instances are the implementation
-    (stateful verifiers, drafters), or a cache class (its ``for_model`` is the factory)."""
+    (stateful verifiers, drafters), or a cache class (its ``for_model`` is the factory). It mirrors
+    the issues its docstring links; a greedy verifier is graded in greedy mode only."""
     if kind == "rollback":          # a paged cache gets small blocks: rollback crosses them
         blocks = {"block_size": 4} if issubclass(impl, components.PagedKVCache) else {}
         make = lambda: functools.partial(impl.for_model, **blocks)
     else:
         make = impl if isinstance(impl, type) else lambda: impl
-    return Bug(impl.__name__, kind, make, (impl.__doc__ or "").strip(), mirrors, options)
+    doc = (impl.__doc__ or "").strip()
+    mirrors = tuple(re.findall(r"https://github\.com/[\w./-]+?(?=[),.;\s]|$)", doc))
+    return Bug(impl.__name__, kind, make, doc, mirrors,
+               {"sampled": False} if "greedy" in impl.__name__ else {})
 
 
-_VLLM = "https://github.com/vllm-project/vllm/"
-_EAGLE = "https://github.com/SafeAILab/EAGLE/issues/"
 S, V, C = samplers, verifiers, components
 
 #: Every bug of the lab, grouped by the check that catches it.
-LAB: list[Bug] = [
-    *[_bug(f, "sampler") for f in (S.sample_resample_from_p, S.sample_ratio_q_over_p,
-                                   S.sample_residual_q_minus_p)],
-    _bug(S.sample_top_p_on_draft_only, "sampler", _VLLM + "pull/10198"),
-    _bug(S.sample_seed_ignored, "sampler", _VLLM + "issues/6038", _VLLM + "issues/13196"),
-    *[_bug(f, "residual") for f in (S.residual_q_minus_p, S.residual_unnormalised,
-                                    S.residual_nan_when_equal)],
-    *[_bug(f, "verifier") for f in (V.verify_resample_from_p, V.verify_bonus_from_wrong_row,
-                                    V.verify_one_uniform_for_all_positions)],
-    _bug(V.UniformsSharedAcrossRows, "verifier", _VLLM + "issues/9441",
-         "https://github.com/1CatAI/1Cat-vLLM/issues/656"),
-    _bug(V.verify_continues_after_rejection, "verifier"),
-    _bug(V.verify_seed_ignored, "verifier", _VLLM + "issues/13196"),
-    _bug(V.verify_adjustment_on_bonus_row_only, "verifier", _VLLM + "issues/18902",
-         "https://github.com/sgl-project/sglang/pull/28242",
-         "https://github.com/NVIDIA/TensorRT-LLM/pull/17701"),
-    _bug(V.verify_greedy_rows_shifted, "verifier", sampled=False),
-    _bug(V.tree_siblings_against_p, "tree_verifier", _EAGLE + "221"),
-    _bug(V.tree_bonus_from_parent_row, "tree_verifier"),
-    _bug(C.ArgmaxDeclaredAsSampled, "drafter", _EAGLE + "183", _EAGLE + "221"),
-    _bug(C.SampledDeclaredDeterministic, "drafter", _VLLM + "pull/16899", _VLLM + "issues/40149"),
-    _bug(C.AdjustmentOnSampleOnly, "drafter", _VLLM + "pull/10198"),
-    *[_bug(cls, "rollback") for cls in (C.OffByOneCache, C.LeakyPagedCache,
-                                        C.PagedCacheFreesPartialBlock)],
-]
+LAB: list[Bug] = [_bug(impl, kind) for kind, impls in {
+    "sampler": (S.sample_resample_from_p, S.sample_ratio_q_over_p, S.sample_residual_q_minus_p,
+                S.sample_top_p_on_draft_only, S.sample_seed_ignored),
+    "residual": (S.residual_q_minus_p, S.residual_unnormalised, S.residual_nan_when_equal),
+    "verifier": (V.verify_resample_from_p, V.verify_bonus_from_wrong_row,
+                 V.verify_one_uniform_for_all_positions, V.UniformsSharedAcrossRows,
+                 V.verify_continues_after_rejection, V.verify_seed_ignored,
+                 V.verify_adjustment_on_bonus_row_only, V.verify_greedy_rows_shifted),
+    "tree_verifier": (V.tree_siblings_against_p, V.tree_bonus_from_parent_row),
+    "drafter": (C.ArgmaxDeclaredAsSampled, C.SampledDeclaredDeterministic,
+                C.AdjustmentOnSampleOnly),
+    "rollback": (C.OffByOneCache, C.LeakyPagedCache, C.PagedCacheFreesPartialBlock),
+}.items() for impl in impls]
 
 
 def by_name(name: str) -> Bug:

@@ -1,7 +1,7 @@
 """Buggy drafters and KV caches: each breaks one promise the decoding loop relies on.
 
 The drafters draft with a small random Llama of their own (``self.model``, weights of scale 0.2,
-so ``q`` is spread out) and answer ``propose(context, k, sampling, generator) -> Draft``, for
+so ``q`` is spread out) and answer ``draft(context, k, sampling, generator) -> Draft``, for
 [`check.drafter`][minispec.check.drafting.drafter]. The caches subclass minispec's and break
 ``truncate_to``, for [`check.rollback`][minispec.check.caches.rollback]; build them with their
 ``for_model(model, num_slots, max_seq_len)``.
@@ -30,7 +30,7 @@ class _TinyDrafter:
     def __init__(self, seed: int = 5) -> None:
         self.model = tiny_llama(64, seed=seed, scale=0.2)
 
-    def propose(self, context, k, sampling=None, generator=None) -> Draft:
+    def draft(self, context, k, sampling=None, generator=None) -> Draft:
         """``k`` drafts after ``context``, each from ``choose``, with the declared rows."""
         sampling = sampling or SamplingParams(temperature=0.0)
         ids, rows = list(context), []
