@@ -69,6 +69,16 @@ def test_prompt_lookup_match_length():
     assert lookup_match_length([1, 2, 1], max_ngram=3, min_ngram=2) == 0
 
 
+def test_an_ngram_table_reports_the_length_of_its_match():
+    """A hybrid weighs a context draft by the tokens of context it was matched on: the n-gram
+    table reports the order of the longest suffix it has seen (0 with nothing to go on)."""
+    table = ms.NGramDrafter(max_order=4)
+    assert table.lookup([1, 2, 3, 4], 2) == [] and table.last_match == 0       # 4 never followed
+    assert table.lookup([1, 2, 3, 4, 1, 2], 2) == [3, 4] and table.last_match == 2
+    assert table.lookup([1, 2, 3, 4, 1, 2, 3], 2) == [4, 1] and table.last_match == 3
+    assert table.lookup([9], 2) == [] and table.last_match == 0                # a new sequence
+
+
 # ---------------------------------------------------------------------- 2. greedy parity
 
 
@@ -88,6 +98,7 @@ def baselines(target):
 
 
 CONTEXTS = {"suffix": lambda: SuffixDrafter(), "prompt_lookup": lambda: PromptLookupDrafter(),
+            "ngram": lambda: ms.NGramDrafter(),
             "name": lambda: "suffix", "store": lambda: SuffixDrafter(SuffixStore(max_tokens=60))}
 
 
