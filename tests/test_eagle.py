@@ -187,21 +187,28 @@ def test_a_packed_head_drafts_as_the_eager_one(tmp_path):
         assert [r.drafts for r in b.rounds] == [r.drafts for r in a.rounds]
 
 
+def spied_rounds(target, head: EagleHead, driver: str, new: int) -> Spy:
+    """The rounds of ``head``'s drafter at ``k = 4`` over ``PROMPTS``: four single sequences
+    (``driver="single"``) or all of them in an engine of 3 rows."""
+    if driver == "single":
+        spy = Spy(EagleDrafter(head))
+        for prompt in PROMPTS[:4]:
+            ms.speculative_generate(target, spy.drafter, prompt, new, k=4, adaptive=False)
+    else:
+        engine = Engine(target, drafter=EagleDrafter(head), k=4, max_batch_size=3, block_size=4,
+                        adaptive=False)
+        spy = Spy(engine.drafter)
+        engine.generate(PROMPTS, progress=False, max_new_tokens=new)
+    return spy
+
+
 @pytest.mark.parametrize("layout", ["full", "eagle1"])
 @pytest.mark.parametrize("driver", ["single", "engine"])
 def test_drafts_equal_an_uncached_reference(target, heads, driver, layout):
     """Round by round, the cached (batched) drafts are the reference drafts of the committed
     context."""
     head = heads[layout]
-    if driver == "single":
-        spy = Spy(EagleDrafter(head))
-        for prompt in PROMPTS[:4]:
-            ms.speculative_generate(target, spy.drafter, prompt, NEW, k=4, adaptive=False)
-    else:
-        engine = Engine(target, drafter=EagleDrafter(head), k=4, max_batch_size=3, block_size=4,
-                        adaptive=False)
-        spy = Spy(engine.drafter)
-        engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)
+    spy = spied_rounds(target, head, driver, NEW)
     assert len(spy.rounds) > 20
     for context, k, drafts in spy.rounds:
         assert drafts == reference_drafts(target, head, context, k)

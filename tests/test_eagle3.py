@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_eagle import PROMPTS, Spy, every_other, self_copy_head
+from test_eagle import PROMPTS, every_other, self_copy_head, spied_rounds
 from tinymodels import tiny_llama
 
 import minispec as ms
@@ -110,15 +110,7 @@ def test_engine_greedy_equals_plain_greedy(target, heads, baselines, branching):
 @pytest.mark.parametrize("driver", ["single", "engine"])
 def test_drafts_equal_an_uncached_reference(target, heads, driver):
     head = heads["full"]
-    if driver == "single":
-        spy = Spy(EagleDrafter(head))
-        for prompt in PROMPTS[:4]:
-            ms.speculative_generate(target, spy.drafter, prompt, NEW, k=4, adaptive=False)
-    else:
-        engine = Engine(target, drafter=EagleDrafter(head), k=4, max_batch_size=3, block_size=4,
-                        adaptive=False)
-        spy = Spy(engine.drafter)
-        engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)
+    spy = spied_rounds(target, head, driver, NEW)
     assert len(spy.rounds) > 20
     assert all(h.shape[-1] == 3 * target.config.hidden_size for *_, h in spy.observed)
     for context, k, drafts in spy.rounds:

@@ -129,10 +129,12 @@ def _record_smollm2() -> tuple[dict, dict]:
 
 def _alpha_for(tokens: float, k: int) -> float:
     """The alpha at which Eq. (1) gives ``tokens`` per round of ``k`` drafts (bisection)."""
+    from minispec.core.theory import expected_tokens
+
     lo, hi = 0.0, 1.0
     while hi - lo > 1e-6:
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < tokens else (lo, mid)
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < tokens else (lo, mid)
     return round((lo + hi) / 2, 3)
 
 

@@ -271,8 +271,8 @@ class SpeculativeRunner:
         if (self.static is not None and layers is None
                 and (out := self.static(ids_t, pos_t, slots, tree))):
             return out                                    # a static bucket held the batch
-        return self.target(ids_t, pos_t, self.target_cache, [s.slot for s in seqs],
-                           return_hidden=layers or True, tree=tree)
+        return self.target(ids_t, pos_t, self.target_cache, slots, return_hidden=layers or True,
+                           tree=tree)
 
 
 def _checked(seq: Sequence, proposal: Proposal, shape: Shape, vocab_size: int) -> Proposal:
