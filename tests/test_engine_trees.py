@@ -4,7 +4,8 @@
   paged and contiguous caches, with requests of different lengths sharing steps;
 * sampled: the first two tokens of seeded tree runs in the engine follow the target's exact law;
 * preemption: a pool too small for every request's tree forces preemption by recompute; nothing
-  is lost, nothing duplicated, and every block comes back.
+  is lost, nothing duplicated, and every block comes back -- the draft model's too: its trees are
+  drawn in the engine's paged draft pool, bounded by ``num_blocks`` like the target's.
 """
 
 from __future__ import annotations
@@ -44,12 +45,19 @@ def test_engine_trees_under_preemption_lose_nothing(pair):
     target, draft = pair
     engine = ms.Engine(target, draft=draft, k=3, branching=(2, 2, 1), max_batch_size=4,
                        block_size=4, num_blocks=30)
-    outs = engine.generate(PROMPTS * 2, max_new_tokens=30, progress=False)
+    ids = [engine.add_request(p, max_new_tokens=30) for p in PROMPTS * 2]
+    tokens, peak = {rid: [] for rid in ids}, 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id] += [] if out.token is None else [out.token]
+        peak = max(peak, engine.draft_cache.num_used_blocks)
     assert engine.scheduler.num_preemptions > 0
-    for prompt, out in zip(PROMPTS * 2, outs, strict=True):
-        assert out.tokens == ms.generate(target, prompt, 30).tokens
-    assert engine.target_cache.num_used_blocks == 0
-    assert engine.target_cache.num_free_blocks == engine.target_cache.num_blocks
+    for prompt, rid in zip(PROMPTS * 2, ids, strict=True):
+        assert tokens[rid] == ms.generate(target, prompt, 30).tokens
+    assert isinstance(engine.draft_cache, ms.PagedKVCache)      # the trees' draft memory: a pool
+    assert engine.draft_cache.num_blocks == 30 and 0 < peak <= 30
+    for cache in (engine.target_cache, engine.draft_cache):
+        assert cache.num_used_blocks == 0 and cache.num_free_blocks == cache.num_blocks
 
 
 def test_engine_sampled_trees_have_the_target_law(law_models):  # noqa: F811

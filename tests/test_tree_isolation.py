@@ -1,8 +1,9 @@
 """A draft tree fails its own row alone, as a chain does (issue "Every input checked", item 1).
 
-Before, one row whose tree drafter raised, or whose sampled draft logits were NaN, failed every
-request in the batch. Now that row ends with ``finish_reason="error"``, its memory is freed, and
-every other row decodes exactly as it does without it (float64 pair: see ``test_round.pair``).
+A row whose tree drafter raises, or whose sampled draft logits are NaN, ends with
+``finish_reason="error"``, its memory (the target's blocks and a draft model's, trees included) is
+freed, and every other row decodes exactly as it does without it (float64 pair: see
+``test_round.pair``).
 """
 
 import dataclasses
@@ -43,8 +44,9 @@ def check_alone(results, engine, expected, bad: int, words: str):
     healthy = [r for i, r in enumerate(results) if i != bad]
     assert [r.finish_reason for r in healthy] == ["length"] * len(healthy)
     assert [r.tokens for r in healthy] == expected
-    if isinstance(engine.target_cache, ms.PagedKVCache):
-        assert engine.target_cache.num_used_blocks == 0
+    for cache in (engine.target_cache, engine.draft_cache):
+        if isinstance(cache, ms.PagedKVCache):
+            assert cache.num_used_blocks == 0
 
 
 @pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
@@ -72,8 +74,8 @@ def test_nan_draft_logits_in_a_tree_fail_that_row_alone(pair, monkeypatch, tempe
     target, draft = pair
     start = ModelDrafter._tree_root
 
-    def poisoned(self, seq, row):
-        logits, n = start(self, seq, row)
+    def poisoned(self, seq):
+        logits, n = start(self, seq)
         return (logits * float("nan") if seq.context[0] == 33 else logits), n
 
     sampling = ms.SamplingParams(temperature=temperature, seed=0 if temperature else None)

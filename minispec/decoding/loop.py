@@ -179,8 +179,8 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
                         stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
     cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
     seq.slot = cache.allocate()
-    if keeps_cache(drafter) and branching is None:       # a draft model's or a head's chains
-        drafter.attach(ContiguousKVCache.for_model(drafter.model, 1, seq.max_seq_len))
+    if keeps_cache(drafter):                # a draft model's or a head's cache; a tree's nodes too
+        drafter.attach(ContiguousKVCache.for_model(drafter.model, 1, seq.max_seq_len, extra))
         seq.draft_slot = drafter.cache.allocate()
     runner = SpeculativeRunner(target, cache, drafter, branching, graphs)
     if (reason := seq.done_before_start()) is not None:

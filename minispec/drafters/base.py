@@ -36,7 +36,7 @@ from torch import Tensor
 from minispec.core.sampling import SamplingParams, one_hot, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
-from minispec.core.tree import Proposal, tree_size
+from minispec.core.tree import Proposal
 from minispec.drafters.trees import grow_levels
 from minispec.models.kv_cache import ContiguousKVCache, KVCache
 from minispec.models.llama import Llama, ModelConfig, TreeAttention
@@ -133,34 +133,22 @@ class Drafter:
             seq.draft_len = keep
 
 
-    def _tree(self, seq: Sequence, branching: tuple[int, ...]) -> Proposal:
-        """``seq``'s tree, drawn by its twin (a drafter with a model: ``_twin``) from the root's
-        logits (``_tree_root``), one forward per depth (``_score_level``). A row whose drafting
-        fails is failed alone and proposes the root alone."""
-        twin, row = self._twin(seq, branching)
-        before, twin.storage = twin.forwards, {}
+    def _tree(self, seq: Sequence, branching: tuple[int, ...]) -> tuple[Proposal, dict[int, int]]:
+        """``seq``'s tree, drawn in the row's own slot of the draft cache: from the root's logits
+        (``_tree_root``), one forward per depth (``_score_level``), each depth's nodes stored past
+        the context, in the positions the round reserved. Returns the tree and where its fed nodes
+        are stored (created node -> cache position). A row whose drafting fails is failed alone
+        and proposes the root alone."""
+        storage: dict[int, int] = {}
         try:
-            root = twin._tree_root(seq, row) if branching else None
-            proposal = Proposal.chain([]) if root is None else grow_levels(
-                seq, branching, root, functools.partial(twin._score_level, row), twin.storage)
+            root = self._tree_root(seq) if branching else None
+            if root is None:
+                return Proposal.chain([]), storage
+            return grow_levels(seq, branching, root, functools.partial(self._score_level, seq),
+                               storage), storage
         except Exception as error:             # this request's drafting is broken: it alone fails
             seq.fail(error)
-            proposal = Proposal.chain([])
-        seq.stats.draft_forwards += twin.forwards - before
-        self.forwards += twin.forwards - before
-        return proposal
-
-    def _twin(self, seq: Sequence, branching: tuple[int, ...]) -> tuple[Any, Sequence]:
-        """``seq``'s twin for trees: a clone of this drafter on a one-slot cache of its own with
-        room for a tree of ``branching`` past the context, and the row it drafts for (its
-        ``draft_len``: the positions that cache holds)."""
-        if seq.request_id not in self.trees:
-            twin = self.clone()
-            twin.attach(ContiguousKVCache.for_model(self.model, 1, seq.max_seq_len,
-                                                    extra=tree_size(branching)))
-            row = Sequence(seq.request_id, [0], seq.sampling, draft_slot=twin.cache.allocate())
-            self.trees[seq.request_id] = twin, row
-        return self.trees[seq.request_id]
+            return Proposal.chain([]), {}
 
 
 def check_compatible(target: ModelConfig, draft: ModelConfig) -> None:
@@ -197,11 +185,12 @@ class ModelDrafter(Drafter):
     verify, [`observe`][minispec.drafters.base.ModelDrafter.observe] rolls the cache back to the
     accepted length.
 
-    **Trees**, row by row: each request has a twin (this drafter on a one-slot cache of its own,
-    with room for one tree past the context) that feeds the context past what it holds, then
-    expands the tree one depth per forward with tree attention
-    ([`grow_levels`][minispec.drafters.trees.grow_levels]); after verify the twin's cache keeps the
-    context plus the fed nodes of the accepted path.
+    **Trees**, row by row, in the same cache: the row feeds what its slot lacks of the context
+    (at least the root), then expands the tree one depth per forward with tree attention
+    ([`grow_levels`][minispec.drafters.trees.grow_levels]), the nodes stored past the context in
+    the positions the round reserved (so a tree's draft memory is the pool's, bounded and
+    preempted like the target's); after verify the slot keeps the context plus the fed nodes of
+    the accepted path ([`KVCache.compact`][minispec.models.kv_cache.KVCache.compact]).
 
     Args:
         model: the draft [`Llama`][minispec.models.llama.Llama].
@@ -213,9 +202,8 @@ class ModelDrafter(Drafter):
         self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
                                model.config.max_position_embeddings)
         self._probe: Sequence | None = None      # the state of ``draft``
-        self.trees: dict[str, tuple[ModelDrafter, Sequence]] = {}    # request -> twin, its row
-        self.proposals: dict[str, Proposal] = {}  # request -> its tree of this round
-        self.storage: dict[int, int] = {}         # a twin's tree: created node -> cache position
+        # request -> its tree of this round and where the fed nodes are stored
+        self.trees: dict[str, tuple[Proposal, dict[int, int]]] = {}
 
     def attach(self, cache: KVCache) -> None:
         """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``)."""
@@ -238,7 +226,8 @@ class ModelDrafter(Drafter):
         proposals = dict(zip(chains, as_proposals(tokens, probs), strict=True))
         for b, shape in enumerate(shapes):
             if b not in proposals:
-                proposals[b] = self.proposals[seqs[b].request_id] = self._tree(seqs[b], shape)
+                proposals[b], storage = self._tree(seqs[b], shape)
+                self.trees[seqs[b].request_id] = proposals[b], storage
         return [proposals[b] for b in range(len(seqs))]
 
     def _draft_chains(self, seqs: list[Sequence], ks: list[int]
@@ -269,38 +258,35 @@ class ModelDrafter(Drafter):
         """Feed each row's tokens (``_feed``); logits after the last ``(R, V)``."""
         return self._feed(seqs, feeds)[:, -1]                                  # (R, T, V) -> (R, V)
 
-    def _tree_root(self, seq: Sequence, row: Sequence) -> tuple[Tensor, int]:
-        """A twin's start of a tree: feed ``seq.context`` past the prefix its ``row`` holds (at
-        least the last token: the root); the root's logits ``(1, V)`` and the positions held."""
-        common = common_prefix(row.context[:row.draft_len], seq.context, limit=seq.num_tokens - 1)
-        self.cache.truncate_to(row.draft_slot, common)
-        row.prompt, row.generated, row.draft_len = list(seq.context), [], common
-        return self._feed([row], [seq.context[common:]])[0, -1:], seq.num_tokens        # (1, V)
+    def _tree_root(self, seq: Sequence) -> tuple[Tensor, int]:
+        """A tree's start: feed what the row's slot lacks of ``seq.context`` (at least the root,
+        its last token); the root's logits ``(1, V)`` and the positions the slot holds."""
+        self._truncate(seq, seq.num_tokens - 1)
+        return self._feed([seq], [seq.context[seq.draft_len:]])[0, -1:], seq.num_tokens  # (1, V)
 
-    def _score_level(self, row: Sequence, frontier: list[int], parents: list[int], ids: Tensor,
+    def _score_level(self, seq: Sequence, frontier: list[int], parents: list[int], ids: Tensor,
                      positions: Tensor, tree: TreeAttention) -> Tensor:
-        """A twin's forward over one depth of its tree: logits ``(F, V)``."""
+        """One forward over a depth of the row's tree: logits ``(F, V)``."""
         self.forwards += 1
-        return self.model(ids, positions, self.cache, [row.draft_slot], tree=tree)[0]   # (F, V)
+        seq.stats.draft_forwards += 1
+        return self.model(ids, positions, self.cache, [seq.draft_slot], tree=tree)[0]   # (F, V)
 
     @torch.inference_mode()
     def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
                 paths: list[list[int]]) -> None:
         """Roll each row's draft cache back to ``n + a``: the context plus the accepted drafts (a
-        tree's twin keeps the context plus the fed nodes of the accepted path)."""
+        tree's row keeps the context plus the fed nodes of the accepted path)."""
         for seq, a, path in zip(seqs, num_accepted, paths, strict=True):
-            if (proposal := self.proposals.pop(seq.request_id, None)) is None:
+            if (tree := self.trees.pop(seq.request_id, None)) is None:
                 self._truncate(seq, seq.num_tokens + a)
                 continue
-            twin, row = self.trees[seq.request_id]
-            kept = [proposal.created[i] for i in path if proposal.created[i] in twin.storage]
-            twin.cache.compact(row.draft_slot, row.draft_len, [twin.storage[c] for c in kept])
-            row.prompt = row.prompt + [proposal.tree.tokens[i] for i in path[:len(kept)]]
-            row.draft_len += len(kept)
+            proposal, storage = tree
+            kept = [proposal.created[i] for i in path if proposal.created[i] in storage]
+            self.cache.compact(seq.draft_slot, seq.draft_len, [storage[c] for c in kept])
+            seq.draft_len += len(kept)
 
     def release(self, seq: Sequence) -> None:
         self.trees.pop(seq.request_id, None)
-        self.proposals.pop(seq.request_id, None)
 
     # ------------------------------------------------------------------ one context, no loop
 

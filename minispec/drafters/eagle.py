@@ -48,14 +48,14 @@ class EagleDrafter(Drafter):
     ``seq.draft_slot``, ``seq.draft_len`` pairs held, created by the loop from ``drafter.model``
     (the head: one layer of the target's shape).
 
-    A tree is drawn row by row by the request's twin (this drafter on a one-slot cache of its own,
-    sharing the pending features): after the catch-up, a node ``d`` at depth ``t`` is the pair
-    ``(f'_parent, d)`` at pair position ``n - 2 + t``, the head's OWN predicted feature of its
-    parent (the root's: the head's output at the last real pair); siblings share a position and
-    see only their ancestors (tree attention in the head's layer). After verify every tree pair is
-    dropped and the target's features of the root and the ACCEPTED path only are kept, fed as real
-    pairs next round. Draft logits over the head's ``V'`` are spread over the full vocabulary
-    (``-inf``, so ``q = 0``, outside).
+    A tree is drawn row by row in the same cache: after the catch-up, a node ``d`` at depth ``t``
+    is the pair ``(f'_parent, d)`` at pair position ``n - 2 + t``, the head's OWN predicted
+    feature of its parent (the root's: the head's output at the last real pair), stored past the
+    real pairs in the positions the round reserved; siblings share a position and see only their
+    ancestors (tree attention in the head's layer). After verify every tree pair is dropped and
+    the target's features of the root and the ACCEPTED path only are kept, fed as real pairs next
+    round. Draft logits over the head's ``V'`` are spread over the full vocabulary (``-inf``, so
+    ``q = 0``, outside).
 
     An EAGLE-3 head (``aux_layers``) reads, as real features, the target's three layers
     concatenated, ``(T, 3D)``: the drafter names them in ``feature_layers`` and the runner asks the
@@ -75,9 +75,7 @@ class EagleDrafter(Drafter):
                                head.config.max_position_embeddings)
         self.pending: dict[str, Tensor] = {}    # request -> (m, D or 3D) real features not fed
         self.last_fed: dict[str, Tensor] = {}   # request -> (1, D or 3D) the last fed (a retry)
-        self.trees: dict[str, tuple[EagleDrafter, Sequence]] = {}    # request -> twin, its row
-        self.storage: dict[int, int] = {}       # a twin's tree: created node -> cache position
-        self.features: dict[int, Tensor] = {}   # a twin's tree: created node -> its feature (D,)
+        self.features: dict[int, Tensor] = {}   # the tree being drawn: node -> its feature (D,)
 
     def clone(self) -> EagleDrafter:
         """The same head with no cache and no request state (an engine owns its own)."""
@@ -101,8 +99,7 @@ class EagleDrafter(Drafter):
         for seq, start, h in zip(seqs, starts, hidden, strict=True):
             if start == 0:
                 self.pending[seq.request_id] = h
-                twin, row = self.trees.get(seq.request_id, (self, seq))    # a tree's: its twin's
-                twin._truncate(row, 0)
+                self._truncate(seq, 0)
             else:
                 self.pending[seq.request_id] = torch.cat([self.pending[seq.request_id], h])
 
@@ -111,27 +108,25 @@ class EagleDrafter(Drafter):
         """Drop the round's speculative pairs (a tree's too); keep the real features of the
         accepted positions."""
         for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
-            twin, row = self.trees.get(seq.request_id, (self, seq))
-            if twin is not self:                             # the twin's row: seq as it is now
-                twin.cache.truncate_to(row.draft_slot, row.draft_len)
-                row.prompt, row.generated = seq.prompt, seq.generated
-            twin._truncate(row, row.num_tokens - 1)          # real pairs: j = 0..n-2
+            real = min(seq.draft_len, seq.num_tokens - 1)    # real pairs: j = 0..n-2 at most
+            self.cache.truncate_to(seq.draft_slot, real)     # a tree's pairs sit past draft_len
+            seq.draft_len = real
             kept = self.pending.get(seq.request_id, h[:0])     # unfed when the row drafted nothing
             self.pending[seq.request_id] = torch.cat([kept, h[: a + 1]])        # (m + a + 1, D)
 
     def release(self, seq: Sequence) -> None:
-        for state in (self.pending, self.last_fed, self.trees):
+        for state in (self.pending, self.last_fed):
             state.pop(seq.request_id, None)
 
     # ------------------------------------------------------------------ drafting
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
-        """Chains batched (``_draft_chains``), trees row by row by each request's twin."""
+        """Chains batched (``_draft_chains``), trees row by row (class docstring)."""
         chains = [b for b, shape in enumerate(shapes) if isinstance(shape, int)]
         tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
         proposals = dict(zip(chains, as_proposals(tokens, probs), strict=True))
-        return [proposals[b] if b in proposals else self._tree(seqs[b], shapes[b])
+        return [proposals[b] if b in proposals else self._tree(seqs[b], shapes[b])[0]
                 for b in range(len(seqs))]
 
     def _draft_chains(self, seqs: list[Sequence], ks: list[int]
@@ -159,31 +154,26 @@ class EagleDrafter(Drafter):
                         probs[b].append(q)
         return tokens, probs
 
-    def _twin(self, seq: Sequence, branching: tuple[int, ...]) -> tuple[EagleDrafter, Sequence]:
-        """``Drafter._twin``, sharing the pending features."""
-        twin, row = super()._twin(seq, branching)
-        twin.pending, twin.last_fed = self.pending, self.last_fed
-        return twin, row
-
-    def _tree_root(self, seq: Sequence, row: Sequence) -> tuple[Tensor, int] | None:
-        """A twin's start of a tree: feed the pending real pairs (the catch-up forward); the root's
-        logits ``(1, V)`` come from the last one (``None``: no pair yet, no tree)."""
+    def _tree_root(self, seq: Sequence) -> tuple[Tensor, int] | None:
+        """A tree's start: feed the pending real pairs (the catch-up forward); the root's logits
+        ``(1, V)`` come from the last one, with the pairs the slot holds (``None``: no pair yet,
+        no tree)."""
         if seq.num_tokens < 2:
             return None
-        row.prompt, row.generated = seq.prompt, seq.generated
-        logits, feature = self._catch_up([row])                              # (1, V'), (1, D)
+        logits, feature = self._catch_up([seq])                              # (1, V'), (1, D)
         self.features = {0: feature[0]}
         return full_vocab(self.model, logits), seq.num_tokens - 1
 
-    def _score_level(self, row: Sequence, frontier: list[int], parents: list[int], ids: Tensor,
+    def _score_level(self, seq: Sequence, frontier: list[int], parents: list[int], ids: Tensor,
                      positions: Tensor, tree: TreeAttention) -> Tensor:
-        """A twin's forward over one depth of its tree, each node fed with its parent's
-        predicted feature: logits ``(F, V)``."""
+        """One forward over a depth of the row's tree, each node fed with its parent's predicted
+        feature: logits ``(F, V)``."""
         parent = torch.stack([self.features[parents[node]] for node in frontier])[None]
         # (1, F, V'), (1, F, D)
-        logits, feature = self.model(ids, parent, positions, self.cache, [row.draft_slot],
+        logits, feature = self.model(ids, parent, positions, self.cache, [seq.draft_slot],
                                      tree=tree)
         self.forwards += 1
+        seq.stats.draft_forwards += 1
         self.features.update(zip(frontier, feature[0], strict=True))
         return full_vocab(self.model, logits[0])                                       # (F, V)
 

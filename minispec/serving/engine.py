@@ -145,8 +145,8 @@ class Engine:
         self.k = k if drafter is not None else 0
         self.policy = policy_for(adaptive, self.k, self.branching is None)  # goodput k or None
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
-        chains = keeps_cache(drafter) and self.branching is None   # a draft cache for chains
-        check_kv_memory([target] + ([drafter.model] if chains else []),
+        drafts = keeps_cache(drafter)           # a draft model's or a head's cache, from the pool
+        check_kv_memory([target] + ([drafter.model] if drafts else []),
                         kv_cache == "paged", max_batch_size, self.max_seq_len + extra, block_size,
                         num_blocks)
         if kv_cache == "contiguous":    # the target's and a draft model's caches: the same shape
@@ -155,7 +155,7 @@ class Engine:
             make = lambda m: PagedKVCache.for_model(m, max_batch_size, self.max_seq_len, extra,
                                                     block_size=block_size, num_blocks=num_blocks)
         self.target_cache = make(target)
-        self.draft_cache = make(drafter.model) if chains else None
+        self.draft_cache = make(drafter.model) if drafts else None
         if drafter is not None:
             drafter = drafter.clone()                   # a fresh drafter, the engine owns it
         if self.draft_cache is not None:                # a draft model's or a head's cache
