@@ -201,29 +201,6 @@ def make_round(fn: Callable, chain: Chain, size: int, sampled: bool, g: torch.Ge
     return round_
 
 
-def law_case(chain: Chain, round_fn: Callable[[int], list[int]], n: int, length: int,
-             alpha: float, inputs: dict) -> str:
-    """Decode ``n`` streams with ``round_fn`` and compare them with the target's exact law.
-
-    Two tests at level ``alpha`` each: the first token's law (the smallest counterexample: one
-    row ``p``, one row ``q``), then the joint law of all ``length`` tokens (bugs that show only
-    across positions or rounds). Frequencies in the counterexample are per stream. Returns the
-    case's note; raises ``Failure`` on a failed test.
-    """
-    joint, first = run_streams(round_fn, chain, n, length)
-    p0 = chain.P[chain.start]
-    first_fit = expect_law(first, p0, alpha, "the first emitted token does not have the target's "
-                           "law p", dict(inputs, p=p0, q=chain.Q[chain.start],
-                                         last_context_token=chain.start))
-    what = (f"the first token is fine, but the law of the {length}-token stream differs from the "
-            f"target's (p(x_t | x_(t-1)) = P[x_(t-1), x_t], context ends with {chain.start})")
-    joint_fit = expect_law(joint, chain.law(length), alpha, what,
-                           dict(inputs, P=chain.P, Q=chain.Q),
-                           lambda i: "stream " + decode(i, chain.vocab, length))
-    pvalue = min(first_fit.pvalue, joint_fit.pvalue)
-    return f"{n} streams of {length} tokens; smallest p-value {fmt(pvalue)}"
-
-
 def emitted(out: Any, drafts: Sequence[list[int]], vocab: int, inputs: dict) -> list[int]:
     """The tokens of one round, after checking the form every verifier's output must have.
 
@@ -291,16 +268,34 @@ def _describe(size: int, tree: bool) -> tuple[str, dict]:
 
 def _law(fn: Callable, tree: bool, chain: Chain, size: int, drafted: bool, alpha: float,
          seed: int) -> tuple[str, Callable[[], str]]:
-    """The law case of ``grade_streams`` for one chain, size and kind of drafts."""
+    """The law case of ``grade_streams`` for one chain, size and kind of drafts.
+
+    It decodes ``n`` streams of ``LENGTH`` tokens and runs two tests at level ``alpha`` each: the
+    first token's law (the smallest counterexample: one row ``p``, one row ``q``), then the joint
+    law of the whole stream (bugs that show only across positions or rounds). Frequencies in the
+    counterexample are per stream.
+    """
     name, inputs = _describe(size, tree)
     name = (f"{'greedy (one-hot p), ' if chain is GREEDY else ''}{name}, "
             f"{'drafts sampled from q' if drafted else 'deterministic drafts (draft_probs=None)'}")
     inputs = dict(inputs, drafts="sampled from Q" if drafted else "deterministic, q one-hot")
     n = STREAMS["greedy" if chain is GREEDY else "sampled" if drafted else "deterministic"]
+    p0, q0 = chain.P[chain.start], chain.Q[chain.start]
 
     def case() -> str:
         round_ = make_round(fn, chain, size, drafted, torch.Generator().manual_seed(seed), tree)
-        return law_case(chain, round_, n, LENGTH, alpha, inputs)
+        joint, first = run_streams(round_, chain, n, LENGTH)
+        first_fit = expect_law(first, p0, alpha, "the first emitted token does not have the "
+                               "target's law p", dict(inputs, p=p0, q=q0,
+                                                      last_context_token=chain.start))
+        what = (f"the first token is fine, but the law of the {LENGTH}-token stream differs from "
+                f"the target's (p(x_t | x_(t-1)) = P[x_(t-1), x_t], context ends with "
+                f"{chain.start})")
+        joint_fit = expect_law(joint, chain.law(LENGTH), alpha, what,
+                               dict(inputs, P=chain.P, Q=chain.Q),
+                               lambda i: "stream " + decode(i, chain.vocab, LENGTH))
+        pvalue = min(first_fit.pvalue, joint_fit.pvalue)
+        return f"{n} streams of {LENGTH} tokens; smallest p-value {fmt(pvalue)}"
 
     return name, case
 
