@@ -10,9 +10,9 @@ Each grader takes a student's code and returns a [`CheckReport`][minispec.check.
 * [`residual`][minispec.check.sampling.residual] -- the residual ``norm(max(0, p - q))``;
 * [`acceptance`][minispec.check.sampling.acceptance] -- the acceptance rate ``sum min(p, q)``;
 * [`adjustment`][minispec.check.sampling.adjustment] -- temperature, top-k and top-p;
-* [`verifier`][minispec.check.chains.verifier] -- a chain verifier (Algorithm 1's loop);
-* [`speedup`][minispec.check.chains.speedup] -- the walltime speedup of a round (Theorem 3.8);
-* [`tree_verifier`][minispec.check.trees.tree_verifier] -- a draft tree's walk;
+* [`verifier`][minispec.check.markov.verifier] -- a chain verifier (Algorithm 1's loop);
+* [`speedup`][minispec.check.sampling.speedup] -- the walltime speedup of a round (Theorem 3.8);
+* [`tree_verifier`][minispec.check.markov.tree_verifier] -- a draft tree's walk;
 * [`drafter`][minispec.check.drafting.drafter] -- a drafter and the ``q`` it declares;
 * [`rollback`][minispec.check.caches.rollback] (alias ``kv_cache``) -- a KV cache's rollback;
 * [`reservation`][minispec.check.caches.reservation] -- reserving blocks for a batch's rounds.
@@ -27,11 +27,10 @@ lab: implementations modelled on reported engine bugs, each caught by its check;
 
 from minispec.check import bugs
 from minispec.check.caches import kv_cache, reservation, rollback
-from minispec.check.chains import speedup, verifier
 from minispec.check.drafting import drafter
+from minispec.check.markov import tree_verifier, verifier
 from minispec.check.report import Case, CheckReport, Counterexample
-from minispec.check.sampling import acceptance, adjustment, residual, sampler
-from minispec.check.trees import tree_verifier
+from minispec.check.sampling import acceptance, adjustment, residual, sampler, speedup
 
 __all__ = ["Case", "CheckReport", "Counterexample", "acceptance", "adjustment", "bugs", "drafter",
            "kv_cache", "reservation", "residual", "rollback", "sampler", "speedup",

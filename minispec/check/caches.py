@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from minispec.check import harness
-from minispec.check.harness import TIMEOUT, Failure, StudentError, as_int, call, every, run_cases
+from minispec.check.harness import TIMEOUT, Failure, StudentError, call, run_cases, run_table
 from minispec.check.models import tiny_llama
 from minispec.check.report import CheckReport, Counterexample
 from minispec.models.block_manager import BlockManager
@@ -51,7 +51,7 @@ def _compare(got: torch.Tensor, model: Llama, ids: list[int], what: str, inputs:
 def _bookkeeping(cache: Any, slot: int, n: int, inputs: dict) -> None:
     """The length after truncation, and (paged caches) the blocks kept: ``ceil(n / block)``."""
     length = call(cache.length, slot, inputs=inputs)
-    if as_int(length) != n:
+    if harness.as_int(length) != n:
         raise Failure(Counterexample(f"after truncate_to(slot, {n}) the cache reports length "
                                      f"{length}", inputs))
     if hasattr(cache, "block_table"):
@@ -270,8 +270,5 @@ def reservation(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> Che
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
-    cases = [(name, every(_reservation_case, fn, [args], "as the scheduler"))
-             for name, args in EDGES]
-    cases.append(("300 seeded batches", every(_reservation_case, fn, _batches(seed),
-                                              "all as the scheduler")))
-    return run_cases("reservation", cases, 0.0, timeout)
+    groups = [(name, [args]) for name, args in EDGES] + [("300 seeded batches", _batches(seed))]
+    return run_table("reservation", _reservation_case, fn, groups, "as the scheduler", timeout)

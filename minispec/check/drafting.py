@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 
 from minispec.check import harness
-from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, expect_law, run_cases
+from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, run_cases
 from minispec.check.models import tiny_llama
 from minispec.check.report import CheckReport, Counterexample, fmt
-from minispec.check.statistics import BUDGET, per_test_alpha
+from minispec.check.statistics import BUDGET, expect_law, per_test_alpha
 from minispec.core.sampling import SamplingParams
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft

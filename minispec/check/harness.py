@@ -1,7 +1,7 @@
 """How a check runs a student's code: calls under a deadline that turn exceptions and hangs into
-verdicts, the reading of a result as token ids, the case loop, the one law test every statistical
-case runs (with its counterexample), and a guard that proves a function draws its randomness from
-the generator it is given.
+verdicts, the reading of a result as token ids or numbers, the case loop, and a guard that proves
+a function draws its randomness from the generator it is given (the law test every statistical
+case runs is [`statistics.expect_law`][minispec.check.statistics.expect_law]).
 
 A function that raises ``NotImplementedError`` (an exercise's stub) gives a clean report with
 ``passed=False`` and ``not_implemented=True``; any other exception raised *by the student's code*
@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import math
 import operator
-import queue
 import random
 import threading
 import time
@@ -30,7 +29,6 @@ import torch
 from torch import Tensor
 
 from minispec.check.report import Case, CheckReport, Counterexample
-from minispec.check.statistics import Fit, fit
 
 #: Seconds one call of the student's function may take: every check's ``timeout`` default. A
 #: correct call takes milliseconds; the margin covers a loaded machine.
@@ -85,32 +83,31 @@ def _watched(run: Callable[[], str], timeout: float) -> str:
     which are per-thread, are carried over.
     """
     watch: dict[str, Any] = {"call": None}
-    reply: queue.SimpleQueue = queue.SimpleQueue()
+    outcome: list[tuple[bool, Any]] = []        # (True, the case's note) or (False, its error)
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def job() -> None:
         _case.watch = watch
         try:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-                reply.put((True, run()))
+                outcome.append((True, run()))
         except BaseException as error:  # handed to the caller, whatever it is
-            reply.put((False, error))
+            outcome.append((False, error))
 
-    threading.Thread(target=job, daemon=True).start()
+    thread = threading.Thread(target=job, daemon=True)
+    thread.start()
     try:
-        while True:
-            try:
-                ok, value = reply.get(timeout=0.05)
-                break
-            except queue.Empty:
-                running = watch["call"]
-                if running is not None and time.monotonic() - running[0] > timeout:
-                    raise Failure(Counterexample(
-                        f"the function did not return within {timeout:g} s: it hangs or is far "
-                        "too slow (a call takes milliseconds here; the check's timeout= sets the "
-                        "limit)", running[1])) from None
+        while thread.is_alive():
+            thread.join(0.05)
+            running = watch["call"]
+            if running is not None and time.monotonic() - running[0] > timeout:
+                raise Failure(Counterexample(
+                    f"the function did not return within {timeout:g} s: it hangs or is far "
+                    "too slow (a call takes milliseconds here; the check's timeout= sets the "
+                    "limit)", running[1]))
     finally:
         watch["abandoned"] = True       # a case left behind (a timeout, Ctrl-C) stops at its call
+    ok, value = outcome[0]
     if not ok:
         raise value
     return value
@@ -238,28 +235,6 @@ def same_seed(run: Callable[[torch.Generator], list[int]], seed: int,
     return SAME_SEED, case
 
 
-def expect_law(observed: Tensor, probs: Tensor, alpha: float, what: str, inputs: dict[str, Any],
-               label: Callable[[int], str] = "token {}".format) -> Fit:
-    """Pearson's test ([`fit`][minispec.check.statistics.fit]) of ``observed`` counts against the
-    exact law ``probs`` at level ``alpha``; its ``Fit`` when it passes.
-
-    Otherwise raises ``Failure``: ``what``, the ``inputs``, and the most discrepant outcomes
-    (named by ``label``), expected probability against observed frequency, with the statistic and
-    its threshold, or the outcome of probability 0 that was observed.
-    """
-    fitted = fit(observed, probs, alpha)
-    if fitted.passed:
-        return fitted
-    n = float(observed.sum())
-    table = [(label(i), float(probs[i]), float(observed[i]) / n) for i in fitted.worst]
-    if fitted.impossible:
-        raise Failure(Counterexample(f"{what}: it emitted {label(fitted.impossible[0])}, which "
-                                     "has probability 0", inputs, table), "impossible outcome")
-    stat = f"Pearson chi-square, {fitted.df} df (p-value {fitted.pvalue:.2g})"
-    raise Failure(Counterexample(what, inputs, table, stat, fitted.statistic, fitted.threshold),
-                  f"p-value {fitted.pvalue:.2g}")
-
-
 def _raised(name: str, error: BaseException, inputs: dict[str, Any], what: str) -> Case:
     """The failed case ``name``: ``what``, the exception, the line that raised it, the inputs."""
     frames = traceback.extract_tb(error.__traceback__)
@@ -268,18 +243,23 @@ def _raised(name: str, error: BaseException, inputs: dict[str, Any], what: str) 
                 Counterexample(f"{what} {type(error).__name__}: {error}{where}", inputs))
 
 
-def every(check: Callable[..., None], fn: Callable, group: Sequence[tuple],
-          note: str) -> Callable[[], str]:
-    """A case for ``run_cases`` that runs ``check(fn, *args)`` for each ``args`` of ``group``
-    (each returns, or raises ``Failure``), then returns ``note``: a deterministic table of inputs,
-    compared one by one with the package's own answer."""
+def run_table(check: str, compare: Callable[..., None], fn: Callable,
+              groups: Sequence[tuple[str, Sequence[tuple]]], note: str,
+              timeout: float = TIMEOUT) -> CheckReport:
+    """Run a deterministic check: one case per named group of inputs, which calls
+    ``compare(fn, *args)`` for each ``args`` of the group (it returns, or raises ``Failure``) and
+    passes with ``note`` (``{n}``: the group's size). A table of inputs compared one by one with
+    the package's own answer: no randomness in the verdict, hence no false alarm."""
 
-    def case() -> str:
-        for args in group:
-            check(fn, *args)
-        return note
+    def case(group: Sequence[tuple]) -> Callable[[], str]:
+        def run() -> str:
+            for args in group:
+                compare(fn, *args)
+            return note.format(n=len(group))
 
-    return case
+        return run
+
+    return run_cases(check, [(name, case(group)) for name, group in groups], 0.0, timeout)
 
 
 def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], str]]],

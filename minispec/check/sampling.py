@@ -1,5 +1,5 @@
-"""Grade a student's single-token speculative sampler and residual, the acceptance rate and the
-adjusted distribution.
+"""Grade a student's single-token speculative sampler and residual, the acceptance rate, the
+adjusted distribution and the walltime speedup of a round.
 
 * ``fn(p [V], q [V], generator) -> (token, accepted)``, as
   [`minispec.speculative_sample`][minispec.core.speculative.speculative_sample]: draw a proposal
@@ -10,7 +10,10 @@ adjusted distribution.
   [`theory.acceptance_rate`][minispec.core.theory.acceptance_rate]: ``beta = sum min(p, q)``;
 * ``fn(logits [V], temperature, top_k, top_p) -> [V]``, as
   [`minispec.probs_from_logits`][minispec.core.sampling.probs_from_logits]: the distribution a
-  decoding mode samples from (Leviathan §2.2).
+  decoding mode samples from (Leviathan §2.2);
+* ``fn(alpha, gamma, c, r) -> float``, as
+  [`theory.walltime_speedup`][minispec.core.theory.walltime_speedup]: the expected tokens of a
+  round over its cost (Theorem 3.8).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import torch
 from torch import Tensor
 
 from minispec.check import harness
-from minispec.check.harness import TIMEOUT, Failure, as_int, call, expect_law, run_cases, same_seed
+from minispec.check.harness import TIMEOUT, Failure, call, exact, run_cases, run_table
 from minispec.check.report import CheckReport, Counterexample, fmt
-from minispec.check.statistics import BUDGET, hoeffding_excess, per_test_alpha
+from minispec.check.statistics import BUDGET, expect_law, hoeffding_excess, per_test_alpha
 from minispec.core.sampling import SamplingParams, probs_from_logits
-from minispec.core.theory import acceptance_rate
+from minispec.core.theory import acceptance_rate, expected_tokens, walltime_speedup
 
 
 def _t(values: list[float]) -> Tensor:
@@ -50,7 +53,7 @@ def _draw(fn: Callable, p: Tensor, q: Tensor, g: torch.Generator) -> tuple[int, 
     out = call(fn, p.clone(), q.clone(), g, inputs=inputs)
     try:
         token, accepted = out if isinstance(out, (tuple, list)) else ()   # never a generator
-        token, accepted = as_int(token), bool(accepted)
+        token, accepted = harness.as_int(token), bool(accepted)
     except (TypeError, ValueError, RuntimeError):   # RuntimeError: bool of a many-element tensor
         token = None
     if token is None:
@@ -117,7 +120,7 @@ def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckRe
     cases = [_law_case(fn, name, p, q, n, alpha, seed + i)
              for i, (name, p, q, n) in enumerate(PAIRS)]
     _, p, q, _ = PAIRS[0]
-    cases.append(same_seed(lambda g: [_draw(fn, p, q, g)[0] for _ in range(40)], seed,
+    cases.append(harness.same_seed(lambda g: [_draw(fn, p, q, g)[0] for _ in range(40)], seed,
                            {"p": p, "q": q}))
     return run_cases("sampler", cases, BUDGET, timeout)
 
@@ -138,17 +141,11 @@ def _random_pairs(g: torch.Generator, *shape: int) -> tuple[Tensor, Tensor]:
     return probs[..., 0, :], probs[..., 1, :]
 
 
-def _residual_pairs(seed: int) -> list[tuple[Tensor, Tensor]]:
-    """The corners, and 12 random pairs over 6 tokens with zeros."""
-    p, q = _random_pairs(torch.Generator().manual_seed(seed), 12, 6)
-    return CORNERS + list(zip(p, q, strict=True))
-
-
 def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
     excess = (p.double() - q.double()).clamp_min(0)
     none = excess.sum() == 0        # p == q: never used, but must still be a distribution
     inputs: dict[str, Any] = {"p": p, "q": q}
-    got = harness.exact(fn, (p, q), inputs, excess / excess.sum().clamp_min(1e-30),
+    got = exact(fn, (p, q), inputs, excess / excess.sum().clamp_min(1e-30),
                         "the result is not norm(max(0, p - q))", f"a real floating-point [V] = "
                         f"[{p.shape[0]}] tensor", math.inf if none else 1e-5, tensor=True)
     if none and not (got.isfinite().all() and (got >= 0).all() and abs(got.sum() - 1) < 1e-4):
@@ -174,9 +171,10 @@ def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckR
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
-    pairs = _residual_pairs(seed)
-    case = harness.every(_residual_case, fn, pairs, "exact within 1e-5")
-    return run_cases("residual", [(f"the residual of {len(pairs)} (p, q) pairs", case)], 0.0,
+    p, q = _random_pairs(torch.Generator().manual_seed(seed), 12, 6)
+    pairs = CORNERS + list(zip(p, q, strict=True))
+    return run_table("residual", _residual_case, fn,
+                     [(f"the residual of {len(pairs)} (p, q) pairs", pairs)], "exact within 1e-5",
                      timeout)
 
 
@@ -184,7 +182,7 @@ def _acceptance_case(fn: Callable, p: Tensor, q: Tensor) -> None:
     inputs: dict[str, Any] = {"p": p, "q": q} if p.ndim == 1 else {"p, q": f"{list(p.shape)} "
                                                                     "tensors (seeded)"}
     want = acceptance_rate(p.double(), q.double())                           # [...]
-    harness.exact(fn, (p, q), inputs, want, "the result is not beta = sum_x min(p(x), q(x))",
+    exact(fn, (p, q), inputs, want, "the result is not beta = sum_x min(p(x), q(x))",
                   f"one number per pair of rows, of shape {list(want.shape)} (the last dimension "
                   "summed)", label=lambda i: "beta" if p.ndim == 1 else f"beta of row {i}")
 
@@ -218,9 +216,8 @@ def acceptance(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> Chec
     groups = {f"{len(CORNERS)} pairs of [V] distributions: every regime": CORNERS,
               "batches [16, 6] and [2, 3, 5]: one beta per row": [_random_pairs(g, 16, 6),
                                                                   _random_pairs(g, 2, 3, 5)]}
-    return run_cases("acceptance", [
-        (name, harness.every(_acceptance_case, fn, pairs, "exact within 1e-5"))
-        for name, pairs in groups.items()], 0.0, timeout)
+    return run_table("acceptance", _acceptance_case, fn, list(groups.items()),
+                     "exact within 1e-5", timeout)
 
 
 #: Logits with two tied maxima (3.0) and a tied pair (2.0): top-k keeps every logit tied with the
@@ -263,7 +260,7 @@ def _adjust_cases(seed: int) -> list[tuple[str, list[tuple[Tensor, float, int, f
 def _adjust_case(fn: Callable, logits: Tensor, temperature: float, top_k: int,
                  top_p: float) -> None:
     inputs = {"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-    harness.exact(fn, (logits, temperature, top_k, top_p), inputs,
+    exact(fn, (logits, temperature, top_k, top_p), inputs,
                   probs_from_logits(logits, SamplingParams(temperature, top_k, top_p)).double(),
                   "the result is not the adjusted distribution (temperature, then top-k, then "
                   "top-p, then softmax)", f"a [V] = [{len(logits)}] tensor of probabilities")
@@ -295,6 +292,63 @@ def adjustment(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> Chec
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
-    return run_cases("adjustment", [
-        (name, harness.every(_adjust_case, fn, group, f"{len(group)} cases within 1e-5"))
-        for name, group in _adjust_cases(seed)], 0.0, timeout)
+    return run_table("adjustment", _adjust_case, fn, _adjust_cases(seed),
+                     "{n} cases within 1e-5", timeout)
+
+
+def _speedup_cases(seed: int) -> list[tuple[str, list[tuple[float, int, float, float]]]]:
+    """Named groups of ``(alpha, gamma, c, r)``: the edges of the formula, then a seeded grid
+    (``alpha`` in ``[0, 0.99)``, ``gamma`` in ``0..12``, ``c`` in ``[0, 0.5)``, ``r`` in
+    ``[1, 3)``)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(200, 3, generator=g, dtype=torch.float64).tolist()
+    gammas = torch.randint(0, 13, (200,), generator=g).tolist()
+    grid = [(0.99 * a, k, 0.5 * c, 1 + 2 * r) for (a, c, r), k in zip(u, gammas, strict=True)]
+    return [
+        ("Equation (1): c = 0 and r = 1 leave the expected tokens per round",
+         [(a, k, 0.0, 1.0) for a in (0.2, 0.6, 0.9) for k in (1, 3, 8)]),
+        ("alpha = 1: every draft is accepted, gamma + 1 tokens a round",
+         [(1.0, 0, 0.1, 1.0), (1.0, 1, 0.05, 1.2), (1.0, 4, 0.0, 1.0), (1.0, 10, 0.2, 2.0)]),
+        ("alpha = 0: one token a round", [(0.0, k, 0.1, 1.3) for k in (0, 1, 5)]),
+        ("gamma = 0: plain decoding, one token per verify, 1 / r",
+         [(0.5, 0, 0.3, 1.0), (0.9, 0, 0.3, 1.7)]),
+        (f"{len(grid)} seeded (alpha, gamma, c, r)", grid),
+    ]
+
+
+def _speedup_case(fn: Callable, alpha: float, gamma: int, c: float, r: float) -> None:
+    want = walltime_speedup(alpha, gamma, c, r)
+    exact(fn, (alpha, gamma, c, r), {"alpha": alpha, "gamma": gamma, "c": c, "r": r},
+          torch.tensor(want, dtype=torch.float64), "the result is not the expected tokens per "
+          "round over the cost of a round in target steps, (1 - alpha^(gamma+1)) / ((1 - alpha) "
+          f"(gamma c + r)): here {expected_tokens(alpha, gamma):.6g} tokens for "
+          f"{gamma * c + r:.6g} steps", "a number", 1e-4 * want, lambda i: "speedup")
+
+
+def speedup(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+    """Check that ``fn(alpha, gamma, c, r)`` returns the expected walltime speedup of a round.
+
+    Leviathan et al.'s Theorem 3.8 with the verify cost ``r`` (1 in the paper): a round of
+    ``gamma`` drafts yields ``(1 - alpha^(gamma+1)) / (1 - alpha)`` tokens on average (Equation
+    (1); ``gamma + 1`` at ``alpha = 1``) and costs ``gamma c + r`` target steps, where plain
+    decoding makes one token per target step. Deterministic, against
+    [`theory.walltime_speedup`][minispec.core.theory.walltime_speedup]: 18 edge cases (``c = 0``
+    and ``r = 1``; ``alpha = 1``, where the closed form is ``0 / 0``; ``alpha = 0``;
+    ``gamma = 0``) and a seeded grid of 200 (``_speedup_cases``).
+
+    A result within a relative ``1e-4`` passes: the formula is computed in float64 to about
+    ``1e-14`` on these cases and in float32, even as the closed form (``1 - alpha >= 0.01`` on
+    the grid), to about ``1e-6``, while a wrong formula (``alpha^gamma``, no ``r``, ``gamma + 1``
+    draft steps) is off by more than ``1e-2`` relative on some case. No randomness in the
+    verdict, hence no false alarm.
+
+    Args:
+        fn: the speedup formula under test.
+        seed: seeds the grid.
+        timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+
+    Returns:
+        A [`CheckReport`][minispec.check.report.CheckReport].
+    """
+    return run_table("speedup", _speedup_case, fn, _speedup_cases(seed),
+                     "{n} within a relative 1e-4", timeout)

@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from minispec.check.harness import Failure
+from minispec.check.report import Counterexample
 from minispec.core.sampling import SamplingParams, probs_from_logits
 from minispec.models.llama import Llama
 
@@ -240,3 +243,25 @@ def first_tokens_law(model: Llama, prompt: Sequence[int], n: int, exclude: Seque
     for a in likely:                                    # "a, then anything else"
         pairs[a, "other"] = p1[a].item() - sum(p for (x, _), p in top.items() if x == a)
     return p1, {a: p1[a].item() for a in range(len(p1))}, pairs
+
+
+def expect_law(observed: Tensor, probs: Tensor, alpha: float, what: str, inputs: dict[str, Any],
+               label: Callable[[int], str] = "token {}".format) -> Fit:
+    """Pearson's test ([`fit`][minispec.check.statistics.fit]) of ``observed`` counts against the
+    exact law ``probs`` at level ``alpha``; its ``Fit`` when it passes.
+
+    Otherwise raises ``Failure``: ``what``, the ``inputs``, and the most discrepant outcomes
+    (named by ``label``), expected probability against observed frequency, with the statistic and
+    its threshold, or the outcome of probability 0 that was observed.
+    """
+    fitted = fit(observed, probs, alpha)
+    if fitted.passed:
+        return fitted
+    n = float(observed.sum())
+    table = [(label(i), float(probs[i]), float(observed[i]) / n) for i in fitted.worst]
+    if fitted.impossible:
+        raise Failure(Counterexample(f"{what}: it emitted {label(fitted.impossible[0])}, which "
+                                     "has probability 0", inputs, table), "impossible outcome")
+    stat = f"Pearson chi-square, {fitted.df} df (p-value {fitted.pvalue:.2g})"
+    raise Failure(Counterexample(what, inputs, table, stat, fitted.statistic, fitted.threshold),
+                  f"p-value {fitted.pvalue:.2g}")

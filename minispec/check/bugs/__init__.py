@@ -24,11 +24,10 @@ from typing import Any
 
 from minispec.check.bugs import components, samplers, verifiers
 from minispec.check.caches import rollback
-from minispec.check.chains import verifier
 from minispec.check.drafting import drafter
+from minispec.check.markov import tree_verifier, verifier
 from minispec.check.report import CheckReport
 from minispec.check.sampling import residual, sampler
-from minispec.check.trees import tree_verifier
 
 __all__ = ["CHECKS", "LAB", "Bug", "by_name", "components", "run", "samplers", "verifiers"]
 

@@ -1,9 +1,9 @@
 """Buggy verifiers (Algorithm 1's accept loop) and tree walks, each with one real mistake.
 
 Signatures: ``fn(draft_tokens [k], draft_probs [k, V] | None, target_probs [k+1, V], generator)
--> tokens`` for [`check.verifier`][minispec.check.chains.verifier];
+-> tokens`` for [`check.verifier`][minispec.check.markov.verifier];
 ``fn(tree, target_probs [N, V], draft_probs | None, generator) -> tokens`` for
-[`check.tree_verifier`][minispec.check.trees.tree_verifier].
+[`check.tree_verifier`][minispec.check.markov.tree_verifier].
 """
 
 from __future__ import annotations
