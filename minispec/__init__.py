@@ -37,7 +37,7 @@ from minispec.core.speculative import (
     verify,
 )
 from minispec.core.stats import SpecStats
-from minispec.core.tree import DraftTree, Proposal
+from minispec.core.tree import DraftTree, DynamicTree, Proposal
 from minispec.decoding.loop import GenerationResult, generate, speculative_generate
 from minispec.drafters.base import Draft, Drafter, ModelDrafter
 from minispec.drafters.eagle import EagleDrafter, load_drafter
@@ -55,6 +55,7 @@ __version__ = "0.1.0"
 __all__ = [
     # core: the maths
     "DraftTree",
+    "DynamicTree",
     "Proposal",
     "SamplingParams",
     "Sequence",

@@ -16,12 +16,13 @@ Tensors in, tensors out for the divergence functions; plain floats for the scala
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["acceptance_rate", "expected_accepted", "expected_tokens", "lk_divergence",
+__all__ = ["acceptance_rate", "best_tree_size", "expected_accepted", "expected_tokens",
+           "lk_divergence",
            "min_speedup_gamma1", "ops_factor", "optimal_gamma", "walltime_speedup"]
 
 VerifyCost = float | Callable[[int], float]
@@ -143,3 +144,27 @@ def min_speedup_gamma1(alpha: float, c: float) -> float:
     if not alpha > c:
         raise ValueError(f"Corollary 3.9 needs alpha > c, got alpha={alpha}, c={c}")
     return walltime_speedup(alpha, 1, c)
+
+
+def best_tree_size(values: list[float], r: Sequence[float] | None, draft: float = 0.0) -> int:
+    """How many of a tree's nodes to verify: ``n`` maximising expected tokens per unit of time.
+
+    A node accepted with probability ``v_i`` adds ``v_i`` tokens on average, so verifying the
+    ``n`` likeliest nodes (``values`` sorted in decreasing order, each node's parent before it)
+    yields ``1 + v_1 + .. + v_n`` tokens for a round that costs ``draft + r(n + 1)`` target steps:
+    the drafting, already spent, and one verify forward of ``n + 1`` tokens.
+
+    Args:
+        values: acceptance estimates of the candidate nodes, decreasing.
+        r: ``r[T - 1]`` is the cost of verifying ``T`` tokens over one step; ``None``: free (every
+            node is verified); a curve shorter than needed is extended by its last value.
+        draft: the round's drafting cost, in target steps.
+    """
+    if r is None:
+        return len(values)
+    cost = lambda n: draft + r[min(n, len(r) - 1)]         # r(n + 1) = r[n]
+    gains = [1.0]
+    for v in values:
+        gains.append(gains[-1] + v)
+    return max(range(len(values) + 1), key=lambda n: (gains[n] / cost(n), -n))
+

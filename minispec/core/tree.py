@@ -15,6 +15,7 @@ proposal), which is what the accept rule needs. This module is bookkeeping on to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from minispec.core.sampling import check_probs
 
-__all__ = ["DraftTree", "Proposal", "tree_size"]
+__all__ = ["DraftTree", "DynamicTree", "Proposal", "tree_size"]
 
 
 @dataclass
@@ -93,9 +94,51 @@ class DraftTree:
         return mask
 
 
-def tree_size(branching: Sequence[int]) -> int:
+@dataclass(frozen=True)
+class DynamicTree:
+    """A draft tree shaped by the drafter's confidence (EAGLE-2), not by a fixed branching.
+
+    Expansion: the root gets its ``top_k`` likeliest children; at every further depth the
+    ``top_k`` nodes of the depth above with the highest *value* (the product of the draft
+    probabilities along their path: EAGLE-2's estimate of the chance the target accepts them) are
+    scored, ``top_k`` children each. Then the ``nodes`` nodes of highest value are verified -- or
+    fewer, as many as pay for their verify cost
+    ([`best_tree_size`][minispec.core.theory.best_tree_size]). The children are chosen, not
+    drawn, so each carries a one-hot ``q``: exact for sampling as for greedy.
+
+    Used where a branching is (``branching=``): ``len`` is its depth and ``shape[:k]`` cuts it to
+    depth ``k``, as for a tuple.
+
+    Attributes:
+        top_k: children per expanded node, and nodes expanded per depth.
+        nodes: the most draft nodes verified (the root not counted).
+        depth: draft depth (the round's ``k``; set by the loop).
+        verify_cost: ``r(T)``, the cost of verifying ``T`` tokens in one target forward over one
+            step, for ``T = 1, 2, ..`` (a device's measured curve); ``None``: verification is free,
+            so all ``nodes`` are kept.
+        draft_cost: one draft forward's cost over one target step (``c``).
+    """
+
+    top_k: int = 4
+    nodes: int = 16
+    depth: int = 4
+    verify_cost: tuple[float, ...] | None = None
+    draft_cost: float = 0.0
+
+    def __len__(self) -> int:
+        return self.depth
+
+    def __getitem__(self, cut: slice) -> DynamicTree:
+        return dataclasses.replace(self, depth=len(range(self.depth)[cut]))
+
+
+def tree_size(branching: Sequence[int] | DynamicTree) -> int:
     """Nodes of a full tree with this branching, the root included: ``1 + b1 + b1 b2 + ...``
-    (depth ``t`` holds ``b1 ... bt`` nodes; the root's is the empty product, 1)."""
+    (depth ``t`` holds ``b1 ... bt`` nodes; the root's is the empty product, 1). For a
+    [`DynamicTree`][minispec.core.tree.DynamicTree], the positions its round may store in either
+    cache: its nodes, or the nodes a drafter feeds while expanding, whichever is more."""
+    if isinstance(branching, DynamicTree):
+        return 1 + max(branching.nodes, (branching.depth - 1) * branching.top_k)
     return sum(math.prod(branching[:t]) for t in range(len(branching) + 1))
 
 

@@ -27,7 +27,7 @@ import torch
 from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
-from minispec.core.tree import tree_size
+from minispec.core.tree import DynamicTree, tree_size
 from minispec.decoding.goodput import GoodputK, KChoice, policy_for
 from minispec.decoding.runner import SpeculativeRunner
 from minispec.drafters.base import Drafter, ModelDrafter, keeps_cache
@@ -129,7 +129,9 @@ def speculative_generate(
         branching: draft a tree instead of a chain: children per node at each depth, e.g.
             ``(3, 2, 1, 1)`` (``k`` is the depth), all verified in one target forward with tree
             attention, by the same round as a chain (every drafter draws trees; see
-            [`minispec.drafters.trees`][minispec.drafters.trees]). ``None``: the chain of
+            [`minispec.drafters.trees`][minispec.drafters.trees]), or a
+            [`DynamicTree`][minispec.core.tree.DynamicTree] (a draft model or an EAGLE head:
+            the tree EAGLE-2 grows from the drafter's confidence). ``None``: the chain of
             Algorithm 1.
         adaptive: ``False`` (the default): every round drafts ``k`` (shrunk only near
             ``max_seq_len`` and the token budget), the fixed gamma the theorems are about.
@@ -246,6 +248,9 @@ def as_drafter_for(spec: Any, k: Any, branching: Any
     if branching is None:
         return drafter, None, 0
     branching = check_branching(branching, k)
+    if isinstance(branching, DynamicTree) and not keeps_cache(drafter):
+        raise ValueError("a DynamicTree is grown from a model's confidence: it needs a draft "
+                         "model or an EAGLE head, not a context drafter")
     nodes = tree_size(branching)
     return drafter, branching, nodes - (k + 1)
 

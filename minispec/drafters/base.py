@@ -36,8 +36,8 @@ from torch import Tensor
 from minispec.core.sampling import SamplingParams, one_hot, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
-from minispec.core.tree import Proposal
-from minispec.drafters.trees import grow_levels
+from minispec.core.tree import DynamicTree, Proposal
+from minispec.drafters.trees import grow_dynamic, grow_levels
 from minispec.models.kv_cache import ContiguousKVCache, KVCache
 from minispec.models.llama import Llama, ModelConfig, TreeAttention
 
@@ -45,8 +45,9 @@ __all__ = ["Draft", "Drafter", "ModelDrafter", "Shape", "check_compatible", "cho
            "common_prefix", "keeps_cache"]
 
 #: What a row drafts: ``k``, a chain of up to ``k`` drafts, or a branching ``(b_1, .., b_k)``, a
-#: tree with ``b_t`` children per node at depth ``t`` (``()``: nothing).
-Shape = int | tuple[int, ...]
+#: tree with ``b_t`` children per node at depth ``t`` (``()``: nothing), or a ``DynamicTree``
+#: (a model drafter's: shaped by its confidence).
+Shape = int | tuple[int, ...] | DynamicTree
 
 
 class Drafter:
@@ -133,7 +134,8 @@ class Drafter:
             seq.draft_len = keep
 
 
-    def _tree(self, seq: Sequence, branching: tuple[int, ...]) -> tuple[Proposal, dict[int, int]]:
+    def _tree(self, seq: Sequence, branching: tuple[int, ...] | DynamicTree
+              ) -> tuple[Proposal, dict[int, int]]:
         """``seq``'s tree, drawn in the row's own slot of the draft cache: from the root's logits
         (``_tree_root``), one forward per depth (``_score_level``), each depth's nodes stored past
         the context, in the positions the round reserved. Returns the tree and where its fed nodes
@@ -144,8 +146,9 @@ class Drafter:
             root = self._tree_root(seq) if branching else None
             if root is None:
                 return Proposal.chain([]), storage
-            return grow_levels(seq, branching, root, functools.partial(self._score_level, seq),
-                               storage), storage
+            grow = grow_dynamic if isinstance(branching, DynamicTree) else grow_levels
+            return grow(seq, branching, root, functools.partial(self._score_level, seq),
+                        storage), storage
         except Exception as error:             # this request's drafting is broken: it alone fails
             seq.fail(error)
             return Proposal.chain([]), {}

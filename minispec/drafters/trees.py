@@ -1,10 +1,9 @@
-"""Draft *trees* with a static branching per depth (SpecInfer, EAGLE-2): what the drafters share.
+"""Draft *trees* (SpecInfer, EAGLE-2): what the drafters share to draw them.
 
 ``branching = (3, 2, 1, 1)`` means: 3 children of the root (the last context token), 2 children of
 each of those, then single children -- a tree of depth ``k = 4`` with 3 + 6 + 6 + 6 = 21 nodes. The
-target scores the whole tree in one forward ([`TreeAttention`][minispec.models.llama.TreeAttention])
-and [`verify`][minispec.core.speculative.verify] walks down it, in the same round as a
-chain ([`minispec.decoding.runner`][minispec.decoding.runner]).
+target scores the whole tree in one forward and [`verify`][minispec.core.speculative.verify] walks
+down it, in the same round as a chain ([`minispec.decoding.runner`][minispec.decoding.runner]).
 
 How children are chosen, and which ``q`` each one carries (``q`` must be the distribution a token
 was actually drawn from, or verification is not exact):
@@ -12,34 +11,38 @@ was actually drawn from, or verification is not exact):
 * **greedy** (temperature 0): the top-``b`` tokens of the drafter at the node, distinct. The target
   accepts a child only if it is its own argmax, so any choice is exact (Stratos App. A).
 * **sampled**, draft model or EAGLE head: ``b`` tokens drawn **independently, with replacement**
-  from ``q(. | node)`` (SpecInfer's expansion), verified by its multi-step speculative sampling,
-  [`speculate`][minispec.core.speculative.speculate] (Stratos §2), at
-  every node: the draws are tried one after another, each against what the target has left. Equal
-  draws share one child node but are each tried (a repeated proposal is exact; dropping it is not).
-* n-gram table: the ``b`` most frequent distinct continuations, deterministic, so ``q`` is one-hot
-  (``None``); iterative sampling with one-hot proposals stays exact.
+  from ``q(. | node)`` (SpecInfer's expansion), tried one after another at every node by
+  [`verify`][minispec.core.speculative.verify] (Stratos §2). Equal draws share one child node but
+  are each tried (a repeated proposal is exact; dropping it is not).
+* **chosen**, not drawn (an n-gram table's most frequent continuations; a
+  [`DynamicTree`][minispec.core.tree.DynamicTree]'s likeliest children): ``q`` is one-hot
+  (``None``), and iterative sampling with one-hot proposals stays exact.
 
-Every drafter draws its own trees (``propose`` with a branching as the row's shape) with
-[`grow_tree`][minispec.drafters.trees.grow_tree] (children by a rule: a context drafter's
-continuations) or [`grow_levels`][minispec.drafters.trees.grow_levels] (a model, one forward per
-depth: the draft model and the EAGLE head, which keep only the accepted path in their caches).
+[`grow_tree`][minispec.drafters.trees.grow_tree] grows a tree by a rule (a context drafter's
+continuations), [`grow_levels`][minispec.drafters.trees.grow_levels] with a model, one forward per
+depth (the draft model and the EAGLE head), [`grow_dynamic`][minispec.drafters.trees.grow_dynamic]
+a dynamic tree (EAGLE-2: expanded by confidence, the likeliest nodes kept).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import is_int, probs_for_rows, sample
+from minispec.core.sampling import is_int, is_real, probs_for_rows, sample
 from minispec.core.sequence import Sequence
-from minispec.core.tree import Proposal, tree_size
+from minispec.core.theory import best_tree_size
+from minispec.core.tree import DynamicTree, Proposal, tree_size
 from minispec.models.llama import TreeAttention
 
-__all__ = ["MAX_TREE_NODES", "check_branching", "choose_children", "grow_levels", "grow_tree"]
+__all__ = ["MAX_TREE_NODES", "check_branching", "choose_children", "grow_dynamic", "grow_levels",
+           "grow_tree"]
 
 #: The most nodes (root included) a draft tree may have. The target scores every node in one
 #: forward and published trees use tens to a few hundred nodes, so a larger tree costs more than it
@@ -47,24 +50,43 @@ __all__ = ["MAX_TREE_NODES", "check_branching", "choose_children", "grow_levels"
 MAX_TREE_NODES = 1024
 
 
-def check_branching(branching, k: int) -> tuple[int, ...]:
-    """``branching`` as a tuple of ``k`` integers >= 1 (padded with 1s: chains; cut to ``k``).
+def check_branching(branching, k: int) -> tuple[int, ...] | DynamicTree:
+    """``branching`` as a tuple of ``k`` integers >= 1 (padded with 1s: chains; cut to ``k``), or
+    a [`DynamicTree`][minispec.core.tree.DynamicTree] of depth ``k``.
 
     Raises:
-        ValueError: naming ``branching``: not a non-empty sequence of integers >= 1, or a tree of
-            more than ``MAX_TREE_NODES`` nodes (counted by ``tree_size`` after the cut to ``k``).
+        ValueError: naming ``branching``: not a non-empty sequence of integers >= 1 (nor a dynamic
+            tree with ``top_k`` and ``nodes`` integers >= 1 and a ``verify_cost`` of positive
+            numbers), or a tree of more than ``MAX_TREE_NODES`` nodes (counted by ``tree_size``
+            after the cut to ``k``).
     """
-    try:
-        values = tuple(branching)
-    except TypeError:  # an int, None, ...
-        values = ()
-    if not values or not all(is_int(b) and b >= 1 for b in values):
-        raise ValueError(f"branching must be a non-empty tuple of integers >= 1, got {branching!r}")
-    checked = (values + (1,) * k)[:k]
+    if isinstance(branching, DynamicTree):
+        checked = _check_dynamic(dataclasses.replace(branching, depth=k))
+    else:
+        try:
+            values = tuple(branching)
+        except TypeError:  # an int, None, ...
+            values = ()
+        if not values or not all(is_int(b) and b >= 1 for b in values):
+            raise ValueError("branching must be a non-empty tuple of integers >= 1 or a "
+                             f"DynamicTree, got {branching!r}")
+        checked = (values + (1,) * k)[:k]
     if (nodes := tree_size(checked)) > MAX_TREE_NODES:
         raise ValueError(f"branching={branching!r} with k={k} makes a tree of {nodes} nodes; "
                          f"at most MAX_TREE_NODES={MAX_TREE_NODES} are allowed")
     return checked
+
+
+def _check_dynamic(tree: DynamicTree) -> DynamicTree:
+    """``tree`` if its fields make sense (``check_branching``)."""
+    cost = tree.verify_cost
+    if not (is_int(tree.top_k) and tree.top_k >= 1 and is_int(tree.nodes) and tree.nodes >= 1
+            and is_real(tree.draft_cost) and 0 <= tree.draft_cost < math.inf
+            and (cost is None or (len(cost) >= 1 and all(is_real(r) and 0 < r < math.inf
+                                                          for r in cost)))):
+        raise ValueError(f"a DynamicTree needs top_k and nodes integers >= 1, a finite "
+                         f"draft_cost >= 0 and verify_cost None or positive numbers, got {tree!r}")
+    return tree
 
 
 def grow_tree(root: int, branching: tuple[int, ...], state: Any,
@@ -118,6 +140,43 @@ def grow_levels(seq: Sequence, branching: tuple[int, ...], root: tuple[Tensor, i
     return grow_tree(seq.context[-1], branching, [],
                      lambda node, path, b: choose_children(seq, rows[node], path, b),
                      functools.partial(_feed_level, score, storage, rows, start))
+
+
+def grow_dynamic(seq: Sequence, shape: DynamicTree, root: tuple[Tensor, int],
+                 score: Callable[..., Tensor], storage: dict[int, int]) -> Proposal:
+    """A tree expanded by confidence (EAGLE-2,
+    [`DynamicTree`][minispec.core.tree.DynamicTree]): every depth scores its ``top_k`` nodes of
+    highest value in one forward, each gets its ``top_k`` likeliest children; then the nodes of
+    highest value are kept, as many as pay (``best_tree_size``). Arguments as
+    [`grow_levels`][minispec.drafters.trees.grow_levels]."""
+    logits, start = root                                    # (1, V); cache positions held
+    rows = {0: logits[0]}                                   # node -> the drafter's logits (V,)
+    parents, tokens, values = [-1], [seq.context[-1]], [0.0]        # values: log confidence
+    frontier = [0]
+    for depth in range(1, shape.depth + 1):
+        level = []
+        for node in frontier:
+            if torch.isnan(rows[node]).any():
+                raise ValueError("draft logits contain NaN")
+            top = torch.log_softmax(rows[node].float(), dim=-1).topk(shape.top_k)
+            for log_q, token in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                parents.append(node)
+                tokens.append(token)
+                values.append(values[node] + log_q)
+                level.append(len(tokens) - 1)
+        frontier = sorted(level, key=lambda i: -values[i])[: shape.top_k]  # the best go on
+        if depth < shape.depth:
+            _feed_level(score, storage, rows, start, frontier, parents, tokens, depth)
+    ranked = sorted(range(1, len(tokens)), key=lambda i: (-values[i], i))[: shape.nodes]
+    n = best_tree_size([math.exp(values[i]) for i in ranked], shape.verify_cost,
+                       shape.draft_cost * shape.depth)
+    kept = [0] + sorted(ranked[:n])              # a parent's value is at least its child's
+    index = {node: i for i, node in enumerate(kept)}
+    draws = [[(index[c], None) for c in kept if parents[c] == node] for node in kept]
+    proposal = Proposal.build([-1] + [index[parents[c]] for c in kept[1:]],
+                              [tokens[c] for c in kept], draws)
+    proposal.created = [kept[i] for i in proposal.created]     # the drafter's own numbering
+    return proposal
 
 
 def choose_children(seq: Sequence, logits: Tensor, path: list[int], b: int

@@ -109,7 +109,9 @@ class Engine:
             admitted prompt is prefilled whole in the step that admits it.
         branching: draft trees instead of chains: ``branching[t]`` children per node at depth
             ``t`` (e.g. ``(3, 2, 1, 1)``), verified in the same batched forward with tree attention
-            and compacted to the accepted path (a paged cache frees the rejected nodes' blocks).
+            and compacted to the accepted path (a paged cache frees the rejected nodes' blocks);
+            or a [`DynamicTree`][minispec.core.tree.DynamicTree] (a draft model or an EAGLE
+            head: shaped by its confidence, EAGLE-2).
         graphs: run the target's steps as static shapes padded to a batch bucket, captured as
             CUDA graphs on a GPU ([`minispec.models.static_step`][minispec.models.static_step]);
             ``None`` (the default): on a GPU only; ``True`` on the CPU runs the same step eagerly.
