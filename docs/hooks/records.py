@@ -7,11 +7,14 @@ GPU). On any page:
 * a line ``<!-- minispec-record: NAME -->`` becomes the tables of a record: ``gpu`` (the step, the
   verify cost, each method at batch 1, the engine by batch size; a note with the command while no
   GPU record is committed), or a run of the CPU record (``shipped_pair``, ``smollm2_lookup``,
-  ``smollm2_tasks``, ``multitask``);
+  ``smollm2_tasks``, ``multitask``); ``RUN/TABLE`` (``<!-- minispec-record: lockstep/draft -->``)
+  becomes one table that a run of the CPU record keeps (its columns, their number formats, its
+  rows);
 * an inline ``{{ cpu/runs/multitask/rows/overall/hybrid, k = 4 :.2f }}`` becomes one value of a
   record (``cpu``: ``docs/data/cpu.json``; ``card``: the shipped pair's model card,
-  ``minispec/zoo/model_card.json``), formatted by the spec after `` :``. A path that names nothing
-  fails the build.
+  ``minispec/zoo/model_card.json``; ``eagle``: the shipped EAGLE head's record,
+  ``minispec/zoo/smollm2-135m-instruct-eagle/eagle_config.json``, an item of a list by its index), formatted by the spec after `` :``. A path that names nothing
+  fails the build. A list, a range measured over several runs, renders as ``low-high``.
 
 The README's headline block is rendered by [`headline`][] from the same record, and
 ``tests/test_records.py`` fails when the README's copy differs (``python docs/hooks/records.py
@@ -25,12 +28,13 @@ import re
 import textwrap
 from pathlib import Path
 
-_MARKER = re.compile(r"^<!-- minispec-record: (\w+) -->[ \t]*$", re.MULTILINE)
-_VALUE = re.compile(r"\{\{ (cpu|card)/([^{}]+?)(?: :([^{}]*?))? \}\}")
+_MARKER = re.compile(r"^<!-- minispec-record: (\w+(?:/\w+)?) -->[ \t]*$", re.MULTILINE)
+_VALUE = re.compile(r"\{\{ (cpu|card|eagle)/([^{}]+?)(?: :([^{}]*?))? \}\}")
 HEADLINE = re.compile(r"<!-- headline -->\n.*?<!-- /headline -->", re.DOTALL)
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"cpu": ROOT / "docs" / "data" / "cpu.json",
-           "card": ROOT / "minispec" / "zoo" / "model_card.json"}
+           "card": ROOT / "minispec" / "zoo" / "model_card.json",
+           "eagle": ROOT / "minispec" / "zoo" / "smollm2-135m-instruct-eagle" / "eagle_config.json"}
 
 
 def _num(x, digits: int = 2) -> str:
@@ -80,7 +84,7 @@ def render_gpu(record: dict) -> str:
 
 
 def load(source: str = "cpu") -> dict:
-    """A record by its source name (``cpu`` or ``card``)."""
+    """A record by its source name (``cpu``, ``card`` or ``eagle``)."""
     return json.loads(SOURCES[source].read_text(encoding="utf-8"))
 
 
@@ -88,9 +92,14 @@ def value(source: str, path: str, spec: str | None = None) -> str:
     """One value of a record: ``path`` is its keys joined by ``/``; formatted by ``spec``."""
     node = load(source)
     for key in path.strip().split("/"):
+        if isinstance(node, list) and re.fullmatch(r"-?\d+", key) and -len(node) <= int(key) < len(node):
+            node = node[int(key)]
+            continue
         if not isinstance(node, dict) or key not in node:
             raise KeyError(f"the {source} record has no {path!r} (no key {key!r})")
         node = node[key]
+    if isinstance(node, list):                      # a range measured over runs: low-high
+        return "-".join(format(x, spec.strip()) if spec else str(x) for x in node)
     return format(node, spec.strip()) if spec else str(node)
 
 
@@ -174,7 +183,24 @@ RUNS = {"shipped_pair": render_shipped_pair, "smollm2_lookup": render_smollm2_lo
         "multitask": render_multitask}
 
 
+def render_table(table: dict) -> str:
+    """One table of a run: its columns (title, alignment, the format of its numbers) and rows."""
+    cols = table["columns"]
+    lines = ["| " + " | ".join(c["title"] for c in cols) + " |",
+             "| " + " | ".join(c["align"] for c in cols) + " |"]
+    for name, row in table["rows"].items():
+        cells = [row.get("name", name)]
+        for c in cols[1:]:
+            v = row[c["key"]]
+            cells.append(v if isinstance(v, str) else c["format"].format(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _render(name: str, data: Path) -> str:
+    if "/" in name:
+        run, table = name.split("/")
+        return render_table(load("cpu")["runs"][run]["tables"][table])
     if name in RUNS:
         return RUNS[name](load("cpu")["runs"][name])
     path = data / f"{name}.json"
