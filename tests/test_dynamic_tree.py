@@ -206,3 +206,17 @@ def test_a_context_drafter_cannot_grow_a_dynamic_tree(pair):
     target, _ = pair
     with pytest.raises(ValueError, match="draft model or an EAGLE head"):
         ms.speculative_generate(target, "ngram", [1, 2], 4, k=3, branching=ms.DynamicTree())
+
+
+def test_the_bench_prices_a_dynamic_tree_on_this_device(pair, capsys):
+    """``minispec bench --tree-nodes N``: r(T) measured for T = 1..N + 1, one for one token."""
+    from minispec.tools.cli import dynamic_tree
+
+    target, _ = pair
+    tree = dynamic_tree(target, nodes=5, top_k=2, threads=1)
+    assert (tree.nodes, tree.top_k, len(tree.verify_cost)) == (5, 2, 6)
+    r = tree.verify_cost
+    assert r[0] == 1.0 and all(1 <= a <= b < math.inf for a, b in zip(r, r[1:], strict=False))
+    assert "r(T) on this device, T = 1..6" in capsys.readouterr().out
+    out = ms.speculative_generate(target, _, PROMPTS[2], 8, k=3, branching=tree)
+    assert out.tokens == ms.generate(target, PROMPTS[2], 8).tokens

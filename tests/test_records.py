@@ -232,9 +232,10 @@ def test_the_model_cards_are_their_records(tmp_path):
     card = evaluate.render_markdown(records.load("card"))
     for path in ("MODEL_CARD.md", "shakespeare-target/README.md", "shakespeare-draft/README.md"):
         assert (zoo / path).read_text(encoding="utf-8") == card, path
-    head = json.loads((zoo / "smollm2-135m-instruct-eagle" / "eagle_config.json").read_text())
+    eagle = zoo / "smollm2-135m-instruct-eagle"
+    head = json.loads((eagle / "eagle_config.json").read_text())
     written = train_eagle.write_card(tmp_path, head["training"], head["evaluation"])
-    assert written.read_text() == (zoo / "smollm2-135m-instruct-eagle" / "MODEL_CARD.md").read_text()
+    assert written.read_text() == (eagle / "MODEL_CARD.md").read_text()
 
 
 def test_the_readme_headline_is_the_record():
@@ -249,7 +250,8 @@ def test_every_run_keeps_its_machine_commit_and_command():
     for name, run in records.load("cpu")["runs"].items():
         assert {"device", "threads", "clock", "load"} <= set(run["machine"]), name
         assert re.fullmatch(r"[0-9a-f]{40}", run["commit"]), name
-        assert "minispec" in run["command"] or re.match(r"python3? benchmarks/", run["command"]), name
+        command = run["command"]
+        assert "minispec" in command or re.match(r"python3? benchmarks/", command), name
 
 
 def test_the_explorer_presets_and_points_are_the_record():

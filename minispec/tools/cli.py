@@ -262,6 +262,26 @@ def _sha256(path) -> str | None:
         return None
 
 
+def dynamic_tree(target, nodes: int, top_k: int, threads: int | None,
+                 context: int = 256) -> ms.DynamicTree:
+    """A [`DynamicTree`][minispec.core.tree.DynamicTree] of at most ``nodes`` nodes priced by
+    ``target``'s verify cost ``r(T)``, ``T = 1..nodes + 1``, measured here (process CPU time,
+    medians of 5 interleaved repeats at a ``context``-token context, cut to fit the model), made
+    non-decreasing (a forward of more tokens is priced at least as one of fewer: the running
+    maximum, so timing noise does not make a wider verify look cheaper)."""
+    from itertools import accumulate
+
+    from minispec.tools.costs import time_steps
+
+    context = min(context, target.config.max_position_embeddings - nodes - 1)
+    steps, _ = time_steps({"target": target}, batch=1, context=context, max_k=nodes, repeats=5,
+                          progress=False, clock=time.process_time)
+    r = tuple(accumulate([1.0] + [steps["target"].r(t) for t in range(1, nodes + 1)], max))
+    print(f"dynamic tree: r(T) on this device, T = 1..{nodes + 1}: "
+          + " ".join(f"{x:.2f}" for x in r) + f" ({threads or torch.get_num_threads()} threads)")
+    return ms.DynamicTree(top_k=top_k, nodes=nodes, verify_cost=r)
+
+
 def bench_workloads(args: argparse.Namespace) -> int:
     """``minispec bench --model NAME``: the real workloads, minispec vs transformers, by task."""
     from pathlib import Path
@@ -296,6 +316,9 @@ def bench_workloads(args: argparse.Namespace) -> int:
             drafters["suffix"] = (ms.SuffixDrafter, args.k_ngram)
             drafters["hybrid"] = (lambda: ms.HybridDrafter(head=eagle), args.k_ngram)
             drafters["hybrid goodput"] = (lambda: ms.HybridDrafter(head=eagle), "auto")
+            if args.tree_nodes:                         # EAGLE-2's tree, N priced on this device
+                tree = dynamic_tree(target, args.tree_nodes, args.tree_top_k, args.threads)
+                drafters[f"eagle tree N={args.tree_nodes}"] = (lambda: eagle, args.k_tree, tree)
         except (FileNotFoundError, ValueError) as error:
             if args.head:                               # asked for explicitly: an error
                 print(f"minispec bench: {error}", file=sys.stderr)
@@ -486,6 +509,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --model: draft length of the EAGLE head (default 2: with its "
                         "measured alpha ~0.3 and c ~0.05, theory.optimal_gamma gives 1-2 on this "
                         "CPU)")
+    b.add_argument("--tree-nodes", type=non_negative_int, default=0, metavar="N",
+                   help="with --model and a head: also time the head's dynamic tree (EAGLE-2) "
+                        "of at most N nodes, as many as pay for this device's measured verify "
+                        "cost r(T) (default 0: not timed)")
+    b.add_argument("--tree-top-k", type=positive_int, default=4,
+                   help="with --tree-nodes: children per expanded node (default 4)")
+    b.add_argument("--k-tree", type=positive_int, default=4,
+                   help="with --tree-nodes: depth of the dynamic tree (default 4)")
     b.add_argument("--fast", action="store_true",
                    help="with --model: minispec's fast CPU path "
                         "(weights packed once, ms.load(fast=True))")

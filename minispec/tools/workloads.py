@@ -167,7 +167,7 @@ def encode_tasks(tokenizer: Any, tasks: tuple[str, ...] | None = None) -> dict[s
 def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         tasks: Sequence[str] | None = None, max_new_tokens: int = 96, k: int = 4,
         repeats: int = 1, warmup: int = 0,
-        drafters: dict[str, tuple[Callable[[], Any], int]] | None = None,
+        drafters: dict[str, tuple] | None = None,
         log: Callable[[str], None] | None = print, prompt_set: str = "tasks",
         temperature: float = 0.0, clock: Callable[[], float] = time.perf_counter,
         per_task: int | None = None) -> list[MethodResult]:
@@ -188,8 +188,9 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
         k: draft length of both context drafters (both libraries).
         repeats: timed repeats of the whole table.
         warmup: discarded repeats of the whole table before them.
-        drafters: more minispec drafters, ``{name: (factory, k)}`` (e.g. an EAGLE head:
-            ``{"eagle": (lambda: drafter, 2)}``); each shows as ``minispec <name> k=<k>``.
+        drafters: more minispec drafters, ``{name: (factory, k)}`` or ``(factory, k,
+            branching)`` (e.g. an EAGLE head: ``{"eagle": (lambda: drafter, 2)}``; a branching or
+            a ``DynamicTree`` drafts trees); each shows as ``minispec <name> k=<k>``.
             ``k="auto"``: the round's ``k`` is chosen by the goodput policy, up to ``k``
             (``speculative_generate(..., adaptive=True)``).
         log: progress lines (``None``: silent).
@@ -229,7 +230,7 @@ def run(target: Llama, tokenizer: Any, target_dir: str | Path | None, *,
 
 
 def _minispec_methods(target: Llama, task: str, max_new_tokens: int, k: int,
-                      drafters: dict[str, tuple[Callable[[], Any], int]] | None = None,
+                      drafters: dict[str, tuple] | None = None,
                       temperature: float = 0.0) -> list[Method]:
     def sampling(ids) -> SamplingParams | None:       # a seed per prompt, the same per method
         return None if temperature == 0 else SamplingParams(temperature=temperature,
@@ -239,13 +240,13 @@ def _minispec_methods(target: Llama, task: str, max_new_tokens: int, k: int,
         out = generate(target, ids, max_new_tokens, sampling(ids))
         return out.tokens, out.stats
 
-    def drafted(make, k_drafts=k):       # "auto": goodput k, up to the bench's k, each round
+    def drafted(make, k_drafts=k, branching=None):    # "auto": goodput k, up to the bench's k
         auto = k_drafts == "auto"
 
         def run_one(ids):
             out = speculative_generate(target, make(), ids, max_new_tokens,
                                        k=k if auto else k_drafts, sampling=sampling(ids),
-                                       adaptive=auto)
+                                       adaptive=auto, branching=branching)
             return out.tokens, out.stats
         return run_one
 
@@ -253,9 +254,8 @@ def _minispec_methods(target: Llama, task: str, max_new_tokens: int, k: int,
             Method(f"minispec n-gram k={k}", "minispec", task, drafted(NGramDrafter), k),
             Method(f"minispec prompt lookup k={k}", "minispec", task,
                    drafted(PromptLookupDrafter), k)] + [
-            Method(f"minispec {name} k={k_other}", "minispec", task, drafted(make, k_other),
-                   k_other)
-            for name, (make, k_other) in (drafters or {}).items()]
+            Method(f"minispec {name} k={spec[1]}", "minispec", task, drafted(*spec), spec[1])
+            for name, spec in (drafters or {}).items()]
 
 
 def _hf_methods(call: Callable, task: str, k: int) -> list[Method]:
