@@ -220,6 +220,10 @@ def _read(head_dir: str | Path, dtype: torch.dtype, verifier: str
         raise ValueError(f"the head in {head_dir} has the {layout!r} layout (fc bias, input norm, "
                          "final norm), which vLLM and SGLang do not compute; train one with "
                          "--layout eagle1 or --layout eagle3")
+    if layout == "eagle3" and len(set(saved["aux_layers"])) != 3:
+        raise ValueError(f"the head in {head_dir} fuses the target's layers "
+                         f"{tuple(saved['aux_layers'])}; vLLM captures each layer once, so it "
+                         "serves three distinct ones (train with --aux-layers I J K)")
     if layout == "eagle1" and draft_vocab != vocab:
         raise ValueError(f"the head in {head_dir} drafts over {draft_vocab} of {vocab} tokens; "
                          "vLLM's and SGLang's EAGLE-1 heads draft over the target's full LM head")
@@ -249,7 +253,8 @@ def export_head(head_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype
             [`check_out_dir`][minispec.tools.export.check_out_dir]) or cannot be written; the
             head's files are unreadable, or it is in the ``"minispec"`` layout, or it is an
             ``"eagle1"`` head that drafts over a reduced vocabulary (both engines draft EAGLE-1
-            heads over the target's full LM head).
+            heads over the target's full LM head), or an ``"eagle3"`` head that names one
+            target layer twice (vLLM captures each layer once).
     """
     out_dir = check_out_dir(out_dir, overwrite)
     config, tensors = _read(head_dir, dtype, verifier)
