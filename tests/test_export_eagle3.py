@@ -256,3 +256,32 @@ def test_the_command_line_picks_the_speculators_layout(pair, tmp_path, capsys):
     assert config["draft_vocab_size"] == target.config.vocab_size
     tensors = load_file(str(out / "model.safetensors"))
     assert "d2t" not in tensors and tensors["fc.weight"].dtype == torch.float16
+
+
+def test_speculators_own_model_loads_the_files_and_computes_the_head(pair, exported):
+    """Where the ``speculators`` package is installed (not a dependency: it pins its own torch
+    and transformers), its ``Eagle3DraftModel`` reads the config, loads every exported tensor
+    (the embedding and the verifier's parts come from the verifier) and computes the head's
+    logits over ``V'``."""
+    pytest.importorskip("speculators")
+    from speculators import SpeculatorModelConfig
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    hf, target = pair
+    head, out = exported
+    config = SpeculatorModelConfig.from_pretrained(out)
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = Eagle3DraftModel(config).eval()
+    missing, unexpected = model.load_state_dict(load_file(str(out / "model.safetensors")),
+                                                strict=False)
+    assert not unexpected and set(missing) == {"embed_tokens.weight", "verifier_lm_head.weight",
+                                               "verifier_norm.weight"}
+    model.embed_tokens.weight.data.copy_(hf.model.embed_tokens.weight)
+    ids, seen = torch.randint(0, target.config.vocab_size, (1, 10)), {}
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.setdefault("logits", out))
+    with torch.no_grad():
+        aux = hf_layers(hf, ids[:, :-1], config.eagle_aux_hidden_state_layer_ids)
+        model(aux, ids[:, 1:], torch.zeros(1, 9, dtype=torch.long), ttt_steps=1)
+        _, taps = target(ids[:, :-1], torch.arange(9)[None], return_hidden=head.aux_layers)
+        logits, _ = head(ids[:, 1:], taps, torch.arange(9)[None])
+    torch.testing.assert_close(seen["logits"], logits, atol=1e-4, rtol=1e-4)

@@ -83,11 +83,11 @@ class EagleHead(nn.Module):
     """The head's own weights, plus references to the target's frozen embedding, norm and LM head.
 
     Pair ``j = t - 1`` sits at position ``j`` of the head's cache (positions and RoPE count pairs).
-    Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding,
-    norm, LM head and RoPE tables are the target's, bound with
-    [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
+    Only the head's own weights (``fc``, the layer, the vocabulary ids; an ``"eagle3"`` head's
+    norm and LM head) are saved; the embedding, norm, LM head and RoPE tables are the target's,
+    bound with [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
 
-    Two layouts. ``"minispec"`` (the module docstring's, the shipped head) normalises twice: the
+    Three layouts. ``"minispec"`` (the module docstring's, the shipped head) normalises twice: the
     layer's input norm and the target's final norm on ``f'_t``. ``"eagle1"`` is the layout of
     EAGLE-1's checkpoints, which vLLM's and SGLang's EAGLE loaders read: ``fc`` has no bias, the
     layer reads ``fc``'s output without its input norm, and the layer's output goes to the full LM
@@ -119,7 +119,8 @@ class EagleHead(nn.Module):
         vocab: the draft vocabulary ``V'`` as sorted token ids, or ``None`` for the full one.
         layout: ``"minispec"``, ``"eagle1"`` or ``"eagle3"`` (above).
         aux_layers: EAGLE-3: the three target layers (ids in ``0..L``, as ``Llama.forward``'s
-            ``return_hidden``) whose streams the head fuses with ``fuse`` (``3D -> D``); ``None``:
+            ``return_hidden``) whose streams the head fuses with ``fuse`` (``3D -> D``; ``fc`` in
+            the ``"eagle3"`` layout, where ``None`` means EAGLE-3's default layers); ``None``:
             the target's final-normed feature (EAGLE-1).
     """
 
