@@ -8,11 +8,15 @@
 #   1. data: the target's own answers, written by minispec's engine at --gen-batch requests at
 #      once, SAMPLES answers per prompt at temperature 0.7 (the prompt set has ~1,500 prompts),
 #      turned into the streams entering layers 2, 15, 27 plus the final features (float16);
-#   2. training: TRAIN_MIN minutes, 3 unrolled passes, loss SmoothL1 + 0.5 CE + 1.0 KL(p || q);
+#   2. training: TRAIN_MIN minutes, EAGLE-3's layout (fc on the three layers, a first layer
+#      reading [embedding ; fused], the head's own final norm and frozen LM head over V'),
+#      3 unrolled passes, loss 0.5 CE + 1.0 KL(p || q) (no feature term);
 #   3. evaluation: held-out top-1 by draft position (training.json) and alpha / tokens per
 #      target forward on minispec's evaluation tasks, checked token for token (MODEL_CARD.md);
 #   4. the head and its card copied to minispec/zoo/$NAME (NOT registered in zoo.HEADS: a
-#      person checks the card first).
+#      person checks the card first);
+#   5. the head exported in the speculators format vLLM loads, to $OUT/speculators
+#      (python -m minispec.tools.export; the verifier it names: $VERIFIER).
 #
 # Memory: every token keeps 4 x 576 float16 values (3 layers + the final feature), 4.6 kB; 10 M
 # tokens are ~46 GB of host memory and of --out/data.pt (the disk is 64 GiB: OUT on that disk,
@@ -25,8 +29,10 @@ OUT=${OUT:-runs/eagle3}
 if [[ "${EAGLE3_DRY:-0}" == 1 ]]; then      # CPU, tiny: checks the pipeline end to end
     ARGS=(--target shakespeare-target --device cpu --threads 1 --prompts 4 --samples 2
           --answer-tokens 16 --prose-chars 2000 --code-chars 2000 --chunk 64 --batch 2
-          --gen-batch 128 --steps 4 --eval-every 2 --eval-tokens 12 --time-budget 1)
+          --gen-batch 128 --steps 4 --eval-every 2 --eval-tokens 12 --time-budget 1
+          --aux-layers 1 3 5)                 # three distinct layers, as vLLM captures them
     ZOO=${ZOO:-$OUT/zoo}                     # never the real zoo from a dry run
+    VERIFIER=${VERIFIER:-shakespeare-target}  # a name in config.json only (not on the Hub)
 else
     ARGS=(--target smollm2-135m-instruct --device cuda --docstrings 2000 --prompts 100000
           --samples "${SAMPLES:-16}" --answer-tokens 512 --gen-batch "${GEN_BATCH:-256}"
@@ -34,6 +40,7 @@ else
           --warmup 200 --steps 100000 --eval-every 500 --time-budget "${TRAIN_MIN:-6}"
           --eval-tokens 128)
     ZOO=${ZOO:-minispec/zoo}
+    VERIFIER=${VERIFIER:-HuggingFaceTB/SmolLM2-135M-Instruct}
 fi
 
 mkdir -p "$OUT"
@@ -60,4 +67,6 @@ PY
 mkdir -p "$ZOO/$NAME"
 cp "$OUT/head/head.safetensors" "$OUT/head/eagle_config.json" "$OUT/head/MODEL_CARD.md" \
     "$ZOO/$NAME/"
-echo "head and card in $ZOO/$NAME ($(( (end - start) / 60 )) min in all)"
+python -m minispec.tools.export "$OUT/head" "$OUT/speculators" --overwrite --verifier "$VERIFIER"
+echo "head and card in $ZOO/$NAME, the speculators export in $OUT/speculators" \
+     "($(( (end - start) / 60 )) min in all)"

@@ -471,4 +471,4 @@ def test_the_eagle1_layout_has_no_fc_bias_no_input_norm_and_no_final_norm(target
     torch.testing.assert_close(logits, feature @ target.output_weight.T)   # LM head, no norm
     assert not torch.allclose(feature, target.norm(feature), atol=1e-2)
     with pytest.raises(ValueError, match="layout"):
-        EagleHead(target.config, layout="eagle3")
+        EagleHead(target.config, layout="eagle2")

@@ -128,11 +128,17 @@ def test_help(capsys):
 
 
 def test_the_eagle3_recipe_trains_a_head_that_fuses_three_layers(toy_corpus, tmp_path, one_thread):
-    """``--layout eagle3``: the data keep the target's three layers, the head fuses them, trains
-    unrolled 3 passes with the KL term, and the saved head reloads and drafts exactly."""
+    """``--layout eagle3``: the data keep the target's three layers, the head (EAGLE-3's layout)
+    fuses them, trains unrolled 3 passes with the KL term, the saved head reloads and drafts
+    exactly; the export (tests/test_export_eagle3.py) refuses the tiny target's default layers,
+    which name one layer twice (``benchmarks/eagle3_gpu.sh``'s dry run trains and exports three
+    distinct ones)."""
+    from minispec.tools import export
+
     head_dir = train_eagle.main([*tiny_args(tmp_path / "run", toy_corpus), "--steps", "2",
                                  "--layout", "eagle3"])
     saved = json.loads((head_dir / "eagle_config.json").read_text())
+    assert saved["layout"] == "eagle3"
     target, tok = ms.load("shakespeare-target")
     layers = default_aux_layers(target.config.num_hidden_layers)
     assert tuple(saved["aux_layers"]) == layers
@@ -142,16 +148,20 @@ def test_the_eagle3_recipe_trains_a_head_that_fuses_three_layers(toy_corpus, tmp
     assert len(facts["training"]["heldout_top1_by_position"]) == 4
     assert "KL(p || q)" in (head_dir / "MODEL_CARD.md").read_text()
     drafter = ms.load_drafter(head_dir, target)
-    assert drafter.feature_layers == layers
+    assert drafter.feature_layers == layers and drafter.model.lm_head is not None
     prompt = tok.encode("ROMEO:")
     for branching in (None, (2, 2, 1)):
         out = ms.speculative_generate(target, drafter, prompt, 16, k=3, branching=branching)
         assert out.tokens == ms.generate(target, prompt, 16).tokens
+    with pytest.raises(ValueError, match="three distinct"):   # the tiny target's (2, 3, 3)
+        export.export_head(head_dir, tmp_path / "vllm")
 
 
-def test_the_eagle3_loss_decreases_on_a_fixed_batch(one_thread):
+@pytest.mark.parametrize("layout", ["minispec", "eagle3"])
+def test_the_eagle3_loss_decreases_on_a_fixed_batch(one_thread, layout):
     """A few AdamW steps of ``head_loss`` (3 passes, the KL term) on one batch of a tiny random
-    target's three-layer features lower it."""
+    target's three-layer features lower it, for the minispec layout fusing three layers and for
+    EAGLE-3's (no feature term; its LM head stays frozen)."""
     from tinymodels import tiny_llama
 
     torch.manual_seed(0)
@@ -160,7 +170,9 @@ def test_the_eagle3_loss_decreases_on_a_fixed_batch(one_thread):
     seqs = [("answers", torch.randint(0, 48, (40,)).tolist()) for _ in range(4)]
     chunks = eagle_data.extract(target, seqs, chunk=40, progress=False, aux_layers=layers)
     assert chunks[0].aux.shape == (40, 3 * 32) and chunks[0].features.shape == (40, 32)
-    head = EagleHead(target.config, aux_layers=layers).bind(target).init_from_target()
+    head = EagleHead(target.config, layout=layout, aux_layers=layers).bind(target)
+    head.init_from_target()
+    frozen = None if head.lm_head is None else head.lm_head.weight.clone()
     index = train_eagle._index(head)
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     losses = []
@@ -171,5 +183,6 @@ def test_the_eagle3_loss_decreases_on_a_fixed_batch(one_thread):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
+    assert frozen is None or torch.equal(frozen, head.lm_head.weight)
     kl = train_eagle.kl_to_target(head, torch.randn(1, 2, 48), torch.randn(1, 2, 32))
     assert kl.shape == (1, 2) and bool((kl >= -1e-6).all())

@@ -39,11 +39,11 @@ from torch import nn
 
 from minispec.models import packed
 from minispec.models.kv_cache import KVCache
-from minispec.models.llama import Block, Llama, ModelConfig, TreeAttention
+from minispec.models.llama import Block, Llama, ModelConfig, RMSNorm, TreeAttention
 
-__all__ = ["EagleHead", "default_aux_layers", "load_head", "save_head"]
+__all__ = ["Eagle3Block", "EagleHead", "default_aux_layers", "load_head", "save_head"]
 
-LAYOUTS = ("minispec", "eagle1")
+LAYOUTS = ("minispec", "eagle1", "eagle3")
 
 #: The target's shape a head is made for: ``bind`` refuses a target that differs in one of them.
 SHAPE = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim")
@@ -56,15 +56,38 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     return tuple(sorted((min(2, L), L // 2, max(L - 3, 0))))
 
 
+class Eagle3Block(Block):
+    """EAGLE-3's decoder layer (vLLM's ``llama_eagle3.LlamaDecoderLayer`` at ``layer_idx`` 0):
+    it reads ``[e ; g]`` (2D), normalises each half with its own norm (``input_layernorm`` the
+    embedding, ``hidden_norm`` the fused feature), attends with q, k, v over the 2D concatenation,
+    and adds the attention to ``g`` (the residual is ``g`` before its norm); the MLP half is
+    Llama's."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config, layer_idx=0)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        attn, d = self.self_attn, 2 * config.hidden_size
+        attn.q_proj, attn.k_proj, attn.v_proj = (
+            nn.Linear(d, n * attn.hd, bias=config.attention_bias) for n in (attn.n_h, attn.n_kv,
+                                                                              attn.n_kv))
+
+    def forward(self, x, cos, sin, mask, cache, plan, drop=None) -> torch.Tensor:
+        """``Block.forward``'s arguments, ``x`` (B, T, 2D) = ``[e ; g]``; returns (B, T, D)."""
+        e, g = x.chunk(2, dim=-1)
+        x = torch.cat([self.input_layernorm(e), self.hidden_norm(g)], dim=-1)       # (B, T, 2D)
+        h = g + self.self_attn(x, cos, sin, mask, cache, plan, drop)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
 class EagleHead(nn.Module):
     """The head's own weights, plus references to the target's frozen embedding, norm and LM head.
 
     Pair ``j = t - 1`` sits at position ``j`` of the head's cache (positions and RoPE count pairs).
-    Only the head's own weights (``fc``, the layer, the vocabulary ids) are saved; the embedding,
-    norm, LM head and RoPE tables are the target's, bound with
-    [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
+    Only the head's own weights (``fc``, the layer, the vocabulary ids; an ``"eagle3"`` head's
+    norm and LM head) are saved; the embedding, norm, LM head and RoPE tables are the target's,
+    bound with [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
 
-    Two layouts. ``"minispec"`` (the module docstring's, the shipped head) normalises twice: the
+    Three layouts. ``"minispec"`` (the module docstring's, the shipped head) normalises twice: the
     layer's input norm and the target's final norm on ``f'_t``. ``"eagle1"`` is the layout of
     EAGLE-1's checkpoints, which vLLM's and SGLang's EAGLE loaders read: ``fc`` has no bias, the
     layer reads ``fc``'s output without its input norm, and the layer's output goes to the full LM
@@ -80,14 +103,24 @@ class EagleHead(nn.Module):
     ``g`` for ``f_{t-1}``. Later drafts read the head's own ``f'`` as before (only the pairs of
     real positions read the target's layers).
 
+    ``"eagle3"`` is the layout of EAGLE-3's checkpoints in the speculators format, which vLLM
+    loads (``llama_eagle3.py``; [`minispec.tools.export`][minispec.tools.export]): ``fc``
+    (``3D -> D``, no bias) fuses the three layers into ``g``, one
+    [`Eagle3Block`][minispec.models.eagle_head.Eagle3Block] reads ``[e ; g]``, and the head's
+    own final ``norm`` and ``lm_head`` (``V'`` rows, frozen; both start as the target's:
+    [`init_from_target`][minispec.models.eagle_head.EagleHead.init_from_target]) give the logits.
+    The feature passed on to the next draft is the layer's output before that norm, as vLLM's
+    drafting loop passes it. ``aux_layers`` defaults to EAGLE-3's there.
+
     Args:
         config: the target's [`ModelConfig`][minispec.models.llama.ModelConfig]; the head uses one
             layer of it (``self.config`` has ``num_hidden_layers = 1``, which is what shapes its KV
             cache).
         vocab: the draft vocabulary ``V'`` as sorted token ids, or ``None`` for the full one.
-        layout: ``"minispec"`` or ``"eagle1"`` (above).
+        layout: ``"minispec"``, ``"eagle1"`` or ``"eagle3"`` (above).
         aux_layers: EAGLE-3: the three target layers (ids in ``0..L``, as ``Llama.forward``'s
-            ``return_hidden``) whose streams the head fuses with ``fuse`` (``3D -> D``); ``None``:
+            ``return_hidden``) whose streams the head fuses with ``fuse`` (``3D -> D``; ``fc`` in
+            the ``"eagle3"`` layout, where ``None`` means EAGLE-3's default layers); ``None``:
             the target's final-normed feature (EAGLE-1).
     """
 
@@ -97,15 +130,17 @@ class EagleHead(nn.Module):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
         L, D = config.num_hidden_layers, config.hidden_size
+        eagle3 = layout == "eagle3"
+        aux_layers = default_aux_layers(L) if eagle3 and aux_layers is None else aux_layers
         if aux_layers is not None and (len(aux_layers) != 3 or not all(
                 0 <= int(i) <= L for i in aux_layers)):
             raise ValueError(f"aux_layers must be three layer ids in [0, {L}], not {aux_layers}")
         self.aux_layers = None if aux_layers is None else tuple(int(i) for i in aux_layers)
         self.config = dataclasses.replace(config, num_hidden_layers=1)
         self.layout = layout
-        self.fuse = None if aux_layers is None else nn.Linear(3 * D, D, bias=False)
-        self.fc = nn.Linear(2 * D, D, bias=layout == "minispec")
-        self.layer = Block(self.config, layer_idx=0)
+        self.fuse = None if aux_layers is None or eagle3 else nn.Linear(3 * D, D, bias=False)
+        self.fc = nn.Linear((3 if eagle3 else 2) * D, D, bias=layout == "minispec")
+        self.layer = Eagle3Block(self.config) if eagle3 else Block(self.config, layer_idx=0)
         if layout == "eagle1":
             self.layer.input_layernorm = nn.Identity()     # the layer reads fc's output as it is
         vocab = torch.as_tensor(range(config.vocab_size) if vocab is None else vocab).long()
@@ -115,6 +150,10 @@ class EagleHead(nn.Module):
         if not torch.equal(vocab, vocab.unique()):
             raise ValueError("vocab must be sorted and without repeats")
         self.register_buffer("vocab", vocab)                                   # (V',)
+        # eagle3: the head's own final norm and frozen LM head over V' (None: the target's)
+        self.norm = RMSNorm(D, config.rms_norm_eps) if eagle3 else None
+        self.lm_head = (nn.Linear(D, len(vocab), bias=False).requires_grad_(False) if eagle3
+                        else None)
         self._target: tuple[Llama, ...] = ()
         self.head_weight: torch.Tensor | None = None        # (V', D), the LM head's rows of V'
         self.packed_logits: nn.Module | None = None         # those rows packed (make_fast)
@@ -122,7 +161,8 @@ class EagleHead(nn.Module):
     # ------------------------------------------------------------------ the target's parts
 
     def bind(self, target: Llama) -> EagleHead:
-        """Read out through ``target``'s embedding, final norm and LM head (kept frozen; not saved).
+        """Read out through ``target``'s embedding, final norm and LM head (kept frozen; not saved;
+        an ``"eagle3"`` head reads only the embedding, its norm and ``lm_head`` being its own).
 
         Raises:
             ValueError: the target's shape differs from the one the head was made for.
@@ -141,17 +181,31 @@ class EagleHead(nn.Module):
         return self
 
     @torch.no_grad()
-    def init_from_target(self) -> EagleHead:
+    def init_from_target(self, layer: bool = True) -> EagleHead:
         """Start from the bound target's last decoder layer, with ``fc`` passing the feature through
         (``fc([e; f]) = f``): at step 0 the head applies the target's last layer once more to the
-        target's feature, a better start than random weights for a short training budget."""
-        self.layer.load_state_dict(self.target.layers[-1].state_dict(), strict=False)
-        d = self.config.hidden_size
-        self.fc.weight.zero_()
-        self.fc.weight[:, d:] = torch.eye(d)
-        if self.fuse is not None:                    # EAGLE-3: pass the highest layer through
-            self.fuse.weight.zero_()
-            self.fuse.weight[:, 2 * d:] = torch.eye(d)
+        target's feature, a better start than random weights for a short training budget.
+
+        An ``"eagle3"`` head's own ``norm`` and ``lm_head`` always start as the target's final
+        norm and LM head rows of ``V'`` (``layer=False``: only those); its layer's q, k, v read
+        the target's weights on the ``g`` half and zeros on the embedding half, ``hidden_norm``
+        the target's input norm, and ``fc`` passes the highest of the three layers through."""
+        target, d = self.target, self.config.hidden_size
+        if self.lm_head is not None:
+            self.norm.load_state_dict(target.norm.state_dict())
+            self.lm_head.weight.copy_(self.head_weight)
+        if not layer:
+            return self
+        last = target.layers[-1].state_dict()
+        if self.layout == "eagle3":                  # q, k, v: zeros on e, the target's on g
+            for name in (f"self_attn.{p}_proj.weight" for p in "qkv"):
+                last[name] = torch.cat([torch.zeros_like(last[name]), last[name]], dim=1)
+            last["hidden_norm.weight"] = last["input_layernorm.weight"]
+        self.layer.load_state_dict(last, strict=False)
+        for linear in (self.fc, self.fuse):   # pass the feature, or the highest of three layers
+            if linear is not None:
+                linear.weight.zero_()
+                linear.weight[:, -d:] = torch.eye(d)
         if self.fc.bias is not None:
             self.fc.bias.zero_()
         return self
@@ -198,22 +252,27 @@ class EagleHead(nn.Module):
         Returns:
             (logits (B, T, V') over the draft vocabulary, predicted features f'_t (B, T, D)).
         """
-        target = self.target
-        if self.fuse is not None and features.shape[-1] != self.config.hidden_size:
-            features = self.fuse(features)               # the target's layers (B, T, 3D) -> D
+        target, eagle3 = self.target, self.layout == "eagle3"
+        if features.shape[-1] != self.config.hidden_size:   # the target's layers (B, T, 3D) -> D
+            features = self.fc(features) if eagle3 else self.fuse(features)
         e = target.embed_tokens(input_ids).to(features.dtype)                  # (B, T, D)
-        h = self.fc(torch.cat([e, features], dim=-1))                           # (B, T, D)
+        h = torch.cat([e, features], dim=-1)                                    # (B, T, 2D)
         # the layer runs with the target's RoPE tables (same config)
-        h = target.run_layers([self.layer], h, positions, cache, slots, tree)    # (B, T, D)
+        h = target.run_layers([self.layer], h if eagle3 else self.fc(h), positions, cache, slots,
+                              tree)                                             # (B, T, D)
+        if eagle3:                   # the logits read the own norm; the pre-norm h is passed on
+            return self.logits(self.norm(h)), h
         feature = target.norm(h) if self.layout == "minispec" else h            # (B, T, D)
         return self.logits(feature), feature
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
-        """Draft logits over ``V'``: the target's LM head rows of the draft vocabulary (the head
-        must be bound; ``forward`` checks that first)."""
+        """Draft logits over ``V'``: the target's LM head rows of the draft vocabulary, or an
+        ``"eagle3"`` head's own ``lm_head`` (the head must be bound; ``forward`` checks that
+        first)."""
         if self.packed_logits is not None:
             return self.packed_logits(feature)
-        return F.linear(feature, self.head_weight)                              # (B, T, V')
+        weight = self.head_weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(feature, weight)                                        # (B, T, V')
 
     def make_fast(self) -> EagleHead:
         """Pack ``fc``, the layer and the ``V'`` rows for oneDNN
@@ -230,7 +289,8 @@ class EagleHead(nn.Module):
             self.fc = packed.PackedLinear.from_linear(self.fc)
         if self.fuse is not None and not isinstance(self.fuse, packed.PackedLinear):
             self.fuse = packed.PackedLinear.from_linear(self.fuse)
-        self.packed_logits = packed.PackedLinear(self.head_weight)
+        self.packed_logits = packed.PackedLinear(
+            self.head_weight if self.lm_head is None else self.lm_head.weight)
         head = self.target.packed_head           # the fast target's timed choice of kernels
         packed.set_blas_rows(self, 0 if head is None else head.blas_rows)
         return self

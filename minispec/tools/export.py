@@ -1,28 +1,28 @@
-"""Export an EAGLE head to the checkpoint layout that vLLM and SGLang load.
+"""Export an EAGLE head to the checkpoint layouts that vLLM (and, for EAGLE-1, SGLang) load.
 
-Both engines read EAGLE-1 heads as a Llama checkpoint of one decoder layer plus ``fc``:
+The head's layout ([`EagleHead`][minispec.models.eagle_head.EagleHead]) picks the checkpoint:
 
-* ``config.json``: a transformers ``LlamaConfig`` with ``architectures = ["LlamaForCausalLM"]``
-  and ``num_hidden_layers = 1``; every other field is the target's (vLLM renames the architecture
-  to ``EagleLlamaForCausalLM`` itself, SGLang to ``LlamaForCausalLMEagle``);
-* ``model.safetensors``: ``fc.weight`` (D, 2D) applied to ``[embed(x_t) ; f_{t-1}]`` (embedding
-  first), ``fc.bias`` (vLLM's ``fc`` has no bias and skips it; SGLang's has one and loads it, so
-  it is written as zeros), and ``layers.0.*`` with the usual Llama names, **without**
-  ``layers.0.input_layernorm`` (both drop that norm in the first layer, as EAGLE-1 did);
-* nothing else: the embedding and the LM head are the target's, shared at load time, and the
-  layer's output goes to the LM head without a final norm.
+* ``"eagle1"``: EAGLE-1's Llama checkpoint of one decoder layer plus ``fc``, which both engines
+  read (``llama_config``, ``exported_tensors``); the embedding and the LM head are the target's,
+  shared at load time, and both engines draft over the target's full vocabulary, so a head with
+  a reduced one is refused;
+* ``"eagle3"``: EAGLE-3 in the format of vLLM's ``speculators`` library, which vLLM loads
+  directly (``speculators_config``, ``speculators_tensors``): ``fc`` on the target's three
+  layers, a first layer whose attention reads ``[embedding ; fused feature]``, the head's own
+  final norm and LM head over the draft vocabulary, and ``d2t``/``t2d`` mapping its ids to the
+  target's. The embedding is the verifier's, named in ``config.json``.
 
-Positions: vLLM gives the pair ``(f_{t-1}, x_t)`` the position of ``x_t``, minispec the pair index
+Positions: the engines number the pair ``(f_{t-1}, x_t)`` their way, minispec by the pair index
 ``t - 1``. RoPE sees only differences of positions, so the head computes the same either way
-(tests/test_export.py checks it).
+(tests/test_export.py and tests/test_export_eagle3.py rebuild the engines' forward from the
+files and check it).
 
-That is minispec's ``layout="eagle1"`` ([`EagleHead`][minispec.models.eagle_head.EagleHead]); the
-shipped head uses the ``"minispec"`` layout (a bias, the input norm, a final norm and a reduced
-draft vocabulary), which neither engine computes, so it is refused here rather than exported into a
-head that drafts something else. Train one for serving with
-``python -m minispec.tools.train_eagle --layout eagle1`` and export it with
-``python -m minispec.tools.export HEAD_DIR OUT_DIR [--overwrite]`` (an ``OUT_DIR`` that holds files
-needs ``--overwrite``: ``check_out_dir``).
+The shipped head's ``"minispec"`` layout (a bias, the input norm, the target's final norm and a
+reduced vocabulary) is computed by neither engine, so it is refused rather than exported into a
+head that drafts something else. Train one for serving with ``python -m
+minispec.tools.train_eagle --layout eagle1`` (or ``eagle3``) and export it with ``python -m
+minispec.tools.export HEAD_DIR OUT_DIR [--overwrite] [--verifier ID]`` (an ``OUT_DIR`` that holds
+files needs ``--overwrite``: ``check_out_dir``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import torch
 
 from minispec.models.eagle_head import read_head
 
-__all__ = ["LLAMA_FIELDS", "OUTPUT_FILES", "check_out_dir", "export_head", "main"]
+__all__ = ["LLAMA_FIELDS", "OUTPUT_FILES", "VERIFIER", "check_out_dir", "export_head", "main",
+           "speculators_config", "speculators_tensors"]
 
 #: The target's config fields a Llama ``config.json`` carries over unchanged.
 LLAMA_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -50,7 +51,10 @@ OUTPUT_FILES = ("config.json", "model.safetensors")
 
 
 def llama_config(target_config: dict, dtype: torch.dtype) -> dict:
-    """The head's ``config.json``: the target's fields, one hidden layer."""
+    """An ``"eagle1"`` head's ``config.json``: a transformers ``LlamaConfig`` with
+    ``architectures = ["LlamaForCausalLM"]`` and ``num_hidden_layers = 1``, every other field the
+    target's (vLLM renames the architecture to ``EagleLlamaForCausalLM`` itself, SGLang to
+    ``LlamaForCausalLMEagle``). Also the ``transformer_layer_config`` of an ``"eagle3"`` export."""
     config = {field: target_config[field] for field in LLAMA_FIELDS}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **config,
             "num_hidden_layers": 1, "hidden_act": "silu",
@@ -58,7 +62,12 @@ def llama_config(target_config: dict, dtype: torch.dtype) -> dict:
 
 
 def exported_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """minispec's names (``fc.*``, ``layer.*``, ``vocab``) renamed to EAGLE-1's."""
+    """minispec's names (``fc.*``, ``layer.*``, ``vocab``) renamed to EAGLE-1's: ``fc.weight``
+    (D, 2D) applied to ``[embed(x_t) ; f_{t-1}]`` (embedding first), ``fc.bias`` (vLLM's ``fc``
+    has no bias and skips it; SGLang's has one and loads it, so it is written as zeros), and
+    ``layers.0.*`` with the usual Llama names, **without** ``layers.0.input_layernorm`` (both
+    engines drop that norm in the first layer, as EAGLE-1 did). Nothing else: the layer's output
+    goes to the target's LM head without a final norm."""
     out = {"fc.weight": tensors["fc.weight"],
            "fc.bias": tensors["fc.weight"].new_zeros(tensors["fc.weight"].shape[0])}
     for name, tensor in tensors.items():
@@ -125,8 +134,69 @@ def _write(out_dir: Path, tensors: dict[str, torch.Tensor], config: dict) -> Non
                          f"{getattr(err, 'strerror', None) or err}") from err
 
 
-def _read_eagle1(head_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The target's config and the exported tensors of the ``"eagle1"`` head in ``head_dir``.
+#: The verifier an EAGLE-3 export names by default (``--verifier``): the shipped target.
+VERIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+#: Drafts per round an EAGLE-3 export proposes by default (vLLM's ``num_speculative_tokens``).
+SPECULATIVE_TOKENS = 3
+
+
+def speculators_config(saved: dict, dtype: torch.dtype, verifier: str = VERIFIER) -> dict:
+    """The ``config.json`` of an ``"eagle3"`` head in the speculators format, as speculators'
+    ``Eagle3SpeculatorConfig`` writes it and vLLM's ``SpeculatorsConfig`` reads it.
+
+    No ``model_type``: vLLM recognises the format by ``speculators_config``.
+    ``speculators_model_type = "eagle3"``, ``architectures = ["Eagle3Speculator"]``;
+    ``transformer_layer_config``: the one layer's Llama config (``llama_config``, untied);
+    ``draft_vocab_size``: ``V'``; ``eagle_aux_hidden_state_layer_ids``: the head's
+    ``aux_layers``, where id ``i`` is the residual stream entering the target's layer ``i``
+    (Hugging Face's ``hidden_states[i]``), as vLLM's Llama captures it for id ``i``;
+    ``norm_before_residual = false``, written out because vLLM reads a missing one as true
+    (minispec's residual is the fused feature before ``hidden_norm``); ``norm_before_fc``,
+    ``fc_norm``, ``norm_output`` false; ``speculators_config``: the algorithm, a greedy proposal
+    of ``SPECULATIVE_TOKENS`` drafts (vLLM's default ``num_speculative_tokens``) and the
+    verifier's ``name_or_path``, the model whose embedding the head reads and that vLLM serves
+    with it (``vllm serve OUT_DIR`` reads it from here)."""
+    layer = llama_config(saved["target_config"], dtype) | {"tie_word_embeddings": False}
+    proposal = {"proposal_type": "greedy", "speculative_tokens": SPECULATIVE_TOKENS,
+                "verifier_accept_k": 1, "accept_tolerance": 0.0}
+    return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer, "draft_vocab_size": saved["draft_vocab_size"],
+            "eagle_aux_hidden_state_layer_ids": list(saved["aux_layers"]),
+            "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
+            "norm_output": False, "embed_requires_grad": False,
+            "torch_dtype": layer["torch_dtype"],
+            "speculators_config": {
+                "algorithm": "eagle3", "proposal_methods": [proposal],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}}}
+
+
+def speculators_tensors(tensors: dict[str, torch.Tensor], vocab_size: int
+                        ) -> dict[str, torch.Tensor]:
+    """An ``"eagle3"`` head's tensors (minispec's names) under speculators' names.
+
+    ``fc.weight`` (D, 3D) on the three layers concatenated, no bias; ``layers.0.*`` with Llama's
+    names, where ``self_attn.{q,k,v}_proj`` read 2D (``[input_layernorm(embed) ;
+    hidden_norm(g)]``) and ``layers.0.hidden_norm.weight`` is the extra norm; ``norm.weight``
+    (the head's own final norm); ``lm_head.weight`` (V', D); and, when ``V'`` is smaller than the
+    target's ``vocab_size``, ``d2t`` (int64, (V',): draft id ``i`` is target id ``i + d2t[i]``)
+    and ``t2d`` (bool, (V,): the target ids in ``V'``). No embedding: vLLM shares the verifier's
+    when the file has none."""
+    out = {name: tensors[name] for name in ("fc.weight", "norm.weight", "lm_head.weight")}
+    out |= {"layers.0." + name.removeprefix("layer."): t for name, t in tensors.items()
+            if name.startswith("layer.")}
+    vocab = tensors["vocab"].long()                                                  # (V',)
+    if len(vocab) < vocab_size:
+        out["d2t"] = vocab - torch.arange(len(vocab))                # target id = i + d2t[i]
+        out["t2d"] = torch.zeros(vocab_size, dtype=torch.bool).index_fill_(0, vocab, True)
+    return out
+
+
+def _read(head_dir: str | Path, dtype: torch.dtype, verifier: str
+          ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The ``config.json`` and the tensors to write for the head in ``head_dir``, refusing a head
+    that neither engine computes.
 
     Raises:
         FileNotFoundError: ``head_dir`` holds no head.
@@ -136,25 +206,35 @@ def _read_eagle1(head_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
     try:
         saved, tensors = read_head(head_dir)
-        target_config, layout = saved["target_config"], saved.get("layout", "minispec")
-        vocab, draft_vocab = target_config["vocab_size"], saved["draft_vocab_size"]
-        tensors = exported_tensors(tensors)
+        layout, draft_vocab = saved.get("layout", "minispec"), saved["draft_vocab_size"]
+        vocab = saved["target_config"]["vocab_size"]
+        if layout == "eagle3":
+            config = speculators_config(saved, dtype, verifier)
+            tensors = speculators_tensors(tensors, vocab)
+        else:
+            config, tensors = llama_config(saved["target_config"], dtype), exported_tensors(tensors)
     except (SafetensorError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as err:
         raise ValueError(f"head_dir {head_dir}: not a readable EAGLE head "
                          f"({type(err).__name__}: {err})") from err
-    if layout != "eagle1":
+    if layout not in ("eagle1", "eagle3"):
         raise ValueError(f"the head in {head_dir} has the {layout!r} layout (fc bias, input norm, "
                          "final norm), which vLLM and SGLang do not compute; train one with "
-                         "--layout eagle1")
-    if draft_vocab != vocab:
+                         "--layout eagle1 or --layout eagle3")
+    if layout == "eagle3" and len(set(saved["aux_layers"])) != 3:
+        raise ValueError(f"the head in {head_dir} fuses the target's layers "
+                         f"{tuple(saved['aux_layers'])}; vLLM captures each layer once, so it "
+                         "serves three distinct ones (train with --aux-layers I J K)")
+    if layout == "eagle1" and draft_vocab != vocab:
         raise ValueError(f"the head in {head_dir} drafts over {draft_vocab} of {vocab} tokens; "
                          "vLLM's and SGLang's EAGLE-1 heads draft over the target's full LM head")
-    return target_config, tensors
+    return config, tensors
 
 
 def export_head(head_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype = torch.float16,
-                overwrite: bool = False) -> Path:
-    """Write the head saved in ``head_dir`` as an EAGLE-1 checkpoint in ``out_dir``.
+                overwrite: bool = False, verifier: str = VERIFIER) -> Path:
+    """Write the head saved in ``head_dir`` as a checkpoint vLLM loads, in ``out_dir``: an
+    ``"eagle1"`` head as EAGLE-1's Llama checkpoint (SGLang loads it too), an ``"eagle3"`` head
+    in the speculators format.
 
     Args:
         head_dir: a directory written by
@@ -162,20 +242,24 @@ def export_head(head_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype
             ``eagle_config.json``).
         out_dir: a new or empty folder (created if needed, with its parents); receives
             ``config.json`` and ``model.safetensors``.
-        dtype: storage type of the weights.
+        dtype: storage type of the float weights.
         overwrite: allow an ``out_dir`` that already holds files, replacing the two above.
+        verifier: an ``"eagle3"`` head's verifier, as ``speculators_config`` names it (the
+            target's Hugging Face id or path).
 
     Raises:
         FileNotFoundError: ``head_dir`` holds no head.
         ValueError: ``out_dir`` is refused (see
             [`check_out_dir`][minispec.tools.export.check_out_dir]) or cannot be written; the
-            head's files are unreadable, or it is not in the ``"eagle1"`` layout, or it drafts
-            over a reduced vocabulary (both engines draft over the target's full LM head).
+            head's files are unreadable, or it is in the ``"minispec"`` layout, or it is an
+            ``"eagle1"`` head that drafts over a reduced vocabulary (both engines draft EAGLE-1
+            heads over the target's full LM head), or an ``"eagle3"`` head that names one
+            target layer twice (vLLM captures each layer once).
     """
     out_dir = check_out_dir(out_dir, overwrite)
-    target_config, tensors = _read_eagle1(head_dir)
-    tensors = {name: t.to(dtype) for name, t in tensors.items()}
-    _write(out_dir, tensors, llama_config(target_config, dtype))
+    config, tensors = _read(head_dir, dtype, verifier)
+    tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
+    _write(out_dir, {name: t.contiguous() for name, t in tensors.items()}, config)
     return out_dir
 
 
@@ -183,14 +267,18 @@ PROG = "python -m minispec.tools.export"
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """``python -m minispec.tools.export HEAD_DIR OUT_DIR [--dtype bfloat16] [--overwrite]``.
+    """``python -m minispec.tools.export HEAD_DIR OUT_DIR [--dtype bfloat16] [--overwrite]
+    [--verifier ID]``: the head's layout picks the checkpoint (``"eagle1"``: EAGLE-1's Llama
+    checkpoint; ``"eagle3"``: the speculators format).
 
     Returns the output folder; a refused path or head ends the process with one line on stderr
     and exit status 2.
     """
     p = argparse.ArgumentParser(prog=PROG,
-                                description="Export an EAGLE head (layout 'eagle1') to the "
-                                            "checkpoint layout vLLM and SGLang load.")
+                                description="Export an EAGLE head to the checkpoint vLLM "
+                                            "loads: layout 'eagle1' as EAGLE-1's Llama "
+                                            "checkpoint (SGLang loads it too), layout 'eagle3' "
+                                            "in the speculators format.")
     p.add_argument("head_dir", help="a head written by save_head / train_eagle")
     p.add_argument("out_dir", help="a new or empty folder (created if needed), where config.json "
                                    "and model.safetensors go")
@@ -199,10 +287,13 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--overwrite", action="store_true",
                    help="allow an OUT_DIR that already holds files: config.json and "
                         "model.safetensors in it are replaced, other files stay")
+    p.add_argument("--verifier", default=VERIFIER,
+                   help="an eagle3 head's verifier (the target's Hugging Face id or path), "
+                        "named in config.json's speculators_config")
     args = p.parse_args(argv)
     try:
         out = export_head(args.head_dir, args.out_dir, dtype=getattr(torch, args.dtype),
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, verifier=args.verifier)
     except (ValueError, OSError) as err:      # OSError: FileNotFoundError for a missing head
         print(f"{PROG}: {err}", file=sys.stderr)
         raise SystemExit(2) from None

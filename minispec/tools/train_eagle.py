@@ -15,8 +15,8 @@ continues with ``--resume``):
 1. ``data.pt`` -- the target's answers to the prompt set, plus Shakespeare and stdlib code, turned
    into features (`minispec.tools.eagle_data`); one chunk in twenty is held out;
 2. the draft vocabulary ``V'``: the most frequent greedy tokens covering ``--coverage`` of
-   positions (the full vocabulary with ``--layout eagle1``, the layout vLLM and SGLang serve:
-   `minispec.tools.export`);
+   positions (the full one with ``--layout eagle1``; ``eagle1`` and ``eagle3`` heads export to
+   the checkpoints vLLM serves: `minispec.tools.export`);
 3. training (the loss: ``head_loss``), one cosine learning-rate schedule over ``--steps`` or
    ``--time-budget`` minutes; ``ckpt.pt`` every two minutes (the head so far: ``head-latest/``);
 4. ``head/`` -- the head ([`save_head`][minispec.models.eagle_head.save_head], float16) and
@@ -140,7 +140,9 @@ def head_loss(head: EagleHead, chunks: list[eagle_data.Chunk], index: torch.Tens
 
     The loss, per position ``t`` of a chunk (teacher forcing: the head reads the target's real
     features): ``SmoothL1(f'_t, f_t) + w_cls * CE(q_t, argmax p_t) + w_kl * KL(p_t || q_t)``
-    (``kl_to_target``; ``w_kl`` is 0 but for ``--layout eagle3``); with ``unroll = u``
+    (``kl_to_target``; ``w_kl`` is 0 but for ``--layout eagle3``), without the SmoothL1 term
+    for an ``"eagle3"`` head (as EAGLE-3: its ``f'`` is its own layer's output before its own
+    norm, which no target feature stands for); with ``unroll = u``
     (``--unroll``) passes 2..u read the head's own predicted features ``f'`` as drafting does
     from the second draft on (EAGLE-3's training-time test), each adding the same loss."""
     x, f, labels, valid = stack(chunks, index, head.fc.weight.device)
@@ -152,7 +154,9 @@ def head_loss(head: EagleHead, chunks: list[eagle_data.Chunk], index: torch.Tens
         logits, pred = head(x[:, 1 + step:], inputs, pos)                 # (B, n, V'), (B, n, D)
         ok = valid[:, 1 + step:]                                          # (B, n)
         feat_loss = F.smooth_l1_loss(pred.float(), f[:, 1 + step:], reduction="none").mean(-1)
-        total = total + feat_loss[ok].mean() + w_cls * F.cross_entropy(
+        if head.layout != "eagle3":
+            total = total + feat_loss[ok].mean()
+        total = total + w_cls * F.cross_entropy(
             logits.float()[ok], labels[:, 1 + step:][ok], ignore_index=-1)
         if w_kl:
             total = total + w_kl * kl_to_target(head, logits, f[:, 1 + step:])[ok].mean()
@@ -299,11 +303,19 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
     d, t, v = facts["data"], facts["training"], facts["draft_vocab"]
     curve = t["curve"]
     sizes = facts["sizes"]
+    eagle3 = facts["args"].get("layout") == "eagle3"
+    shape = ("EAGLE-3's layout: `fc` fuses the target's layers "
+             f"{facts['args']['aux_layers']} into `g`, one Llama decoder layer of the target's "
+             "shape reads `[embed(x_t) ; g]` (each half normed by its own norm), then the head's "
+             "own final norm and LM head (frozen: the target's rows) over a draft vocabulary of "
+             f"{v['size']} tokens; vLLM serves it once exported "
+             "(`python -m minispec.tools.export`)" if eagle3 else
+             "`fc([embed(x_t); f_(t-1)])`, one Llama decoder layer of the target's shape, then "
+             "the target's own frozen final norm and LM head restricted to a draft vocabulary of "
+             f"{v['size']} tokens")
     lines = [
         f"# {facts['name']}", "",
-        f"An EAGLE-style draft head for `{facts['target']}`: `fc([embed(x_t); f_(t-1)])`, "
-        "one Llama decoder layer of the target's shape, then the target's own frozen final norm "
-        f"and LM head restricted to a draft vocabulary of {v['size']} tokens. Made by "
+        f"An EAGLE-style draft head for `{facts['target']}`: {shape}. Made by "
         "`python -m minispec.tools.train_eagle` (minispec); loaded with "
         f"`ms.load_drafter('{facts['name']}', target)`.", "",
         "## Data", "",
@@ -320,8 +332,9 @@ def write_card(directory: Path, facts: dict, evaluation: dict) -> Path:
         "## Training", "",
         f"`{_command(facts['args'])}`", "",
         f"{t['steps']} AdamW steps of {facts['args']['batch']} chunks in {t['minutes']:.0f} "
-        f"minutes on {_hardware(facts['hardware'])}, loss = SmoothL1 on the features + "
-        f"{facts['args']['w_cls']} x cross-entropy to the target's greedy token"
+        f"minutes on {_hardware(facts['hardware'])}, loss = "
+        + ("" if eagle3 else "SmoothL1 on the features + ")
+        + f"{facts['args']['w_cls']} x cross-entropy to the target's greedy token"
         + (f" + {facts['args']['w_kl']} x KL(p || q) to the target's law over the draft "
            f"vocabulary, the head reading the target's layers {facts['args']['aux_layers']} "
            "fused (EAGLE-3)" if facts["args"].get("aux_layers", "None") != "None" else "")
@@ -417,9 +430,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--answer-weight", type=float, default=None,
                    help="draw a chunk from the target's answers with this probability (default: "
                         "every chunk equally likely)")
-    p.add_argument("--layout", choices=(*LAYOUTS, "eagle3"), default="minispec",
-                   help="'eagle3': the minispec layout fusing three target layers, trained with "
-                        "--unroll 3 and a KL term; "
+    p.add_argument("--layout", choices=LAYOUTS, default="minispec",
+                   help="'eagle3': EAGLE-3's layout (three target layers fused, its own final "
+                        "norm and LM head), which vLLM serves in the speculators format, "
+                        "trained with --unroll 3, a KL term and no feature term; "
                         "'eagle1': the layout vLLM and SGLang load (no fc bias, no input or final "
                         "norm, full vocabulary; export with python -m minispec.tools.export)")
     p.add_argument("--init", choices=("last-layer", "random"), default="last-layer",
@@ -475,11 +489,9 @@ def main(argv=None) -> Path:
         vocab = torch.arange(target.config.vocab_size)
     print(f"draft vocabulary: {vocab.numel()} tokens ({args.layout} layout), from "
           f"{len(data['train'])} training chunks")
-    head = EagleHead(target.config, vocab=vocab, layout="eagle1" if args.layout == "eagle1"
-                     else "minispec", aux_layers=args.aux_layers).to(target.device)
-    head.bind(target)
-    if args.init == "last-layer":
-        head.init_from_target()
+    head = EagleHead(target.config, vocab=vocab, layout=args.layout,
+                     aux_layers=args.aux_layers).to(target.device)
+    head.bind(target).init_from_target(layer=args.init == "last-layer")
     ckpt = args.out / "ckpt.pt"
     state = torch.load(ckpt, weights_only=True) if args.resume and ckpt.exists() else None
     result = train(head, data, args, args.out, state)
