@@ -17,7 +17,9 @@ ends (a run stopped early keeps what it measured; an exception is recorded, the 
    (T = 1) and ``r`` (``r(k) = t(k + 1) / t(1)`` at batch 1), graphs on and off, beside the
    memory roofline (weight bytes over the copy bandwidth measured here);
 2. ``speedups`` -- batch 1 on the multi-task prompt set: each method's time over plain greedy's,
-   graphs on (and ``speedup_b1_eager`` off), every output checked against plain greedy;
+   graphs on (and ``speedup_b1_eager`` off), every output checked against plain greedy; with a
+   shipped head, its chain, the hybrid and its dynamic tree (EAGLE-2: up to 32 nodes, as many as
+   pay for the ``r(T)`` measured here first);
 3. ``engine``   -- the continuous-batching engine at B = 1..64: the plain engine's tokens/s
    (graphs on and off), transformers' ``generate`` with its static cache on the same GPU, and the
    default engine (goodput k, n-gram drafts) over the plain one;
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import time
 import traceback
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -112,7 +115,15 @@ def costs(target, batch_sizes: list[int], max_k: int) -> dict:
     return out
 
 
-def methods(target, name: str, k: int) -> dict:
+def priced_tree(target, graphs: bool, nodes: int = 32, top_k: int = 8) -> ms.DynamicTree:
+    """EAGLE-2's dynamic tree priced by this device: ``r(T)``, ``T = 1..nodes + 1``, from one-row
+    steps of ``T`` tokens (running maximum), so the tree verifies as many nodes as pay here."""
+    one = step_time(target, 1, 1, graphs)
+    r = [step_time(target, 1, t, graphs) / one for t in range(1, nodes + 2)]
+    return ms.DynamicTree(top_k=top_k, nodes=nodes, verify_cost=tuple(accumulate(r, max)))
+
+
+def methods(target, name: str, k: int, graphs: bool = True) -> dict:
     """Name -> keyword arguments of ``speculative_generate`` (a new drafter each call)."""
     table = {"prompt lookup": lambda: dict(drafter=ms.PromptLookupDrafter(), k=k),
              "suffix": lambda: dict(drafter=ms.SuffixDrafter(), k=k),
@@ -121,8 +132,10 @@ def methods(target, name: str, k: int) -> dict:
         head = ms.load_drafter(f"{name}-eagle", target)
     except (ValueError, KeyError, FileNotFoundError):
         return table                                       # a model without a shipped head
+    tree = priced_tree(target, graphs)
     table |= {"eagle k=2": lambda: dict(drafter=head, k=2),
-              "hybrid": lambda: dict(drafter=ms.HybridDrafter(head=head), k=k)}
+              "hybrid": lambda: dict(drafter=ms.HybridDrafter(head=head), k=k),
+              "eagle tree": lambda: dict(drafter=head, k=6, branching=tree)}
     return table
 
 
@@ -131,7 +144,7 @@ def speedups(target, tokenizer, model_name: str, per_category: int, new_tokens: 
     """Each method's speed over plain greedy at batch 1 (fixed k), and whether every output
     equalled plain greedy's."""
     prompts = task_prompts(tokenizer, per_category)
-    table, identical, seconds = methods(target, model_name, k), True, {}
+    table, identical, seconds = methods(target, model_name, k, graphs), True, {}
     run = dict(tokenizer=tokenizer, adaptive=False, graphs=graphs)
     for make in [lambda: dict(drafter=None, k=0), *table.values()]:                # warm up
         ms.speculative_generate(target, prompt_ids=prompts[0], max_new_tokens=8, **make(), **run)

@@ -13,8 +13,9 @@ GPU). On any page:
 * an inline ``{{ cpu/runs/multitask/rows/overall/hybrid, k = 4 :.2f }}`` becomes one value of a
   record (``cpu``: ``docs/data/cpu.json``; ``card``: the shipped pair's model card,
   ``minispec/zoo/model_card.json``; ``eagle``: the shipped EAGLE head's record,
-  ``minispec/zoo/smollm2-135m-instruct-eagle/eagle_config.json``, an item of a list by its index), formatted by the spec after `` :``. A path that names nothing
-  fails the build. A list, a range measured over several runs, renders as ``low-high``.
+  ``minispec/zoo/smollm2-135m-instruct-eagle/eagle_config.json``, an item of a list by its
+  index), formatted by the spec after `` :``. A path that names nothing fails the build. A list,
+  a range measured over several runs, renders as ``low-high``.
 
 The README's headline block is rendered by [`headline`][] from the same record, and
 ``tests/test_records.py`` fails when the README's copy differs (``python docs/hooks/records.py
@@ -92,7 +93,8 @@ def value(source: str, path: str, spec: str | None = None) -> str:
     """One value of a record: ``path`` is its keys joined by ``/``; formatted by ``spec``."""
     node = load(source)
     for key in path.strip().split("/"):
-        if isinstance(node, list) and re.fullmatch(r"-?\d+", key) and -len(node) <= int(key) < len(node):
+        index = re.fullmatch(r"-?\d+", key)
+        if isinstance(node, list) and index and -len(node) <= int(key) < len(node):
             node = node[int(key)]
             continue
         if not isinstance(node, dict) or key not in node:
