@@ -28,6 +28,7 @@ each guard are on the results page ("The engine: goodput control, the default").
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -332,14 +333,11 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
 
 
 def _line_through(points: list[tuple[int, float]], x: int, floor: float = 1.0) -> float:
-    """Least-squares line through ``points`` evaluated at ``x`` (never below ``floor`` times the
-    smallest value)."""
-    n = len(points)
-    mx = sum(p for p, _ in points) / n
-    my = sum(s for _, s in points) / n
-    var = sum((p - mx) ** 2 for p, _ in points)
-    slope = sum((p - mx) * (s - my) for p, s in points) / var if var else 0.0
-    return max(floor * min(s for _, s in points), my + slope * (x - mx))
+    """Least-squares line through ``points`` (two or more widths) evaluated at ``x`` (never below
+    ``floor`` times the smallest value)."""
+    xs, ys = [p for p, _ in points], [s for _, s in points]         # widths or rows, seconds
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return max(floor * min(ys), intercept + slope * x)
 
 
 class GoodputK:

@@ -28,7 +28,7 @@ from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import DynamicTree, tree_size
-from minispec.decoding.goodput import GoodputK, KChoice, policy_for
+from minispec.decoding.goodput import KChoice, policy_for
 from minispec.decoding.runner import SpeculativeRunner
 from minispec.drafters.base import Drafter, ModelDrafter, keeps_cache
 from minispec.drafters.suffix import DRAFTERS
@@ -37,7 +37,7 @@ from minispec.models.chat import encode_prompt, end_of_turn_ids, is_chat
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
 
-__all__ = ["GenerationResult", "Round", "check_k", "context_limit", "eos_ids", "generate",
+__all__ = ["GenerationResult", "Round", "context_limit", "eos_ids", "generate",
            "make_sequence", "speculative_generate"]
 
 
@@ -88,23 +88,12 @@ def generate(model: Llama, prompt_ids: Any, max_new_tokens: int = 64,
 
 
 @torch.inference_mode()
-def speculative_generate(
-    target: Llama,
-    drafter: Any,
-    prompt_ids: Any,
-    max_new_tokens: int = 64,
-    k: int = 4,
-    sampling: SamplingParams | None = None,
-    *,
-    tokenizer=None,
-    stop: str | Seq[str] = (),
-    stop_token_ids: Seq[int] = (),
-    eos_token_id: int | Seq[int] | None = None,
-    max_seq_len: int | None = None,
-    branching: Seq[int] | None = None,
-    adaptive: bool = False,
-    graphs: bool | None = None,
-) -> GenerationResult:
+def speculative_generate(target: Llama, drafter: Any, prompt_ids: Any, max_new_tokens: int = 64,
+                         k: int = 4, sampling: SamplingParams | None = None, *, tokenizer=None,
+                         stop: str | Seq[str] = (), stop_token_ids: Seq[int] = (),
+                         eos_token_id: int | Seq[int] | None = None,
+                         max_seq_len: int | None = None, branching: Seq[int] | None = None,
+                         adaptive: bool = False, graphs: bool | None = None) -> GenerationResult:
     """Speculative decoding of one sequence (Leviathan et al. 2023, Algorithm 1).
 
     Args:
@@ -151,34 +140,14 @@ def speculative_generate(
         ValueError: for a bad request or configuration (the same checks as ``Engine.add_request``),
             or NaN logits.
     """
-    runner, seq, policy = _start(target, drafter, prompt_ids, max_new_tokens, k, sampling,
-                                 tokenizer, stop, stop_token_ids, eos_token_id, max_seq_len,
-                                 branching, adaptive, graphs)
-    while not seq.is_finished:       # draft, verify, roll back, emit: the Engine's round, B = 1
-        caps = [seq.round_k(seq.stats.k)]                          # k = 0 without a drafter
-        if policy is None:
-            runner.round([seq], caps)
-        else:
-            policy.round(runner, [seq], caps)                      # chooses k, times the round
-    if runner.drafter is not None:
-        runner.drafter.release(seq)
-    if seq.finish_reason == "error":
-        raise ValueError(seq.error)
-    return GenerationResult.of(seq, policy.choices if policy else ())    # one choice a round
-
-
-def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop, stop_token_ids,
-           eos_token_id, max_seq_len, branching, adaptive, graphs=None
-           ) -> tuple[SpeculativeRunner, Sequence, GoodputK | None]:
-    """Validate the call, make the caches, the sequence, the runner and the draft-length policy,
-    prefill the target (every check runs before any forward)."""
+    # every check runs before a cache is made or a forward runs
     drafter, branching, extra = as_drafter_for(drafter, k, branching)     # k checked there too
     k = 0 if drafter is None else k                                       # plain decoding: k = 0
     policy = policy_for(adaptive, k, branching is None)
-    seq = make_sequence("0", target, prompt, sampling, max_new_tokens=max_new_tokens,
+    seq = make_sequence("0", target, prompt_ids, sampling, max_new_tokens=max_new_tokens,
                         max_seq_len=context_limit(target, drafter, max_seq_len), k=k,
-                        tokenizer=tokenizer,
-                        stop=stop, stop_token_ids=stop_token_ids, eos_token_id=eos_token_id)
+                        tokenizer=tokenizer, stop=stop, stop_token_ids=stop_token_ids,
+                        eos_token_id=eos_token_id)
     cache = ContiguousKVCache.for_model(target, 1, seq.max_seq_len, extra)
     seq.slot = cache.allocate()
     if keeps_cache(drafter):                # a draft model's or a head's cache; a tree's nodes too
@@ -189,7 +158,17 @@ def _start(target, drafter, prompt, max_new_tokens, k, sampling, tokenizer, stop
         seq.finish(reason)
     else:
         runner.prefill([seq])        # all but the last prompt token; each round feeds the last one
-    return runner, seq, policy
+    while not seq.is_finished:       # draft, verify, roll back, emit: the Engine's round, B = 1
+        caps = [seq.round_k(seq.stats.k)]                          # k = 0 without a drafter
+        if policy is None:
+            runner.round([seq], caps)
+        else:
+            policy.round(runner, [seq], caps)                      # chooses k, times the round
+    if drafter is not None:
+        drafter.release(seq)
+    if seq.finish_reason == "error":
+        raise ValueError(seq.error)
+    return GenerationResult.of(seq, policy.choices if policy else ())    # one choice a round
 
 
 def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: SamplingParams | None, *,
@@ -211,14 +190,26 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
                         tokenizer=tokenizer, k=k, device=target.device)
 
 
-def as_drafter(spec: Any) -> Drafter | None:
-    """What a user passes as a drafter -> a [`Drafter`][minispec.drafters.base.Drafter] (``None``:
-    plain decoding): ``None``; a draft [`Llama`][minispec.models.llama.Llama] (a
-    [`ModelDrafter`][minispec.drafters.base.ModelDrafter]); a drafter; a name in ``DRAFTERS``
-    (``"ngram"``, ``"prompt_lookup"``, ``"suffix"``); or a drafter class or factory (called once).
+def as_drafter_for(spec: Any, k: Any, branching: Any
+                   ) -> tuple[Drafter | None, tuple[int, ...] | None, int]:
+    """What a user passes as a drafter, for chains or (with ``branching``) trees of depth ``k``,
+    checked with ``k`` for both loops.
+
+    ``spec`` is ``None`` (plain decoding); a draft [`Llama`][minispec.models.llama.Llama] (made a
+    [`ModelDrafter`][minispec.drafters.base.ModelDrafter]); a
+    [`Drafter`][minispec.drafters.base.Drafter]; a name in ``DRAFTERS`` (``"ngram"``,
+    ``"prompt_lookup"``, ``"suffix"``); or a drafter class or factory (called once). ``k`` must be
+    an integer, >= 1 with a drafter (0 allowed without one).
+
+    Returns:
+        The drafter (``None``: plain decoding), the checked branching (``None``: chains), and the
+        cache positions a round needs beyond a chain's ``k + 1`` (a tree is stored past the
+        context before it is compacted).
     """
+    if branching is not None and spec is None:
+        raise ValueError("branching needs a drafter")
     if isinstance(spec, Llama):
-        return ModelDrafter(spec)
+        spec = ModelDrafter(spec)
     if isinstance(spec, str):
         if spec not in DRAFTERS:
             raise ValueError(f"unknown drafter {spec!r}; choose one of {sorted(DRAFTERS)}")
@@ -228,38 +219,17 @@ def as_drafter(spec: Any) -> Drafter | None:
     if spec is not None and not isinstance(spec, Drafter):
         raise ValueError(f"{spec!r} is no drafter: a chain or tree drafter is a draft model, a "
                          f"Drafter, a name in {sorted(DRAFTERS)} or a factory making a Drafter")
-    return spec
-
-
-def as_drafter_for(spec: Any, k: Any, branching: Any
-                   ) -> tuple[Drafter | None, tuple[int, ...] | None, int]:
-    """What a user passes as a drafter, for chains or (with ``branching``) trees of depth ``k``;
-    ``k`` is checked here ([`check_k`][minispec.decoding.loop.check_k]) for both loops.
-
-    Returns:
-        The [`Drafter`][minispec.drafters.base.Drafter] (``None``: plain decoding), the checked
-        branching (``None``: chains), and the cache positions a round needs beyond a chain's
-        ``k + 1`` (a tree is stored past the context before it is compacted).
-    """
-    if branching is not None and spec is None:
-        raise ValueError("branching needs a drafter")
-    drafter = as_drafter(spec)
-    check_k(k, drafter is not None)
+    low = 0 if spec is None else 1
+    if not is_int(k) or k < low:
+        raise ValueError(f"k must be an integer >= {low}{' with a drafter' if low else ''}, "
+                         f"got {k!r}")
     if branching is None:
-        return drafter, None, 0
+        return spec, None, 0
     branching = check_branching(branching, k)
-    if isinstance(branching, DynamicTree) and not keeps_cache(drafter):
+    if isinstance(branching, DynamicTree) and not keeps_cache(spec):
         raise ValueError("a DynamicTree is grown from a model's confidence: it needs a draft "
                          "model or an EAGLE head, not a context drafter")
-    nodes = tree_size(branching)
-    return drafter, branching, nodes - (k + 1)
-
-
-def check_k(k: Any, has_drafter: bool) -> None:
-    """``ValueError`` unless ``k`` is an integer, >= 1 with a drafter (0 allowed without one)."""
-    if not is_int(k) or k < (1 if has_drafter else 0):
-        raise ValueError(f"k must be an integer >= {1 if has_drafter else 0}"
-                         f"{' with a drafter' if has_drafter else ''}, got {k!r}")
+    return spec, branching, tree_size(branching) - (k + 1)
 
 
 def context_limit(target: Llama, drafter: Any, max_seq_len: Any) -> int:

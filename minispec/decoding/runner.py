@@ -105,10 +105,10 @@ class SpeculativeRunner:
         width = max(len(ids) for _, _, ids in rows)
         ids = [t + [0] * (width - len(t)) for _, _, t in rows]
         pos = [list(range(s, s + len(t))) + [-1] * (width - len(t)) for _, s, t in rows]
-        wants = self.drafter is not None and self.drafter.wants_hidden
         _, hidden = self._forward(ids, pos, [seq for seq, _, _ in rows])
         self.prefill_forwards += 1
         if self.drafter is not None:
+            wants = self.drafter.wants_hidden
             states = [hidden[r, :len(t)] for r, (_, _, t) in enumerate(rows)] if wants else None
             self.drafter.observe_prefill([seq for seq, _, _ in rows], [s for _, s, _ in rows],
                                          states)

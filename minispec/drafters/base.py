@@ -22,7 +22,7 @@ and [`minispec.drafters.suffix`][minispec.drafters.suffix] (n-gram tables, promp
 matches), [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] (a feature head) and
 [`HybridDrafter`][minispec.drafters.hybrid.HybridDrafter]; each draws its trees itself
 ([`minispec.drafters.trees`][minispec.drafters.trees] holds the helpers they share).
-[`as_drafter`][minispec.decoding.loop.as_drafter] turns what a user passes into one of them.
+[`as_drafter_for`][minispec.decoding.loop.as_drafter_for] turns what a user passes into one of them.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ class Engine:
         if self.draft_cache is not None:                # a draft model's or a head's cache
             drafter.attach(self.draft_cache)
         space = KVCacheSpace(self.target_cache, self.draft_cache)
-        watermark = max(1, space.num_blocks() // 100) if kv_cache == "paged" else 0
+        watermark = max(1, self.target_cache.num_blocks // 100) if kv_cache == "paged" else 0
         self.scheduler = Scheduler(space, max_batch_size, self.k, watermark, extra)
         self.runner = SpeculativeRunner(target, self.target_cache, drafter, self.branching,
                                         graphs)
@@ -231,11 +231,6 @@ class Engine:
                 tenant that is not a string, a duplicate id, or a request that could never fit in
                 the KV pool.
         """
-        return self._add(prompt_ids, sampling, request_id, max_new_tokens, stop_token_ids, stop,
-                         eos_token_id, tenant, owner=None)
-
-    def _add(self, prompt_ids, sampling, request_id, max_new_tokens, stop_token_ids, stop,
-             eos_token_id, tenant, owner: deque[StepOutput] | None) -> str:
         request_id = self._new_id() if request_id is None else str(request_id)
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -249,8 +244,6 @@ class Engine:
         if (reason := seq.done_before_start()) is None:
             self.scheduler.add(seq)                     # ValueError if it can never fit
         self._sequences[request_id] = seq
-        if owner is not None:
-            self._owners[request_id] = owner
         if reason is not None:                          # ends before any round
             seq.finish(reason)
             self._route(self._last_output(seq, []))
@@ -326,7 +319,7 @@ class Engine:
         chunks = []
         for seq in filling:
             chunks.append(min(seq.prefill_left, left))
-            left = max(0, left - chunks[-1])
+            left -= chunks[-1]
         return chunks
 
     def _round_tokens(self, seq: Sequence) -> int:
@@ -357,8 +350,7 @@ class Engine:
 
     def _route(self, out: StepOutput) -> None:
         """An output goes to the stream that owns its request, else to the next ``step()``."""
-        owner = self._owners.get(out.request_id)
-        (owner.append if owner is not None else self._pending.append)(out)
+        self._owners.get(out.request_id, self._pending).append(out)
 
     # ------------------------------------------------------------------ driving the loop
 
@@ -443,7 +435,7 @@ class Engine:
                  tenant) -> tuple[list[str], deque[StepOutput]]:
         """Queue every prompt, or none: on a bad one, the ones queued already are aborted. The ids
         and the queue their outputs go to."""
-        if isinstance(prompts, (str, dict)) or not isinstance(prompts, (list, tuple)):
+        if not isinstance(prompts, (list, tuple)):                  # a string is one prompt
             raise ValueError(f"prompts must be a list of prompts (token ids, strings or chat "
                              f"messages), got {type(prompts).__name__}; "
                              "wrap a single prompt: [prompt]")
@@ -453,8 +445,10 @@ class Engine:
         queue: deque[StepOutput] = deque()
         try:
             for prompt, sp, who in zip(prompts, samplings, tenants, strict=True):
-                ids.append(self._add(prompt, sp, None, max_new_tokens, stop_token_ids, stop,
-                                     eos_token_id, who, owner=queue))
+                ids.append(self._new_id())
+                self._owners[ids[-1]] = queue             # owned before its first output
+                self.add_request(prompt, sp, ids[-1], max_new_tokens, stop_token_ids, stop,
+                                 eos_token_id, who)
         except Exception:
             self._close(ids)
             raise
@@ -472,33 +466,24 @@ class Engine:
 
 def _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
                        max_num_batched_tokens) -> Any:
-    """``ValueError`` with a clear message for arguments that contradict each other or an
-    inconsistent cache configuration; the drafter spec to use."""
-    checks = [
-        (draft is not None and drafter is not None,
-         "give either a draft model (draft=) or a drafter (drafter=), not both"),
-        (max_num_batched_tokens is not None and not _positive_int(max_num_batched_tokens),
-         "max_num_batched_tokens must be a positive integer or None, "
-         f"got {max_num_batched_tokens!r}"),
-        (kv_cache == "contiguous" and num_blocks is not None,
-         "num_blocks sizes the paged pool; a contiguous cache has one slot per request"),
-        (kv_cache not in ("paged", "contiguous"),
-         f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}"),
-        (not _positive_int(block_size),
-         f"block_size must be a positive integer, got {block_size!r}"),
-        (num_blocks is not None and not _positive_int(num_blocks),
-         f"num_blocks must be a positive integer or None, got {num_blocks!r}"),
-        (not _positive_int(max_batch_size),
-         f"max_batch_size must be an integer >= 1, got {max_batch_size!r}"),
-    ]
-    for failed, message in checks:
-        if failed:
-            raise ValueError(message)
+    """``ValueError`` with a clear message for arguments that contradict each other, an
+    inconsistent cache configuration or a size that is not a positive integer (``None``, where
+    allowed, asks for the default); the drafter spec to use."""
+    if draft is not None and drafter is not None:
+        raise ValueError("give either a draft model (draft=) or a drafter (drafter=), not both")
+    if kv_cache not in ("paged", "contiguous"):
+        raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}")
+    if kv_cache == "contiguous" and num_blocks is not None:
+        raise ValueError("num_blocks sizes the paged pool; a contiguous cache has one slot per "
+                         "request")
+    sizes = (("max_batch_size", max_batch_size, False), ("block_size", block_size, False),
+             ("num_blocks", num_blocks, True),
+             ("max_num_batched_tokens", max_num_batched_tokens, True))    # True: None allowed
+    for name, value, may_be_none in sizes:
+        if not (is_int(value) and value >= 1) and not (may_be_none and value is None):
+            allowed = "a positive integer or None" if may_be_none else "a positive integer"
+            raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return draft if draft is not None else drafter
-
-
-def _positive_int(x: Any) -> bool:
-    return is_int(x) and x >= 1
 
 
 def _per_prompt(value: Any, prompts: Seq[Any], what: str) -> list[Any]:

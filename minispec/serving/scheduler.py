@@ -42,28 +42,22 @@ class CacheSpace(Protocol):
 
     def can_fit(self, num_positions: int) -> bool:
         """Could one sequence of ``num_positions`` fit in the empty pool? (checked at add)"""
-        ...
 
     def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
         """Is there a free slot and room for a new sequence of ``num_positions`` right now, leaving
         at least ``watermark_blocks`` free blocks in each pool?"""
-        ...
 
     def allocate(self, seq: Sequence, num_positions: int) -> None:
         """Give ``seq`` its slot(s) and reserve ``num_positions`` positions."""
-        ...
 
     def can_grow(self, seq: Sequence, num_positions: int) -> bool:
         """Could ``seq`` hold ``num_positions`` positions (its reservation grown)?"""
-        ...
 
     def grow(self, seq: Sequence, num_positions: int) -> None:
         """Reserve room so ``seq`` holds ``num_positions`` positions."""
-        ...
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s slot(s) and memory."""
-        ...
 
 
 class KVCacheSpace:
@@ -82,10 +76,6 @@ class KVCacheSpace:
     def _pairs(self, seq: Sequence) -> list[tuple[object, int]]:
         pairs = ((self.target_cache, seq.slot), (self.draft_cache, seq.draft_slot))
         return [(cache, slot) for cache, slot in pairs if cache is not None]
-
-    def num_blocks(self) -> int:
-        """Blocks in the smallest pool (a contiguous cache counts one block per slot)."""
-        return min(_blocks(c) for c in self.caches)
 
     def can_fit(self, num_positions: int) -> bool:
         return all(num_positions <= c.max_seq_len
