@@ -81,11 +81,6 @@ class SpeculativeRunner:
             graphs = target.device.type == "cuda"
         self.static = StaticForward(target, target_cache) if graphs else None
 
-    @property
-    def draft_forwards(self) -> int:
-        """Batched drafter forwards so far (lazy prefills included; 0 without a drafter)."""
-        return 0 if self.drafter is None else self.drafter.forwards
-
     def prefill(self, seqs: list[Sequence], budgets: list[int] | None = None) -> None:
         """Batched target prefill of each ``context[:-1]`` (right-padded); logits are discarded.
 

@@ -200,8 +200,8 @@ class Engine:
 
     @property
     def draft_forwards(self) -> int:
-        """Batched draft-model forwards so far (lazy prefills included)."""
-        return self.runner.draft_forwards
+        """Batched drafter forwards so far (lazy prefills included; 0 without a drafter)."""
+        return 0 if self.drafter is None else self.drafter.forwards
 
     @property
     def prefill_forwards(self) -> int:
@@ -409,15 +409,11 @@ class Engine:
         """Step the engine until every request in ``ids`` has finished, yielding their outputs;
         on an early exit, abort the unfinished ones. Their results are dropped at the end unless
         ``keep_results`` (``generate`` returns them)."""
-        open_ids = set(ids)
-        try:
-            while open_ids:
-                while queue:
-                    out = queue.popleft()
-                    if out.finished:
-                        open_ids.discard(out.request_id)
-                    yield out
-                if open_ids:
+        try:        # a request's last output is queued when it leaves self._sequences
+            while queue or any(rid in self._sequences for rid in ids):
+                if queue:
+                    yield queue.popleft()
+                else:
                     self._step()
         finally:
             self._close(ids, keep_results)
