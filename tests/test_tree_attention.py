@@ -7,6 +7,7 @@ logits identical, keys and values equal, paged blocks freed); greedy tree decodi
 token plain greedy decoding; sampled tree decoding has the target's law.
 """
 
+import copy
 import random
 
 import pytest
@@ -248,6 +249,14 @@ def test_limits_eos_and_bad_input(pair):
     assert tree_generate(target, draft, [1], 0).tokens == []
 
 
+def attached(drafter: ModelDrafter, seq: ms.Sequence) -> ModelDrafter:
+    """``drafter`` with a one-slot cache of its own (room for a tree past the context), given
+    to ``seq`` as its draft slot, holding nothing yet."""
+    drafter.attach(ContiguousKVCache.for_model(drafter.model, 1, 96, extra=16))
+    seq.draft_slot, seq.draft_len = drafter.cache.allocate(), 0
+    return drafter
+
+
 def test_draft_cache_after_compaction_equals_a_fresh_drafter(pair):
     """Round after round, the drafter's tree equals the one a drafter that never saw a tree
     makes."""
@@ -255,11 +264,12 @@ def test_draft_cache_after_compaction_equals_a_fresh_drafter(pair):
     params = ms.SamplingParams(temperature=0)
     seq = ms.Sequence.new("a", [3, 4, 5], params, max_new_tokens=40, max_seq_len=96,
                           vocab_size=VOCAB)
-    drafter = ModelDrafter(draft)
+    drafter = attached(ModelDrafter(draft), seq)
     rng = random.Random(0)
     for _ in range(6):
         proposal = drafter.propose([seq], [(3, 2, 2)])[0]
-        fresh = ModelDrafter(draft).propose([seq], [(3, 2, 2)])[0]
+        alone = copy.copy(seq)                          # the same context, a cache of its own
+        fresh = attached(ModelDrafter(draft), alone).propose([alone], [(3, 2, 2)])[0]
         assert proposal.tree.tokens == fresh.tree.tokens
         assert proposal.tree.parents == fresh.tree.parents
         leaf = rng.choice(proposal.tree.draft_nodes)
