@@ -150,6 +150,7 @@ class KVCache(ABC):
 
     table: SequenceTable
     num_layers: int
+    block_size: int  # positions per block of KV memory (a scheduler counts memory in blocks)
 
     @classmethod
     def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None, extra: int = 0,
@@ -294,13 +295,8 @@ class KVCache(ABC):
         store.view(-1, *store.shape[2:]).index_copy_(0, plan.dst, flat_new)
 
     # Capacity, asked by a scheduler before it writes. Memory is counted in blocks of
-    # ``block_size`` positions; a contiguous cache is the special case where every slot is one
-    # block of ``max_seq_len`` positions, taken by ``allocate``. A paged cache overrides these.
-
-    @property
-    def block_size(self) -> int:
-        """Positions per block of KV memory (here: a whole slot, ``max_seq_len``)."""
-        return self.max_seq_len
+    # ``self.block_size`` positions; a contiguous cache is the special case where every slot is
+    # one block of ``max_seq_len`` positions, taken by ``allocate``. A paged cache overrides these.
 
     @property
     def num_free_blocks(self) -> int:
@@ -332,7 +328,6 @@ class KVCache(ABC):
         Raises ValueError for a gap, a write at >= max_seq_len, an unallocated or repeated slot.
         """
 
-    @abstractmethod
     def update(self, layer: int, plan: ForwardPlan, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this layer's new k, v (B, T, n_kv, hd); return the keys, values (B, S, n_kv, hd)
@@ -341,6 +336,14 @@ class KVCache(ABC):
         Attention zeroes the returned entries at key position -1 in place, so there they must be
         a copy or the row's own forgotten positions, never another sequence's live entries.
         """
+        self._write(self.k[layer], plan, k)
+        self._write(self.v[layer], plan, v)
+        return self._read(self.k[layer], plan), self._read(self.v[layer], plan)
+
+    def _read(self, store: torch.Tensor, plan: ForwardPlan) -> torch.Tensor:
+        """A layer's keys or values (B, S, n_kv, hd) for ``plan``'s rows; a concrete cache
+        implements it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read its store")
 
     def commit(self, plan: ForwardPlan) -> None:
         """Advance each slot's length once every layer has written (end of the forward)."""
@@ -375,6 +378,7 @@ class ContiguousKVCache(KVCache):
                  dtype: torch.dtype = torch.float32) -> None:
         self.table = SequenceTable(num_slots, max_seq_len)
         self.num_layers = num_layers
+        self.block_size = max_seq_len  # positions per block of KV memory: here a whole slot
         self._allocate_stores(num_slots, max_seq_len, num_kv_heads, head_dim, device, dtype)
 
     def flat_index(self, slot: int, positions: list[int]) -> list[int]:
@@ -391,11 +395,7 @@ class ContiguousKVCache(KVCache):
         read = slice(first, first + B) if consecutive else torch.tensor(slots, device=self.device)
         return ContiguousPlan(slots, new_lengths, self._key_positions(new_lengths), dst, src, read)
 
-    def update(self, layer: int, plan: ContiguousPlan, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See ``KVCache.update``: scatter the new k, v into the slots, read back
-        (B, S, n_kv, hd)."""
-        S = plan.key_positions.shape[1]
-        self._write(self.k[layer], plan, k)
-        self._write(self.v[layer], plan, v)
-        return self.k[layer][plan.rows, :S], self.v[layer][plan.rows, :S]  # (B, S, n_kv, hd) each
+    def _read(self, store: torch.Tensor, plan: ContiguousPlan) -> torch.Tensor:
+        """The first S positions of the batch's slots (B, S, n_kv, hd): a view when they are
+        consecutive."""
+        return store[plan.rows, :plan.key_positions.shape[1]]  # (B, S, n_kv, hd)

