@@ -213,8 +213,7 @@ def probs_for_rows(logits: Tensor, params: Sequence[SamplingParams],
         groups.setdefault((sp.temperature, sp.top_k, sp.top_p, sp.repetition_penalty), []).append(r)
     for rows in groups.values():
         sp = params[rows[0]]
-        ctx = ([contexts[r] for r in rows] if contexts is not None and sp.repetition_penalty != 1
-               else None)
+        ctx = None if contexts is None else [contexts[r] for r in rows]    # used with a penalty
         index = torch.tensor(rows, device=logits.device)
         out[index] = probs_from_logits(logits[index], sp, context_ids=ctx)
     return out
