@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["MIN_TEMPERATURE", "SamplingParams", "check_probs", "is_int", "is_real", "one_hot",
-           "probs_for_rows", "probs_from_logits", "sample"]
+__all__ = ["MIN_TEMPERATURE", "SamplingParams", "check_args", "check_probs", "is_int", "is_real",
+           "one_hot", "probs_for_rows", "probs_from_logits", "sample"]
 
 #: The smallest positive temperature: float32's smallest positive number, ``2**-149`` (about
 #: 1.4e-45). Logits are divided by ``T`` in float32, where a smaller ``T`` rounds to 0 (then
@@ -59,7 +60,7 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        checks = [
+        check_args("SamplingParams", [
             ("temperature", self.temperature, is_real(self.temperature) and (
                 self.temperature == 0 or self.temperature >= MIN_TEMPERATURE),
              f"0 (greedy) or a real number >= {MIN_TEMPERATURE:.6g} (the smallest positive "
@@ -72,11 +73,7 @@ class SamplingParams:
              "a real number > 0"),
             ("seed", self.seed,
              self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
-             "an integer in [0, 2**64) or None"),
-        ]
-        for name, value, ok, expected in checks:
-            if not ok:
-                raise ValueError(f"SamplingParams.{name} must be {expected}, got {value!r}")
+             "an integer in [0, 2**64) or None")])
 
     @property
     def greedy(self) -> bool:
@@ -101,6 +98,14 @@ class SamplingParams:
         else:
             generator.manual_seed(self.seed)
         return generator
+
+
+def check_args(owner: str, checks: list[tuple[str, Any, bool, str]]) -> None:
+    """``ValueError`` for the first ``(name, value, ok, allowed)`` that is not ``ok``, naming
+    ``owner``'s argument, its value and what is allowed."""
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise ValueError(f"{owner}: {name} must be {allowed}, got {value!r}")
 
 
 def is_real(x: object) -> bool:
@@ -170,8 +175,8 @@ def _divide_by_temperature(logits: Tensor, temperature: float) -> Tensor:
     unchanged and keeps the maximum at 0, every other entry finite or ``-inf``. A row with ``+inf``
     logits puts all its mass, uniformly, on those tokens (the limit of softmax).
     """
-    if torch.isposinf(logits).any():
-        infinite = torch.isposinf(logits)
+    infinite = torch.isposinf(logits)                                     # (..., V)
+    if infinite.any():
         has_inf = infinite.any(dim=-1, keepdim=True)                      # (..., 1)
         logits = torch.where(has_inf, torch.where(infinite, 0.0, float("-inf")), logits)
     scaled = logits / temperature
@@ -208,8 +213,7 @@ def probs_for_rows(logits: Tensor, params: Sequence[SamplingParams],
         groups.setdefault((sp.temperature, sp.top_k, sp.top_p, sp.repetition_penalty), []).append(r)
     for rows in groups.values():
         sp = params[rows[0]]
-        ctx = ([contexts[r] for r in rows] if contexts is not None and sp.repetition_penalty != 1
-               else None)
+        ctx = None if contexts is None else [contexts[r] for r in rows]    # used with a penalty
         index = torch.tensor(rows, device=logits.device)
         out[index] = probs_from_logits(logits[index], sp, context_ids=ctx)
     return out

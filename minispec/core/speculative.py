@@ -89,16 +89,6 @@ def accepts(u: Tensor | float, p_x: Tensor | float, q_x: Tensor | float) -> Tens
     return u * q_x < p_x
 
 
-def _check_pair(p: Tensor, q: Tensor) -> None:
-    if p.ndim != 1 or p.shape != q.shape:
-        raise ValueError(f"p and q must both be [V] with the same V, got {tuple(p.shape)} and "
-                         f"{tuple(q.shape)}")
-    if not (torch.is_floating_point(p) and torch.is_floating_point(q)):
-        raise ValueError(f"p and q must be floating-point tensors, got {p.dtype} and {q.dtype}")
-    check_probs(torch.stack([p, q]), "p and q")
-
-
-
 def _uniform_stream(uniforms: Iterable[float] | None, generator: torch.Generator | None,
                     device: torch.device) -> Iterator[Tensor]:
     """Yield ``u ~ U[0, 1)`` one at a time, from ``uniforms`` when given, else from
@@ -152,7 +142,12 @@ def speculative_sample(p: Tensor, q: Tensor, generator: torch.Generator | None =
         The token, distributed exactly as ``p``, and whether it was the draft's proposal
         (``P(accepted) = sum_x min(p(x), q(x))``, Leviathan Thm 3.5).
     """
-    _check_pair(p, q)
+    if p.ndim != 1 or p.shape != q.shape:
+        raise ValueError(f"p and q must both be [V] with the same V, got {tuple(p.shape)} and "
+                         f"{tuple(q.shape)}")
+    if not (torch.is_floating_point(p) and torch.is_floating_point(q)):
+        raise ValueError(f"p and q must be floating-point tensors, got {p.dtype} and {q.dtype}")
+    check_probs(torch.stack([p, q]), "p and q")
     x = int(sample(q, generator))
     kept, left = speculate(p, [(x, q)], _uniform_stream(None, generator, p.device), [])
     return (x, True) if kept is not None else (int(sample(left, generator)), False)

@@ -17,6 +17,7 @@ Tensors in, tensors out for the divergence functions; plain floats for the scala
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 import torch
 from torch import Tensor
@@ -163,8 +164,6 @@ def best_tree_size(values: list[float], r: Sequence[float] | None, draft: float 
     if r is None:
         return len(values)
     cost = lambda n: draft + r[min(n, len(r) - 1)]         # r(n + 1) = r[n]
-    gains = [1.0]
-    for v in values:
-        gains.append(gains[-1] + v)
+    gains = list(accumulate(values, initial=1.0))            # gains[n] = 1 + v_1 + .. + v_n
     return max(range(len(values) + 1), key=lambda n: (gains[n] / cost(n), -n))
 

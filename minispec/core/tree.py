@@ -82,15 +82,12 @@ class DraftTree:
     def ancestor_mask(self) -> Tensor:
         """``[N, N]`` bool: ``mask[i, j]`` iff node ``j`` is node ``i`` or one of its ancestors.
 
-        This is the tree-attention mask: node ``i`` may attend to exactly those nodes.
+        This is the tree-attention mask: node ``i`` may attend to exactly those nodes. A parent
+        is numbered before its children, so its row is complete when a child copies it.
         """
-        n = len(self)
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(n):
-            j = i
-            while j != -1:
-                mask[i, j] = True
-                j = self.parents[j]
+        mask = torch.eye(len(self), dtype=torch.bool)                           # (N, N)
+        for i in range(1, len(self)):
+            mask[i] |= mask[self.parents[i]]          # the node itself, then its parent's ancestors
         return mask
 
 
@@ -203,9 +200,8 @@ class Proposal:
             if probs.ndim != 2 or probs.shape[0] != k:
                 raise ValueError(f"probs must be [k, V] with k = {k}, got {tuple(probs.shape)}")
             check_probs(probs, "probs")
-        tree = DraftTree([-1, *tokens], list(range(-1, k)), [list(range(1, k + 1))] if k else [])
         draws = [[(i + 1, None if probs is None else probs[i])] for i in range(k)] + [[]]
-        return cls(tree, draws, list(range(k + 1)))
+        return cls.build(list(range(-1, k)), [-1, *tokens], draws)
 
     @classmethod
     def from_drafts(cls, drafts: Sequence[Sequence[int]],
@@ -230,8 +226,7 @@ class Proposal:
                                  f"got {tuple(q.shape)}")
             if q is not None:
                 check_probs(q, f"draft_probs[{j}]")
-            for depth, child in enumerate(nodes):
-                parent = nodes[depth - 1] if depth else 0
+            for depth, (parent, child) in enumerate(zip([0, *nodes], nodes, strict=False)):
                 draws[parent].append((child, None if q is None else q[depth]))
         return cls(tree, draws, list(range(len(tree))))
 

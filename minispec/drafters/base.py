@@ -42,7 +42,7 @@ from minispec.models.kv_cache import ContiguousKVCache, KVCache
 from minispec.models.llama import Llama, ModelConfig, TreeAttention
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "Shape", "check_compatible", "choose_drafts",
-           "common_prefix", "keeps_cache"]
+           "keeps_cache"]
 
 #: What a row drafts: ``k``, a chain of up to ``k`` drafts, or a branching ``(b_1, .., b_k)``, a
 #: tree with ``b_t`` children per node at depth ``t`` (``()``: nothing), or a ``DynamicTree``
@@ -65,6 +65,8 @@ class Drafter:
         cache: that cache, once attached (``None`` before).
         max_seq_len: longest context the drafter can draft for (``None``: no limit of its own).
         forwards: drafter forwards so far (batched; lazy prefills included).
+        trees: with a model, request -> its tree of this round and where the tree's fed nodes are
+            stored (created node -> cache position); set by the drafter's ``__init__``.
     """
 
     wants_hidden: bool = False
@@ -85,6 +87,7 @@ class Drafter:
     def check_target(self, target: Llama) -> None:
         """``ValueError`` if this drafter cannot draft for ``target`` (default: it can)."""
 
+    @torch.inference_mode()
     def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
         """Row ``b``'s guesses after ``seqs[b].context`` in the shape ``shapes[b]``: a chain of up
         to ``k`` drafts for an ``int``, a tree for a branching (a node may get fewer children).
@@ -92,8 +95,45 @@ class Drafter:
         The round calls it whenever a row drafts, rows with nothing to draft (``0`` or ``()``)
         included; a round of chains where no row drafts is a plain step and does not call it
         (``observe`` follows every round), so a drafter catches up on the context lazily. A row
-        whose drafting fails is failed (``seq.fail``) and proposes the root alone."""
+        whose drafting fails is failed (``seq.fail``) and proposes the root alone.
+
+        By default (a drafter with a model): the chains batched (``_draft_chains``), the trees row
+        by row (``_tree``), each kept in ``trees`` with where its fed nodes are stored."""
+        chains = [b for b, shape in enumerate(shapes) if isinstance(shape, int)]
+        tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
+        proposals = {b: Proposal.chain(t, torch.stack(p) if p else None)    # none: one-hot q
+                     for b, t, p in zip(chains, tokens, probs, strict=True)}
+        for b, shape in enumerate(shapes):
+            if b not in proposals:
+                proposals[b], storage = self._tree(seqs[b], shape)
+                self.trees[seqs[b].request_id] = proposals[b], storage
+        return [proposals[b] for b in range(len(seqs))]
+
+    def _draft_chains(self, seqs: list[Sequence], ks: list[int]
+                      ) -> tuple[list[list[int]], list[list[Tensor]]]:
+        """Up to ``ks[b]`` drafts per row and the ``q`` rows they were drawn from (none: greedy):
+        draft ``j + 1`` of every row still drafting from one batched forward (``_chain_step``)."""
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[Tensor]] = [[] for _ in seqs]
+        for j in range(max(ks, default=0)):
+            rows = [b for b, k in enumerate(ks) if k > j]
+            drafts = [tokens[b] for b in rows]
+            logits = self._chain_step([seqs[b] for b in rows], drafts)                  # (R, V)
+            for b, token, q in self._choose([seqs[b] for b in rows], logits, drafts, rows):
+                tokens[b].append(token)
+                if q is not None:
+                    probs[b].append(q)
+        return tokens, probs
+
+    def _chain_step(self, seqs: list[Sequence], drafts: list[list[int]]) -> Tensor:
+        """One forward: each row's logits ``(R, V)`` for its next draft, after ``drafts[r]``."""
         raise NotImplementedError(f"{type(self).__name__} does not propose")
+
+    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
+                rows: list[int]):
+        """Each row's next draft and its ``q``
+        ([`choose_drafts`][minispec.drafters.base.choose_drafts])."""
+        return choose_drafts(seqs, logits, drafts, rows)
 
     def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
                         ) -> None:
@@ -221,41 +261,18 @@ class ModelDrafter(Drafter):
         ([`check_compatible`][minispec.drafters.base.check_compatible])."""
         check_compatible(target.config, self.model.config)
 
-    @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
-        """Chains batched in one draft cache, trees row by row (class docstring)."""
-        chains = [b for b, shape in enumerate(shapes) if isinstance(shape, int)]
-        tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
-        proposals = dict(zip(chains, as_proposals(tokens, probs), strict=True))
-        for b, shape in enumerate(shapes):
-            if b not in proposals:
-                proposals[b], storage = self._tree(seqs[b], shape)
-                self.trees[seqs[b].request_id] = proposals[b], storage
-        return [proposals[b] for b in range(len(seqs))]
-
-    def _draft_chains(self, seqs: list[Sequence], ks: list[int]
-                      ) -> tuple[list[list[int]], list[list[Tensor]]]:
-        """Up to ``ks[b]`` drafts per row and the ``q`` rows they were drawn from (none: greedy)."""
-        tokens: list[list[int]] = [[] for _ in seqs]
-        probs: list[list[Tensor]] = [[] for _ in seqs]
-        active = [b for b, k in enumerate(ks) if k > 0]
-        feeds = {b: seqs[b].context[seqs[b].draft_len:] for b in active}   # what each cache lacks
+    def _chain_step(self, seqs: list[Sequence], drafts: list[list[int]]) -> Tensor:
+        """Feed what each row's cache lacks: its last draft, or before its first draft
+        ``seq.context[draft_len:]`` (one token normally, two after a round that accepted all its
+        drafts); logits for the next draft ``(R, V)``. The last draft of a row is never fed."""
+        feeds = [d[-1:] if d else seq.context[seq.draft_len:]
+                 for seq, d in zip(seqs, drafts, strict=True)]
         # a lazy prefill (first use, after plain rounds): all a cache lacks but the last token,
         # when it lacks more than the one or two a drafting round leaves
-        long = [b for b in active if len(feeds[b]) > 2]
+        long = [r for r, feed in enumerate(feeds) if len(feed) > 2]
         if long:
-            self._forward([seqs[b] for b in long], [feeds[b][:-1] for b in long])
-            feeds.update({b: feeds[b][-1:] for b in long})
-        for j in range(max(ks, default=0)):
-            rows = [b for b in active if ks[b] > j]
-            logits = self._forward([seqs[b] for b in rows], [feeds[b] for b in rows])     # (R, V)
-            for b, token, q in choose_drafts([seqs[b] for b in rows], logits,
-                                             [tokens[b] for b in rows], rows):
-                tokens[b].append(token)
-                if q is not None:
-                    probs[b].append(q)
-                feeds[b] = [token]          # fed next step; the last draft of a row is never fed
-        return tokens, probs
+            self._forward([seqs[r] for r in long], [feeds[r][:-1] for r in long])
+        return self._forward(seqs, [feed[-1:] if len(feed) > 2 else feed for feed in feeds])
 
     def _forward(self, seqs: list[Sequence], feeds: list[list[int]]) -> Tensor:
         """Feed each row's tokens (``_feed``); logits after the last ``(R, V)``."""
@@ -309,17 +326,19 @@ class ModelDrafter(Drafter):
                 self.attach(ContiguousKVCache.for_model(self.model, 1, self.max_seq_len))
             self._probe = Sequence("draft", [0], sampling, draft_slot=self.cache.allocate())
         probe = self._probe
-        common = common_prefix(self.fed, context, limit=len(context) - 1)
+        fed, common = self.fed, 0             # the longest prefix of context held (not its last)
+        while common < min(len(fed), len(context) - 1) and fed[common] == context[common]:
+            common += 1
         self.cache.truncate_to(probe.draft_slot, common)
         probe.prompt, probe.generated, probe.draft_len = list(context), [], common
         probe.sampling, probe.generator = sampling, generator
         tokens, probs = self._draft_chains([probe], [k])
         probe.generated = tokens[0]
-        draft = Draft(torch.tensor(tokens[0], dtype=torch.long, device=self.model.device),
-                      torch.stack(probs[0]) if probs[0] else None)
-        if sampling.greedy and draft.probs is None and k > 0:
-            draft = Draft(draft.tokens, one_hot(draft.tokens, self.model.config.vocab_size))
-        return draft
+        ids = torch.tensor(tokens[0], dtype=torch.long, device=self.model.device)
+        if probs[0]:
+            return Draft(ids, torch.stack(probs[0]))
+        greedy = sampling.greedy and k > 0                  # a greedy draft: one-hot q rows
+        return Draft(ids, one_hot(ids, self.model.config.vocab_size) if greedy else None)
 
     @property
     def fed(self) -> list[int]:
@@ -361,19 +380,3 @@ def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
             yield rows[r], int(qs[r].argmax()), qs[r]
         else:
             yield rows[r], int(sample(qs[r], seq.generator)), qs[r]
-
-
-def as_proposals(tokens: list[list[int]], probs: list[list[Tensor]]) -> list[Proposal]:
-    """Each row's draft tokens and their ``q`` rows (none: one-hot ``q``) as a chain."""
-    return [Proposal.chain(t, torch.stack(p) if p else None)
-            for t, p in zip(tokens, probs, strict=True)]
-
-
-def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
-    if b[: len(a)] == a:            # the usual case, compared in C
-        return min(len(a), limit)
-    n = 0
-    while n < min(len(a), len(b), limit) and a[n] == b[n]:
-        n += 1
-    return n

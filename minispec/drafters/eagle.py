@@ -33,7 +33,7 @@ from torch import Tensor
 
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal
-from minispec.drafters.base import Drafter, Shape, as_proposals, choose_drafts
+from minispec.drafters.base import Drafter, choose_drafts
 from minispec.models.eagle_head import EagleHead, load_head
 from minispec.models.llama import Llama, TreeAttention
 from minispec.models.packed import is_fast
@@ -76,6 +76,8 @@ class EagleDrafter(Drafter):
         self.pending: dict[str, Tensor] = {}    # request -> (m, D or 3D) real features not fed
         self.last_fed: dict[str, Tensor] = {}   # request -> (1, D or 3D) the last fed (a retry)
         self.features: dict[int, Tensor] = {}   # the tree being drawn: node -> its feature (D,)
+        self.chain_features: dict[str, Tensor] = {}    # request -> f' of its last chain draft
+        self.trees: dict[str, tuple[Proposal, dict[int, int]]] = {}   # dropped in observe
 
     def clone(self) -> EagleDrafter:
         """The same head with no cache and no request state (an engine owns its own)."""
@@ -108,6 +110,7 @@ class EagleDrafter(Drafter):
         """Drop the round's speculative pairs (a tree's too); keep the real features of the
         accepted positions."""
         for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
+            self.trees.pop(seq.request_id, None)             # every tree pair is dropped
             real = min(seq.draft_len, seq.num_tokens - 1)    # real pairs: j = 0..n-2 at most
             self.cache.truncate_to(seq.draft_slot, real)     # a tree's pairs sit past draft_len
             seq.draft_len = real
@@ -115,44 +118,29 @@ class EagleDrafter(Drafter):
             self.pending[seq.request_id] = torch.cat([kept, h[: a + 1]])        # (m + a + 1, D)
 
     def release(self, seq: Sequence) -> None:
-        for state in (self.pending, self.last_fed):
+        for state in (self.pending, self.last_fed, self.trees):
             state.pop(seq.request_id, None)
 
     # ------------------------------------------------------------------ drafting
 
-    @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
-        """Chains batched (``_draft_chains``), trees row by row (class docstring)."""
-        chains = [b for b, shape in enumerate(shapes) if isinstance(shape, int)]
-        tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
-        proposals = dict(zip(chains, as_proposals(tokens, probs), strict=True))
-        return [proposals[b] if b in proposals else self._tree(seqs[b], shapes[b])[0]
-                for b in range(len(seqs))]
-
     def _draft_chains(self, seqs: list[Sequence], ks: list[int]
                       ) -> tuple[list[list[int]], list[list[Tensor]]]:
-        """Up to ``ks[b]`` drafts per row: one catch-up forward over the pending real pairs, then
-        one single-token forward per further draft over the rows still drafting."""
-        tokens: list[list[int]] = [[] for _ in seqs]
-        probs: list[list[Tensor]] = [[] for _ in seqs]
-        # a row with no pair yet drafts nothing
+        """As a draft model's (``Drafter._draft_chains``), but a row with no pair yet drafts
+        nothing."""
         ks = [k if seq.num_tokens >= 2 else 0 for seq, k in zip(seqs, ks, strict=True)]
-        active = [b for b, k in enumerate(ks) if k > 0]
-        if active:
-            rows = [seqs[b] for b in active]
-            logits, feature = self._catch_up(rows)                 # (R, V'), (R, D)
-            for j in range(max(ks)):                               # draft j + 1 of each row
-                # rows (of active) still going
-                live = [i for i, b in enumerate(active) if ks[b] > j]
-                if j > 0:                                          # feed (f'_j, d_j)
-                    ids = [[tokens[active[i]][-1]] for i in live]
-                    logits, feature = self._step([rows[i] for i in live], ids, feature[live, None])
-                    active, rows = [active[i] for i in live], [rows[i] for i in live]
-                for b, token, q in self._choose(rows, logits, [tokens[b] for b in active], active):
-                    tokens[b].append(token)
-                    if q is not None:
-                        probs[b].append(q)
-        return tokens, probs
+        return super()._draft_chains(seqs, ks)
+
+    def _chain_step(self, seqs: list[Sequence], drafts: list[list[int]]) -> Tensor:
+        """Logits ``(R, V')`` for each row's next draft: ``d_1`` from the catch-up forward over
+        the pending real pairs, ``d_{i+1}`` from the pair ``(f'_i, d_i)``, the head's own predicted
+        feature of the last draft (kept in ``chain_features`` from the step before)."""
+        if not drafts[0]:                          # the first draft of every row
+            logits, feature = self._catch_up(seqs)                          # (R, V'), (R, D)
+        else:
+            last = torch.stack([self.chain_features[seq.request_id] for seq in seqs])  # (R, D)
+            logits, feature = self._step(seqs, [d[-1:] for d in drafts], last[:, None])
+        self.chain_features = {seq.request_id: f for seq, f in zip(seqs, feature, strict=True)}
+        return logits
 
     def _tree_root(self, seq: Sequence) -> tuple[Tensor, int] | None:
         """A tree's start: feed the pending real pairs (the catch-up forward); the root's logits

@@ -32,12 +32,12 @@ from typing import Any
 
 from torch import Tensor
 
-from minispec.core.sampling import is_int, is_real
+from minispec.core.sampling import check_args, is_int, is_real
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal
 from minispec.drafters.base import Drafter, Shape
 from minispec.drafters.ngram import ContextDrafter, PromptLookupDrafter
-from minispec.drafters.suffix import DRAFTERS, SuffixDrafter, check_args
+from minispec.drafters.suffix import DRAFTERS, SuffixDrafter
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
 
@@ -159,9 +159,7 @@ class HybridDrafter(Drafter):
         """The context source proposes for every row (lookups, no model); rows it does not win
         go to the head, in one call."""
         proposals = self.context.propose(seqs, shapes)
-        head = [b for b, (seq, shape, proposal) in enumerate(zip(seqs, shapes, proposals,
-                                                                strict=True))
-                if self._head_wins(seq, shape, proposal)]
+        head = [b for b in range(len(seqs)) if self._head_wins(seqs[b], shapes[b], proposals[b])]
         if head:
             drafted = self.head.propose([seqs[b] for b in head], [shapes[b] for b in head])
             for b, proposal in zip(head, drafted, strict=True):

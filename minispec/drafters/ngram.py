@@ -36,7 +36,9 @@ class ContextDrafter(Drafter):
     deterministic, so ``q`` is one-hot.
 
     An instance is one request's state (its tables, its index): ``lookup(context, k)`` drafts a
-    chain after ``context`` and ``lookup_tree(context, branching)`` a tree (default: that chain).
+    chain after ``context`` and ``lookup_tree(context, branching)`` a tree. Each defaults to the
+    other -- a chain is the tree with one child per node, and a tree, by default, that chain -- so
+    a subclass overrides at least one of them.
     [`propose`][minispec.drafters.ngram.ContextDrafter.propose] keeps a clone per request
     (``requests``, by ``seq.request_id``); a row whose lookup raises fails alone. A clone
     (``clone``, ``copy.deepcopy``) is of the same class (a subclass keeps its overrides and its own
@@ -57,8 +59,9 @@ class ContextDrafter(Drafter):
         self.last_match = 0
 
     def lookup(self, context: list[int], k: int) -> list[int]:
-        """Up to ``k`` token ids to draft after ``context``."""
-        raise NotImplementedError
+        """Up to ``k`` token ids to draft after ``context`` (default: the tree ``lookup_tree``
+        draws with one child per node). A subclass overrides ``lookup`` or ``lookup_tree``."""
+        return self.lookup_tree(context, (1,) * k).tree.tokens[1:]
 
     def lookup_tree(self, context: list[int], branching: tuple[int, ...]) -> Proposal:
         """A tree after ``context`` with up to ``branching[t]`` children per node at depth ``t``
@@ -183,29 +186,25 @@ class NGramDrafter(ContextDrafter):
 
     def predict(self, k: int) -> list[int]:
         """Chain up to ``k`` most-frequent continuations, longest context first."""
-        tentative = self._tail()
-        out: list[int] = []
-        while len(out) < k and (best := self.continuations(tentative, 1)):
-            out += best
-            tentative += best
-        return out
+        return self.grow((1,) * k).tree.tokens[1:]
 
-    def lookup(self, context: list[int], k: int) -> list[int]:
-        """Ingest the newly accepted tokens of ``context``, then predict up to ``k`` tokens."""
+    def grow(self, branching: tuple[int, ...]) -> Proposal:
+        """A tree after the window: the ``b`` most frequent distinct continuations per node; a
+        node with no known continuation gets no children."""
+        tail = self._tail()
+        return grow_tree(tail[-1] if tail else -1, branching, tail, lambda _, path, b: [
+            (t, None, path + [t]) for t in self.continuations(path, b)])
+
+    def lookup_tree(self, context: list[int], branching: tuple[int, ...]) -> Proposal:
+        """Ingest the newly accepted tokens of ``context``, then grow a tree (``lookup``: a chain)
+        from the tables."""
         if context[: len(self._ingested)] != self._ingested:
             self.reset()                     # not a continuation: a new sequence
         for token in context[len(self._ingested):]:
             self.update(token)
         self._ingested = list(context)
         self.last_match = self._longest(self._tail())[0]       # what a hybrid weighs
-        return self.predict(k)
-
-    def lookup_tree(self, context: list[int], branching: tuple[int, ...]) -> Proposal:
-        """A tree after ``context``: the ``b`` most frequent distinct continuations per node; a
-        node with no known continuation gets no children."""
-        self.lookup(context, 0)                        # ingest the accepted tokens
-        return grow_tree(context[-1], branching, self._tail(), lambda _, path, b: [
-            (t, None, path + [t]) for t in self.continuations(path, b)])
+        return self.grow(branching)
 
 
 class PromptLookupDrafter(ContextDrafter):

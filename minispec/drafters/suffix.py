@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from minispec.core.sampling import is_int, is_real
+from minispec.core.sampling import check_args, is_int, is_real
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal
 from minispec.drafters.ngram import ContextDrafter, NGramDrafter, PromptLookupDrafter
@@ -40,14 +39,6 @@ from minispec.drafters.trees import grow_tree
 __all__ = ["DRAFTERS", "Match", "SuffixDrafter", "SuffixStore"]
 
 Position = tuple[int, int]            # (document id, index of a token in it)
-
-
-def check_args(owner: str, checks: list[tuple[str, Any, bool, str]]) -> None:
-    """``ValueError`` for the first ``(name, value, ok, allowed)`` that is not ``ok``, naming
-    ``owner``'s argument, its value and what is allowed."""
-    for name, value, ok, allowed in checks:
-        if not ok:
-            raise ValueError(f"{owner}: {name} must be {allowed}, got {value!r}")
 
 
 @dataclass
@@ -291,36 +282,13 @@ class SuffixDrafter(ContextDrafter):
         self.last_match = match.length
         return match
 
-    def draft_limit(self, match_length: int, k: int) -> int:
-        """How many tokens a match of ``match_length`` may draft (at most ``k``)."""
-        if match_length == 0:
-            return 0
-        if self.draft_factor is None:
-            return k
-        return min(k, max(1, math.ceil(self.draft_factor * match_length)))
-
-    def lookup(self, context: list[int], k: int) -> list[int]:
-        """Up to ``k`` tokens: the most frequent continuation of the longest match."""
-        match = self.match(context)
-        out, ends, prob = [], match.ends, 1.0
-        for _ in range(self.draft_limit(match.length, k)):
-            if not (options := match.following(ends, out)):
-                break
-            token, kept = options[0]
-            prob *= len(kept) / sum(len(e) for _, e in options)
-            if prob < self.min_prob:
-                break
-            out.append(token)
-            ends = kept
-        if not out:
-            self.last_source = None
-        return out
-
     def lookup_tree(self, context: list[int], branching: tuple[int, ...]) -> Proposal:
         """A tree after ``context``: at each node, the ``b`` most frequent tokens that followed
         the occurrences of the longest match still agreeing with the node's path; a child whose
         path probability (its share of the occurrences, multiplied down the tree) falls below
-        ``min_prob`` is not proposed, and the depth is capped as a chain's (``draft_factor``)."""
+        ``min_prob`` is not proposed. A short match is weak evidence: the depth is capped at
+        ``ceil(draft_factor * match length)``. ``lookup`` (a chain) is this tree with one child
+        per node: the most frequent continuation."""
         match = self.match(context)
 
         def children(_: int, state: tuple[list, list[int], float], b: int):
@@ -328,12 +296,16 @@ class SuffixDrafter(ContextDrafter):
             options = match.following(ends, path)
             total = sum(len(e) for _, e in options)
             for token, kept in options[:b]:
-                if prob * len(kept) / total < self.min_prob:
+                if prob * (len(kept) / total) < self.min_prob:
                     break                            # options are most frequent first
-                yield token, None, (kept, path + [token], prob * len(kept) / total)
+                yield token, None, (kept, path + [token], prob * (len(kept) / total))
 
-        depth = self.draft_limit(match.length, len(branching))
-        return grow_tree(context[-1], branching[:depth], (match.ends, [], 1.0), children)
+        depth = (len(branching) if self.draft_factor is None
+                 else math.ceil(self.draft_factor * match.length))    # no match: no occurrences
+        proposal = grow_tree(context[-1], branching[:depth], (match.ends, [], 1.0), children)
+        if proposal.depth == 0:
+            self.last_source = None
+        return proposal
 
 
 #: The drafters made by name.

@@ -61,7 +61,14 @@ def check_branching(branching, k: int) -> tuple[int, ...] | DynamicTree:
             after the cut to ``k``).
     """
     if isinstance(branching, DynamicTree):
-        checked = _check_dynamic(dataclasses.replace(branching, depth=k))
+        checked, cost = dataclasses.replace(branching, depth=k), branching.verify_cost
+        if not (is_int(checked.top_k) and checked.top_k >= 1 and is_int(checked.nodes)
+                and checked.nodes >= 1 and is_real(checked.draft_cost)
+                and 0 <= checked.draft_cost < math.inf and (cost is None or (
+                    len(cost) >= 1 and all(is_real(r) and 0 < r < math.inf for r in cost)))):
+            raise ValueError(f"a DynamicTree needs top_k and nodes integers >= 1, a finite "
+                             f"draft_cost >= 0 and verify_cost None or positive numbers, got "
+                             f"{checked!r}")
     else:
         try:
             values = tuple(branching)
@@ -75,18 +82,6 @@ def check_branching(branching, k: int) -> tuple[int, ...] | DynamicTree:
         raise ValueError(f"branching={branching!r} with k={k} makes a tree of {nodes} nodes; "
                          f"at most MAX_TREE_NODES={MAX_TREE_NODES} are allowed")
     return checked
-
-
-def _check_dynamic(tree: DynamicTree) -> DynamicTree:
-    """``tree`` if its fields make sense (``check_branching``)."""
-    cost = tree.verify_cost
-    if not (is_int(tree.top_k) and tree.top_k >= 1 and is_int(tree.nodes) and tree.nodes >= 1
-            and is_real(tree.draft_cost) and 0 <= tree.draft_cost < math.inf
-            and (cost is None or (len(cost) >= 1 and all(is_real(r) and 0 < r < math.inf
-                                                          for r in cost)))):
-        raise ValueError(f"a DynamicTree needs top_k and nodes integers >= 1, a finite "
-                         f"draft_cost >= 0 and verify_cost None or positive numbers, got {tree!r}")
-    return tree
 
 
 def grow_tree(root: int, branching: tuple[int, ...], state: Any,
