@@ -113,3 +113,17 @@ def test_model_drafter_greedy_is_argmax():
     draft = ModelDrafter(model).draft([1, 2, 3], 4, ms.SamplingParams(temperature=0), None)
     assert torch.equal(draft.probs.argmax(-1), draft.tokens)
     assert torch.equal(draft.probs.max(-1).values, torch.ones(4))
+
+
+def test_a_context_drafter_must_say_how_it_drafts():
+    """``lookup`` and ``lookup_tree`` default to each other: a subclass overriding neither is told
+    so, rather than recursing."""
+    from minispec.drafters.ngram import ContextDrafter
+
+    class Silent(ContextDrafter):
+        pass
+
+    with pytest.raises(NotImplementedError, match="neither lookup nor lookup_tree"):
+        Silent().lookup([1, 2, 3], 2)
+    with pytest.raises(NotImplementedError, match="neither lookup nor lookup_tree"):
+        Silent().lookup_tree([1, 2, 3], (2, 1))

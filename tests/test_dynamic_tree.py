@@ -203,9 +203,14 @@ def test_bad_dynamic_trees_are_refused(pair, bad):
 
 
 def test_a_context_drafter_cannot_grow_a_dynamic_tree(pair):
+    """Only a drafter whose model scores its nodes grows one; a hybrid's context source cannot."""
     target, _ = pair
-    with pytest.raises(ValueError, match="draft model or an EAGLE head"):
-        ms.speculative_generate(target, "ngram", [1, 2], 4, k=3, branching=ms.DynamicTree())
+    hybrid = ms.HybridDrafter(head=EagleDrafter(random_head(target)))
+    for drafter in ("ngram", hybrid):
+        with pytest.raises(ValueError, match="draft model or an EAGLE head"):
+            ms.speculative_generate(target, drafter, [1, 2], 4, k=3, branching=ms.DynamicTree())
+        with pytest.raises(ValueError, match="draft model or an EAGLE head"):
+            ms.Engine(target, drafter=drafter, k=3, branching=ms.DynamicTree())
 
 
 def test_the_bench_prices_a_dynamic_tree_on_this_device(pair, capsys):

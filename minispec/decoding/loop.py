@@ -226,9 +226,9 @@ def as_drafter_for(spec: Any, k: Any, branching: Any
     if branching is None:
         return spec, None, 0
     branching = check_branching(branching, k)
-    if isinstance(branching, DynamicTree) and not keeps_cache(spec):
+    if isinstance(branching, DynamicTree) and not spec.dynamic_trees:
         raise ValueError("a DynamicTree is grown from a model's confidence: it needs a draft "
-                         "model or an EAGLE head, not a context drafter")
+                         f"model or an EAGLE head, not {type(spec).__name__}")
     return spec, branching, tree_size(branching) - (k + 1)
 
 

@@ -65,6 +65,8 @@ class Drafter:
         cache: that cache, once attached (``None`` before).
         max_seq_len: longest context the drafter can draft for (``None``: no limit of its own).
         forwards: drafter forwards so far (batched; lazy prefills included).
+        dynamic_trees: grows a [`DynamicTree`][minispec.core.tree.DynamicTree] (a drafter whose
+            own model scores its nodes: the draft model, the EAGLE head).
         trees: with a model, request -> its tree of this round and where the tree's fed nodes are
             stored (created node -> cache position); set by the drafter's ``__init__``.
     """
@@ -75,6 +77,7 @@ class Drafter:
     cache: KVCache | None = None
     max_seq_len: int | None = None
     forwards: int = 0
+    dynamic_trees: bool = False
 
     def attach(self, cache: KVCache) -> None:
         """Keep keys and values in ``cache`` (only called when ``model`` is set)."""
@@ -239,6 +242,8 @@ class ModelDrafter(Drafter):
         model: the draft [`Llama`][minispec.models.llama.Llama].
         max_seq_len: longest context its cache may hold (default: the model's).
     """
+
+    dynamic_trees = True
 
     def __init__(self, model: Llama, max_seq_len: int | None = None) -> None:
         self.model = model

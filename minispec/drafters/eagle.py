@@ -67,6 +67,7 @@ class EagleDrafter(Drafter):
     """
 
     wants_hidden = True
+    dynamic_trees = True
 
     def __init__(self, head: EagleHead, max_seq_len: int | None = None) -> None:
         self.model = head                       # shapes the draft cache, like a draft model

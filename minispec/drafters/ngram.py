@@ -66,6 +66,9 @@ class ContextDrafter(Drafter):
     def lookup_tree(self, context: list[int], branching: tuple[int, ...]) -> Proposal:
         """A tree after ``context`` with up to ``branching[t]`` children per node at depth ``t``
         (default: the chain ``lookup`` drafts, one child per node)."""
+        if type(self).lookup is ContextDrafter.lookup:          # each default calls the other
+            raise NotImplementedError(f"{type(self).__name__} overrides neither lookup nor "
+                                      "lookup_tree")
         return Proposal.chain(self.lookup(context, len(branching)))
 
     def draft(self, context: list[int], k: int, sampling: SamplingParams | None = None,
