@@ -153,6 +153,10 @@ def test_every_placeholder_names_a_value_of_the_record():
         records.value(m.group(1), m.group(2), m.group(3))        # raises KeyError otherwise
     with pytest.raises(KeyError, match="no key 'nowhere'"):
         records.render_values("{{ cpu/runs/nowhere :.2f }}")
+    for page in pages:                     # no half of a placeholder is left as text on a page
+        rendered = records.render_values(page.read_text())
+        assert not re.search(r"(?:cpu|card|eagle)/(?:runs|training|evaluation)/|:\.\df \}\}",
+                             rendered), page.name
 
 
 #: pages that give each lesson's estimated time ("30 min"): an estimate for the reader, not a run
