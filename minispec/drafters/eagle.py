@@ -14,7 +14,7 @@ when:
   ([`EagleDrafter.observe`][minispec.drafters.eagle.EagleDrafter.observe]): ``a + 1`` new pairs,
   whose tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next round.
 
-A round of chains ([`EagleDrafter.propose`][minispec.drafters.eagle.EagleDrafter.propose]) feeds
+A round of chains ([`Drafter.propose`][minispec.drafters.base.Drafter.propose]) feeds
 each row's pending real pairs into the head's cache, then drafts ``k`` tokens: ``d_1`` from the
 head's output at the last real pair, and ``d_{i+1}`` from the pair ``(f'_i, d_i)`` -- the head's own
 predicted feature, since the target has not scored ``d_i`` yet (EAGLE-1). Those ``k - 1``
