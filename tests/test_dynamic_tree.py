@@ -15,9 +15,9 @@ import math
 
 import pytest
 import torch
-from lawcheck import chi_square_pvalue
 from test_eagle import every_other, random_head, self_copy_head
-from test_tree_attention import LAW_PARAMS, LAW_PROMPT, law_models  # noqa: F401 (fixture)
+from test_engine_trees import engine_law_pvalue
+from test_tree_attention import law_models  # noqa: F401 (fixture)
 from tinymodels import noisy_copy, tiny_llama
 
 import minispec as ms
@@ -174,17 +174,7 @@ def test_sampled_dynamic_trees_have_the_target_law(law_models):  # noqa: F811
     """First two tokens of 1,500 seeded requests, each's first round a dynamic tree of depth 2;
     a false alarm has probability 1e-3."""
     target, draft, law = law_models
-    engine = ms.Engine(target, draft=draft, k=2, branching=ms.DynamicTree(top_k=2, nodes=4),
-                       max_batch_size=16)
-    n = 1500
-    params = [ms.SamplingParams(**LAW_PARAMS, seed=s) for s in range(n)]
-    outs = engine.generate([LAW_PROMPT] * n, params, max_new_tokens=3, progress=False)
-    counts = torch.zeros(25)
-    for out in outs:
-        counts[out.tokens[0] * 5 + out.tokens[1]] += 1
-    keep = law * n >= 5
-    assert chi_square_pvalue(torch.cat([counts[keep], counts[~keep].sum()[None]]),
-                             torch.cat([law[keep], law[~keep].sum()[None]])) > 1e-3
+    assert engine_law_pvalue(target, draft, law, ms.DynamicTree(top_k=2, nodes=4)) > 1e-3
 
 
 # ---------------------------------------------------------------------- input checks

@@ -43,10 +43,12 @@ def every_other(vocab_size: int) -> torch.Tensor:
     return torch.arange(0, vocab_size, 2)
 
 
-def random_head(target, vocab=None, seed=7, layout="minispec") -> EagleHead:
-    """A randomly initialised head bound to ``target`` (weights scaled so its logits are peaked)."""
+def random_head(target, vocab=None, seed=7, layout="minispec", aux_layers=None) -> EagleHead:
+    """A randomly initialised head bound to ``target`` (weights scaled so its logits are peaked);
+    ``aux_layers``: an EAGLE-3 head fusing those target layers."""
     torch.manual_seed(seed)
-    head = EagleHead(target.config, vocab, layout=layout).bind(target).eval()
+    head = EagleHead(target.config, vocab, layout=layout, aux_layers=aux_layers).bind(target)
+    head.eval()
     with torch.no_grad():
         for param in head.parameters():
             if param.ndim > 1:

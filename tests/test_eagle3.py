@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_eagle import PROMPTS, every_other, self_copy_head, spied_rounds
+from test_eagle import PROMPTS, every_other, random_head, self_copy_head, spied_rounds
 from tinymodels import tiny_llama
 
 import minispec as ms
@@ -27,14 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def eagle3_head(target, vocab=None, seed=7, aux_layers=None) -> EagleHead:
     """A randomly initialised EAGLE-3 head (peaked logits) bound to ``target``."""
-    torch.manual_seed(seed)
     layers = aux_layers or default_aux_layers(target.config.num_hidden_layers)
-    head = EagleHead(target.config, vocab, aux_layers=layers).bind(target).eval()
-    with torch.no_grad():
-        for param in head.parameters():
-            if param.ndim > 1:
-                param.normal_(0, 0.35)
-    return head.requires_grad_(False)
+    return random_head(target, vocab, seed, aux_layers=layers)
 
 
 @pytest.fixture(scope="module")

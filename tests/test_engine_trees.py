@@ -60,18 +60,23 @@ def test_engine_trees_under_preemption_lose_nothing(pair):
         assert cache.num_used_blocks == 0 and cache.num_free_blocks == cache.num_blocks
 
 
-def test_engine_sampled_trees_have_the_target_law(law_models):  # noqa: F811
-    """First two tokens of 1,500 seeded requests (each alone in its first round: a depth-2 tree,
-    2 draws per node) against the exact law; a false alarm has probability 1e-3."""
-    target, draft, law = law_models
-    engine = ms.Engine(target, draft=draft, k=2, branching=(2, 2), max_batch_size=16)
-    n = 1500
+def engine_law_pvalue(target, draft, law: torch.Tensor, branching, n: int = 1500) -> float:
+    """Chi-square p-value of the first two tokens of ``n`` seeded requests served by one engine
+    with draft trees of ``branching`` (depth 2: each request is alone in its first round) against
+    ``law``, rare cells merged."""
+    engine = ms.Engine(target, draft=draft, k=2, branching=branching, max_batch_size=16)
     params = [ms.SamplingParams(**LAW_PARAMS, seed=s) for s in range(n)]
     outs = engine.generate([LAW_PROMPT] * n, params, max_new_tokens=3, progress=False)
     counts = torch.zeros(25)
     for out in outs:
         counts[out.tokens[0] * 5 + out.tokens[1]] += 1
     keep = law * n >= 5
-    merged = chi_square_pvalue(torch.cat([counts[keep], counts[~keep].sum()[None]]),
-                               torch.cat([law[keep], law[~keep].sum()[None]]))
-    assert merged > 1e-3
+    return chi_square_pvalue(torch.cat([counts[keep], counts[~keep].sum()[None]]),
+                             torch.cat([law[keep], law[~keep].sum()[None]]))
+
+
+def test_engine_sampled_trees_have_the_target_law(law_models):  # noqa: F811
+    """First two tokens of 1,500 seeded requests (each alone in its first round: a depth-2 tree,
+    2 draws per node) against the exact law; a false alarm has probability 1e-3."""
+    target, draft, law = law_models
+    assert engine_law_pvalue(target, draft, law, (2, 2)) > 1e-3
