@@ -26,7 +26,7 @@ from minispec.check.models import tiny_llama
 from minispec.check.report import CheckReport, Counterexample
 from minispec.models.block_manager import BlockManager
 from minispec.models.llama import Llama
-from minispec.serving.scheduler import Scheduler
+from minispec.serving.scheduler import KVCacheSpace, Scheduler
 
 K, ROUNDS, MAX_LEN = 3, 6, 48
 
@@ -175,33 +175,22 @@ kv_cache = rollback
 """Alias of [`rollback`][minispec.check.caches.rollback] (the issue's second name for it)."""
 
 
-class _Pool:
-    """The scheduler's view of the KV memory: one ``BlockManager`` whose requests hold ``held``
-    blocks, with ``free_blocks`` more in the pool."""
-
-    def __init__(self, held: list[int], block_size: int, free_blocks: int) -> None:
-        self.blocks = BlockManager(sum(held) + free_blocks, block_size)
-        for i, n in enumerate(held):
-            self.blocks.allocate(i)
-            self.blocks.grow(i, n * block_size)
-
-    def can_grow(self, seq: Any, n: int) -> bool:
-        return self.blocks.can_grow(seq.index, n)
-
-    def grow(self, seq: Any, n: int) -> None:
-        self.blocks.grow(seq.index, n)
-
-    def free(self, seq: Any) -> None:
-        self.blocks.free(seq.index)
-
-
 def preempted(held: list[int], needs: list[int], block_size: int, free_blocks: int) -> list[int]:
     """The requests minispec's [`Scheduler`][minispec.serving.scheduler.Scheduler] preempts, in
-    order, when running requests holding ``held`` blocks reserve rounds of ``needs`` positions
-    (each request as the scheduler sees it: its index, and the positions its round needs)."""
-    scheduler = Scheduler(_Pool(held, block_size, free_blocks), len(held), k=0)
-    scheduler.running = [SimpleNamespace(index=i, round_len=lambda k, n=n: n, is_finished=False,
-                                         preempt=lambda: None) for i, n in enumerate(needs)]
+    order, when running requests holding ``held`` blocks reserve rounds of ``needs`` positions.
+
+    The scheduler sees the pool through [`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace]
+    over one [`BlockManager`][minispec.models.block_manager.BlockManager] (request ``i`` is its
+    sequence ``i``, holding ``held[i]`` blocks, with ``free_blocks`` more in the pool); each
+    request is seen as its index, and the positions its round needs."""
+    blocks = BlockManager(sum(held) + free_blocks, block_size)
+    for i, n in enumerate(held):
+        blocks.allocate(i)
+        blocks.grow(i, n * block_size)
+    scheduler = Scheduler(KVCacheSpace(blocks), len(held), k=0)
+    scheduler.running = [SimpleNamespace(index=i, slot=i, draft_slot=None, is_finished=False,
+                                         round_len=lambda k, n=n: n, preempt=lambda: None)
+                         for i, n in enumerate(needs)]
     try:
         return [seq.index for seq in scheduler.schedule().preempted]
     except RuntimeError:        # all preempted: "stuck", they wait in the reverse order
