@@ -204,22 +204,21 @@ def tv_tolerance(law: Tensor, n: int, delta: float = 1e-6) -> float:
 
 
 @torch.inference_mode()
-def next_token_probs(model: Llama, prefixes: Sequence[Sequence[int]],
-                     sampling: SamplingParams | None = None) -> torch.Tensor:
-    """The adjusted next-token distribution after each prefix (all of one length), ``(B, V)``
-    float64; ``sampling`` defaults to temperature 1."""
-    sampling = sampling or SamplingParams(temperature=1.0)
+def next_token_probs(model: Llama, prefixes: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The next-token distribution after each prefix (all of one length) at temperature 1,
+    ``(B, V)`` float64."""
     ids = torch.tensor([list(p) for p in prefixes], device=model.device)           # (B, L)
     positions = torch.arange(ids.shape[1], device=model.device).expand_as(ids)     # (B, L)
-    return probs_from_logits(model(ids, positions)[:, -1], sampling).double().cpu()
+    logits = model(ids, positions)[:, -1]                                          # (B, V)
+    return probs_from_logits(logits, SamplingParams(temperature=1.0)).double().cpu()
 
 
-def first_tokens_law(model: Llama, prompt: Sequence[int], n: int, exclude: Sequence[int] = (),
-                     sampling: SamplingParams | None = None
+def first_tokens_law(model: Llama, prompt: Sequence[int], n: int, exclude: Sequence[int] = ()
                      ) -> tuple[torch.Tensor, dict[Hashable, float], dict[Hashable, float]]:
     """The exact law of the first token and of the first two tokens after ``prompt``, computed from
-    the target's logits (no sampling): lessons 04 and 06 count the first tokens that
-    ``speculative_generate`` emits over seeded runs and test them against it (``chi_square``).
+    the target's logits at temperature 1 (no sampling): lessons 04 and 06 count the first tokens
+    that ``speculative_generate`` emits over seeded runs and test them against it
+    (``chi_square``).
 
     Args:
         model: the target.
@@ -228,16 +227,14 @@ def first_tokens_law(model: Llama, prompt: Sequence[int], n: int, exclude: Seque
             least once gets its second token's law, and a pair ``(a, b)`` expected at least 5
             times gets its own cell; the rest of ``a``'s mass is the cell ``(a, "other")``.
         exclude: first tokens not continued (e.g. EOS, after which nothing is emitted).
-        sampling: the adjustment applied to the logits (default: temperature 1).
 
     Returns:
         ``(p1, first_law, pair_law)``: the first token's distribution ``(V,)``, its law as a
         mapping ``token -> probability``, and the pair law ``{(a, b) or (a, "other"): prob}``.
     """
-    p1 = next_token_probs(model, [prompt], sampling)[0]                            # (V,)
+    p1 = next_token_probs(model, [prompt])[0]                                      # (V,)
     likely = [a for a in range(len(p1)) if n * p1[a] >= 1 and a not in exclude]
-    joint = p1[likely, None] * next_token_probs(model, [list(prompt) + [a] for a in likely],
-                                                sampling)                          # (A, V)
+    joint = p1[likely, None] * next_token_probs(model, [list(prompt) + [a] for a in likely])
     top = {(likely[i], b): joint[i, b].item() for i, b in (n * joint >= 5).nonzero().tolist()}
     pairs: dict[Hashable, float] = dict(top)
     for a in likely:                                    # "a, then anything else"
