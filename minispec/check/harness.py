@@ -83,16 +83,16 @@ def _watched(run: Callable[[], str], timeout: float) -> str:
     which are per-thread, are carried over.
     """
     watch: dict[str, Any] = {"call": None}
-    outcome: list[tuple[bool, Any]] = []        # (True, the case's note) or (False, its error)
+    outcome: list[Any] = []                     # the case's note (a str), or its error
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def job() -> None:
         _case.watch = watch
         try:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-                outcome.append((True, run()))
+                outcome.append(run())
         except BaseException as error:  # handed to the caller, whatever it is
-            outcome.append((False, error))
+            outcome.append(error)
 
     thread = threading.Thread(target=job, daemon=True)
     thread.start()
@@ -107,10 +107,9 @@ def _watched(run: Callable[[], str], timeout: float) -> str:
                     "limit)", running[1]))
     finally:
         watch["abandoned"] = True       # a case left behind (a timeout, Ctrl-C) stops at its call
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def as_int(x: Any) -> int | None:
@@ -209,15 +208,12 @@ def perturbed_global_rng(seed: int) -> Iterator[None]:
             numpy.random.set_state(np_state)  # noqa: NPY002
 
 
-#: The name of the reproducibility case of every check that hands ``fn`` a generator.
-SAME_SEED = "same seed, same tokens (randomness comes from the generator only)"
-
-
 def same_seed(run: Callable[[torch.Generator], list[int]], seed: int,
                  inputs: dict[str, Any]) -> tuple[str, Callable[[], str]]:
-    """The case ``SAME_SEED``: ``run(generator)`` twice, with generators seeded alike and the
-    global generators seeded differently, must give identical outputs (the seed is honoured, no
-    other source of randomness is used)."""
+    """The reproducibility case of every check that hands ``fn`` a generator:
+    ``run(generator)`` twice, with generators seeded alike and the global generators seeded
+    differently, must give identical outputs (the seed is honoured, no other source of randomness
+    is used)."""
 
     def case() -> str:
         outs = []
@@ -232,7 +228,7 @@ def same_seed(run: Callable[[torch.Generator], list[int]], seed: int,
                 dict(inputs, seed=seed, run_1=outs[0][:16], run_2=outs[1][:16])))
         return f"{len(outs[0])} tokens identical in two runs"
 
-    return SAME_SEED, case
+    return "same seed, same tokens (randomness comes from the generator only)", case
 
 
 def _raised(name: str, error: BaseException, inputs: dict[str, Any], what: str) -> Case:
