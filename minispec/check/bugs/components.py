@@ -30,9 +30,8 @@ class _TinyDrafter:
     def __init__(self, seed: int = 5) -> None:
         self.model = tiny_llama(64, seed=seed, scale=0.2)
 
-    def draft(self, context, k, sampling=None, generator=None) -> Draft:
+    def draft(self, context, k, sampling, generator) -> Draft:
         """``k`` drafts after ``context``, each from ``choose``, with the declared rows."""
-        sampling = sampling or SamplingParams(temperature=0.0)
         ids, rows = list(context), []
         for _ in range(k):
             with torch.inference_mode():
