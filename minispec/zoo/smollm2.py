@@ -182,7 +182,7 @@ def convert(gguf: Path, out: Path, progress: bool = True) -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
                                                  trust_remote_code=False)
     steps.update()
-    del model.config.quantization_config      # the GGUF's: the weights are float32 now
+    vars(model.config).pop("quantization_config", None)  # the GGUF's: the weights are float32 now
     model.hf_quantizer = None
     model.save_pretrained(out)
     os.chmod(out / "model.safetensors", 0o644)  # safetensors writes it owner-only
