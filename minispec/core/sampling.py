@@ -46,8 +46,8 @@ class SamplingParams:
             ``top_p``; ``1.0`` disables. Must satisfy ``0 < top_p <= 1``.
         repetition_penalty: CTRL-style penalty for tokens already in the context: a positive
             logit is divided by it, a negative one multiplied. ``1.0`` disables. Must be ``> 0``.
-        seed: seed of the one ``torch.Generator`` a decoding call uses; ``None`` draws a
-            fresh seed from torch's global generator.
+        seed: seed of the one ``torch.Generator`` a decoding call uses; ``None`` seeds it from
+            the operating system's randomness (``Generator.seed()``), not ``torch.manual_seed``.
 
     Raises:
         ValueError: naming the field, when a value is out of range.
@@ -161,10 +161,7 @@ def probs_from_logits(logits: Tensor, params: SamplingParams,
         logits = torch.empty_like(kept).scatter_(-1, order, kept)   # back in vocabulary order
     if torch.isneginf(logits).all(dim=-1).any():
         raise ValueError("a row of logits is entirely -inf: no token can be sampled")
-    probs = torch.softmax(logits, dim=-1)
-    if torch.isnan(probs).any():  # cannot happen for finite logits: a bug, never a silent NaN
-        raise ValueError(f"the adjusted distribution contains NaN ({params})")
-    return probs
+    return torch.softmax(logits, dim=-1)   # each row has a finite maximum: no NaN
 
 
 def _divide_by_temperature(logits: Tensor, temperature: float) -> Tensor:

