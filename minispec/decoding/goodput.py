@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from minispec.decoding.runner import SpeculativeRunner
 
 __all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks",
-           "policy_for"]
+           "policy_for", "run_round"]
 
 HURDLE = 0.10  #: the least predicted gain over plain decoding a drafting plan needs (docstring)
 
@@ -510,3 +510,13 @@ def policy_for(adaptive: bool | None, k: int, chains: bool) -> GoodputK | None:
         raise ValueError("adaptive=True chooses the length of a chain of drafts: it needs a "
                          "drafter and no branching")
     return GoodputK(k) if adaptive is not False and k > 0 and chains else None
+
+
+def run_round(policy: GoodputK | None, runner: SpeculativeRunner, seqs: list[Sequence], k: int
+              ) -> list[list[int]]:
+    """Both drivers' round: each row may draft ``k`` (shrunk near its limits), and the policy
+    chooses how many it does (``None``: all of them). The tokens each row emitted."""
+    caps = [seq.round_k(k) for seq in seqs]
+    if policy is None:
+        return runner.round(seqs, caps)
+    return policy.round(runner, seqs, caps)                 # chooses k, times the round

@@ -28,7 +28,7 @@ from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import DynamicTree, tree_size
-from minispec.decoding.goodput import KChoice, policy_for
+from minispec.decoding.goodput import KChoice, policy_for, run_round
 from minispec.decoding.runner import SpeculativeRunner
 from minispec.drafters.base import Drafter, ModelDrafter, keeps_cache
 from minispec.drafters.suffix import DRAFTERS
@@ -141,8 +141,7 @@ def speculative_generate(target: Llama, drafter: Any, prompt_ids: Any, max_new_t
             or NaN logits.
     """
     # every check runs before a cache is made or a forward runs
-    drafter, branching, extra = as_drafter_for(drafter, k, branching)     # k checked there too
-    k = 0 if drafter is None else k                                       # plain decoding: k = 0
+    drafter, k, branching, extra = as_drafter_for(drafter, k, branching)  # k: 0 without one
     policy = policy_for(adaptive, k, branching is None)
     seq = make_sequence("0", target, prompt_ids, sampling, max_new_tokens=max_new_tokens,
                         max_seq_len=context_limit(target, drafter, max_seq_len), k=k,
@@ -159,11 +158,7 @@ def speculative_generate(target: Llama, drafter: Any, prompt_ids: Any, max_new_t
     else:
         runner.prefill([seq])        # all but the last prompt token; each round feeds the last one
     while not seq.is_finished:       # draft, verify, roll back, emit: the Engine's round, B = 1
-        caps = [seq.round_k(seq.stats.k)]                          # k = 0 without a drafter
-        if policy is None:
-            runner.round([seq], caps)
-        else:
-            policy.round(runner, [seq], caps)                      # chooses k, times the round
+        run_round(policy, runner, [seq], k)
     if drafter is not None:
         drafter.release(seq)
     if seq.finish_reason == "error":
@@ -191,7 +186,7 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
 
 
 def as_drafter_for(spec: Any, k: Any, branching: Any
-                   ) -> tuple[Drafter | None, tuple[int, ...] | None, int]:
+                   ) -> tuple[Drafter | None, int, tuple[int, ...] | None, int]:
     """What a user passes as a drafter, for chains or (with ``branching``) trees of depth ``k``,
     checked with ``k`` for both loops.
 
@@ -202,9 +197,9 @@ def as_drafter_for(spec: Any, k: Any, branching: Any
     an integer, >= 1 with a drafter (0 allowed without one).
 
     Returns:
-        The drafter (``None``: plain decoding), the checked branching (``None``: chains), and the
-        cache positions a round needs beyond a chain's ``k + 1`` (a tree is stored past the
-        context before it is compacted).
+        The drafter (``None``: plain decoding), the ``k`` to draft (0 without a drafter), the
+        checked branching (``None``: chains), and the cache positions a round needs beyond a
+        chain's ``k + 1`` (a tree is stored past the context before it is compacted).
     """
     if branching is not None and spec is None:
         raise ValueError("branching needs a drafter")
@@ -224,12 +219,12 @@ def as_drafter_for(spec: Any, k: Any, branching: Any
         raise ValueError(f"k must be an integer >= {low}{' with a drafter' if low else ''}, "
                          f"got {k!r}")
     if branching is None:
-        return spec, None, 0
+        return spec, k if spec is not None else 0, None, 0
     branching = check_branching(branching, k)
     if isinstance(branching, DynamicTree) and not spec.dynamic_trees:
         raise ValueError("a DynamicTree is grown from a model's confidence: it needs a draft "
                          f"model or an EAGLE head, not {type(spec).__name__}")
-    return spec, branching, tree_size(branching) - (k + 1)
+    return spec, k, branching, tree_size(branching) - (k + 1)
 
 
 def context_limit(target: Llama, drafter: Any, max_seq_len: Any) -> int:

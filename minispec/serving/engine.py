@@ -31,10 +31,10 @@ from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
-from minispec.decoding.goodput import KChoice, StepCosts, policy_for
+from minispec.decoding.goodput import KChoice, StepCosts, policy_for, run_round
 from minispec.decoding.loop import GenerationResult, as_drafter_for, context_limit, make_sequence
 from minispec.decoding.runner import SpeculativeRunner
-from minispec.drafters.base import Drafter, keeps_cache
+from minispec.drafters.base import keeps_cache
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
 from minispec.models.paged_cache import PagedKVCache
@@ -116,6 +116,10 @@ class Engine:
             CUDA graphs on a GPU ([`minispec.models.static_step`][minispec.models.static_step]);
             ``None`` (the default): on a GPU only; ``True`` on the CPU runs the same step eagerly.
 
+    Attributes:
+        drafter: the batched drafter, the engine's own clone of the one given (``None`` for plain
+            decoding).
+
     One [`step`][minispec.serving.engine.Engine.step]:
 
     1. **schedule** -- retire finished requests, reserve the cache positions each running
@@ -142,9 +146,8 @@ class Engine:
         spec = _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
                                   max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
-        drafter, self.branching, extra = as_drafter_for(spec, k, branching)
-        self.target, self.device, self.tokenizer = target, target.device, tokenizer
-        self.k = k if drafter is not None else 0
+        drafter, self.k, self.branching, extra = as_drafter_for(spec, k, branching)
+        self.target, self.tokenizer = target, tokenizer
         self.policy = policy_for(adaptive, self.k, self.branching is None)  # goodput k or None
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
         drafts = keeps_cache(drafter)           # a draft model's or a head's cache, from the pool
@@ -158,25 +161,19 @@ class Engine:
                                                     block_size=block_size, num_blocks=num_blocks)
         self.target_cache = make(target)
         self.draft_cache = make(drafter.model) if drafts else None
-        if drafter is not None:
-            drafter = drafter.clone()                   # a fresh drafter, the engine owns it
+        self.drafter = None if drafter is None else drafter.clone()   # the engine owns a fresh one
         if self.draft_cache is not None:                # a draft model's or a head's cache
-            drafter.attach(self.draft_cache)
+            self.drafter.attach(self.draft_cache)
         space = KVCacheSpace(self.target_cache, self.draft_cache)
         watermark = max(1, self.target_cache.num_blocks // 100) if kv_cache == "paged" else 0
         self.scheduler = Scheduler(space, max_batch_size, self.k, watermark, extra)
-        self.runner = SpeculativeRunner(target, self.target_cache, drafter, self.branching,
+        self.runner = SpeculativeRunner(target, self.target_cache, self.drafter, self.branching,
                                         graphs)
         self._ids = itertools.count()
         self._sequences: dict[str, Sequence] = {}       # unfinished requests
         self._owners: dict[str, deque[StepOutput]] = {}  # request -> its stream's output queue
         self._pending: list[StepOutput] = []            # outputs for the next step() call
         self._results: dict[str, GenerationResult] = {}  # finished requests a stream owns
-
-    @property
-    def drafter(self) -> Drafter | None:
-        """The batched drafter (``None`` for plain decoding)."""
-        return self.runner.drafter
 
     @property
     def adaptive(self) -> bool:
@@ -329,11 +326,9 @@ class Engine:
         return k + 1 if self.branching is None else tree_size(self.branching[:k])
 
     def _round(self, batch: list[Sequence]) -> list[list[int]]:
-        """The runner's round for every running request; the tokens each emitted."""
-        caps = [seq.round_k(self.k) for seq in batch]
-        if self.policy is None:
-            return self.runner.round(batch, caps)
-        return self.policy.round(self.runner, batch, caps)     # chooses k, times the round
+        """The round for every running request, the policy choosing each one's ``k``; the tokens
+        each emitted."""
+        return run_round(self.policy, self.runner, batch, self.k)
 
     def _last_output(self, seq: Sequence, tokens: list[int]) -> StepOutput:
         """The request's final output (its last token, or none); forgets the request."""

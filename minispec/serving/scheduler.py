@@ -102,8 +102,7 @@ class KVCacheSpace:
 
     def free(self, seq: Sequence) -> None:
         for cache, slot in self._pairs(seq):
-            if slot is not None:
-                cache.free(slot)
+            cache.free(slot)
         seq.slot = seq.draft_slot = None
 
 
@@ -230,7 +229,7 @@ class Scheduler:
 
     def _admit(self) -> list[Sequence]:
         """Admit waiting sequences in order while the batch and the pool have room."""
-        admitted: list[Sequence] = []
+        first = len(self.running)
         while self.waiting and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
             need = self._round_len(seq)
@@ -240,5 +239,4 @@ class Scheduler:
             self.space.allocate(seq, need)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            admitted.append(seq)
-        return admitted
+        return self.running[first:]
