@@ -186,14 +186,13 @@ class Drafter:
         storage: dict[int, int] = {}
         try:
             root = self._tree_root(seq) if branching else None
-            if root is None:
-                return Proposal.chain([]), storage
-            grow = grow_dynamic if isinstance(branching, DynamicTree) else grow_levels
-            return grow(seq, branching, root, functools.partial(self._score_level, seq),
-                        storage), storage
+            if root is not None:
+                grow = grow_dynamic if isinstance(branching, DynamicTree) else grow_levels
+                return grow(seq, branching, root, functools.partial(self._score_level, seq),
+                            storage), storage
         except Exception as error:             # this request's drafting is broken: it alone fails
             seq.fail(error)
-            return Proposal.chain([]), {}
+        return Proposal.chain([]), {}                                   # the root alone
 
 
 def keeps_cache(drafter: Drafter | None) -> bool:

@@ -175,8 +175,7 @@ class HybridDrafter(Drafter):
         or whose context drafter failed, chooses nothing."""
         if not shape or seq.is_finished:
             return False
-        state = self.context.requests[seq.request_id]
-        match = state.last_match if proposal.depth else 0
+        match = self.context.requests[seq.request_id].last_match if proposal.depth else 0
         tally = self.tallies.setdefault(seq.request_id, Tally())
         context_wins = tally.prefers_context(match, self.min_match, self.head_cost)
         self.chosen[seq.request_id] = ("context" if context_wins else "head", match)
