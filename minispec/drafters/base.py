@@ -39,10 +39,9 @@ from minispec.core.speculative import Draft
 from minispec.core.tree import DynamicTree, Proposal
 from minispec.drafters.trees import grow_dynamic, grow_levels
 from minispec.models.kv_cache import ContiguousKVCache, KVCache
-from minispec.models.llama import Llama, ModelConfig, TreeAttention
+from minispec.models.llama import Llama, TreeAttention
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "Shape", "check_compatible", "choose_drafts",
-           "keeps_cache"]
+__all__ = ["Draft", "Drafter", "ModelDrafter", "Shape", "choose_drafts", "keeps_cache"]
 
 #: What a row drafts: ``k``, a chain of up to ``k`` drafts, or a branching ``(b_1, .., b_k)``, a
 #: tree with ``b_t`` children per node at depth ``t`` (``()``: nothing), or a ``DynamicTree``
@@ -187,28 +186,13 @@ class Drafter:
         storage: dict[int, int] = {}
         try:
             root = self._tree_root(seq) if branching else None
-            if root is None:
-                return Proposal.chain([]), storage
-            grow = grow_dynamic if isinstance(branching, DynamicTree) else grow_levels
-            return grow(seq, branching, root, functools.partial(self._score_level, seq),
-                        storage), storage
+            if root is not None:
+                grow = grow_dynamic if isinstance(branching, DynamicTree) else grow_levels
+                return grow(seq, branching, root, functools.partial(self._score_level, seq),
+                            storage), storage
         except Exception as error:             # this request's drafting is broken: it alone fails
             seq.fail(error)
-            return Proposal.chain([]), {}
-
-
-def check_compatible(target: ModelConfig, draft: ModelConfig) -> None:
-    """Raise ``ValueError`` unless the draft model can share the target's token ids.
-
-    The vocabularies must have the same size and the configs the same EOS ids (a draft that stops
-    where the target does not, or the reverse, is a sign of two different tokenizers).
-    """
-    if draft.vocab_size != target.vocab_size:
-        raise ValueError(f"draft vocab_size {draft.vocab_size} != target vocab_size "
-                         f"{target.vocab_size}: the models must share one tokenizer")
-    if set(draft.eos_token_ids) != set(target.eos_token_ids):
-        raise ValueError(f"draft eos ids {draft.eos_token_ids} != target eos ids "
-                         f"{target.eos_token_ids}: the models must share one tokenizer")
+        return Proposal.chain([]), {}                                   # the root alone
 
 
 def keeps_cache(drafter: Drafter | None) -> bool:
@@ -262,9 +246,18 @@ class ModelDrafter(Drafter):
         return ModelDrafter(self.model, self.max_seq_len)
 
     def check_target(self, target: Llama) -> None:
-        """``ValueError`` unless the draft shares ``target``'s token ids
-        ([`check_compatible`][minispec.drafters.base.check_compatible])."""
-        check_compatible(target.config, self.model.config)
+        """``ValueError`` unless the draft model can share ``target``'s token ids.
+
+        The vocabularies must have the same size and the configs the same EOS ids (a draft that
+        stops where the target does not, or the reverse, is a sign of two different tokenizers).
+        """
+        draft, target = self.model.config, target.config                       # their configs
+        if draft.vocab_size != target.vocab_size:
+            raise ValueError(f"draft vocab_size {draft.vocab_size} != target vocab_size "
+                             f"{target.vocab_size}: the models must share one tokenizer")
+        if set(draft.eos_token_ids) != set(target.eos_token_ids):
+            raise ValueError(f"draft eos ids {draft.eos_token_ids} != target eos ids "
+                             f"{target.eos_token_ids}: the models must share one tokenizer")
 
     def _chain_step(self, seqs: list[Sequence], drafts: list[list[int]]) -> Tensor:
         """Feed what each row's cache lacks: its last draft, or before its first draft

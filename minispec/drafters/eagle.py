@@ -136,10 +136,11 @@ class EagleDrafter(Drafter):
         the pending real pairs, ``d_{i+1}`` from the pair ``(f'_i, d_i)``, the head's own predicted
         feature of the last draft (kept in ``chain_features`` from the step before)."""
         if not drafts[0]:                          # the first draft of every row
-            logits, feature = self._catch_up(seqs)                          # (R, V'), (R, D)
+            out = self._catch_up(seqs)                                # (R, T, V'), (R, T, D)
         else:
             last = torch.stack([self.chain_features[seq.request_id] for seq in seqs])  # (R, D)
-            logits, feature = self._step(seqs, [d[-1:] for d in drafts], last[:, None])
+            out = self._feed(seqs, [d[-1:] for d in drafts], last[:, None])
+        logits, feature = (o[:, -1] for o in out)                # the last column: (R, V'), (R, D)
         self.chain_features = {seq.request_id: f for seq, f in zip(seqs, feature, strict=True)}
         return logits
 
@@ -149,9 +150,9 @@ class EagleDrafter(Drafter):
         no tree)."""
         if seq.num_tokens < 2:
             return None
-        logits, feature = self._catch_up([seq])                              # (1, V'), (1, D)
-        self.features = {0: feature[0]}
-        return full_vocab(self.model, logits), seq.num_tokens - 1
+        logits, feature = self._catch_up([seq])                        # (1, T, V'), (1, T, D)
+        self.features = {0: feature[0, -1]}
+        return full_vocab(self.model, logits[:, -1]), seq.num_tokens - 1
 
     def _score_level(self, seq: Sequence, frontier: list[int], parents: list[int], ids: Tensor,
                      positions: Tensor, tree: TreeAttention) -> Tensor:
@@ -167,8 +168,9 @@ class EagleDrafter(Drafter):
         return full_vocab(self.model, logits[0])                                       # (F, V)
 
     def _catch_up(self, seqs: list[Sequence]) -> tuple[Tensor, Tensor]:
-        """Feed each row's pending real pairs (right-aligned, left-padded); the head's output at the
-        last one: draft logits ``(R, V')`` and predicted feature ``(R, D)``."""
+        """Feed each row's pending real pairs (right-aligned, left-padded); the head's outputs, the
+        last column at the last pair: draft logits ``(R, T, V')`` and predicted features
+        ``(R, T, D)``."""
         feeds = []
         for seq in seqs:
             f = self.pending.get(seq.request_id)
@@ -185,19 +187,11 @@ class EagleDrafter(Drafter):
         width = max(len(f) for f, _ in feeds)
         features = torch.stack([F.pad(f, (0, 0, width - len(f), 0)) for f, _ in feeds])  # (R, T, D)
         features = features.to(self.model.device, self.model.dtype)       # left-padded with zeros
-        out = self._step(seqs, [t for _, t in feeds], features)
+        out = self._feed(seqs, [t for _, t in feeds], features)         # (R, T, V'), (R, T, D)
         # fed: only now (a failed step keeps them)
         for seq, (f, _) in zip(seqs, feeds, strict=True):
             self.pending[seq.request_id], self.last_fed[seq.request_id] = f[:0], f[-1:]
         return out
-
-    def _step(self, seqs: list[Sequence], ids: list[list[int]],
-              features: Tensor) -> tuple[Tensor, Tensor]:
-        """One head forward; row r feeds ``ids[r]`` with the last ``len(ids[r])`` columns of
-        ``features[r]`` (left-padded to a common width). Returns the last column's logits and
-        feature."""
-        logits, feature = self._feed(seqs, ids, features)               # (R, T, V'), (R, T, D)
-        return logits[:, -1], feature[:, -1]
 
     def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
                 rows: list[int]):

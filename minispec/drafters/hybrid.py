@@ -157,16 +157,16 @@ class HybridDrafter(Drafter):
 
     def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
         """The context source proposes for every row (lookups, no model); rows it does not win
-        go to the head, in one call."""
+        go to the head, in one call. (A row the context wins has drafted: its match is at least
+        ``min_match >= 1`` tokens.)"""
         proposals = self.context.propose(seqs, shapes)
         head = [b for b in range(len(seqs)) if self._head_wins(seqs[b], shapes[b], proposals[b])]
         if head:
             drafted = self.head.propose([seqs[b] for b in head], [shapes[b] for b in head])
             for b, proposal in zip(head, drafted, strict=True):
                 proposals[b] = proposal
-        for seq, proposal in zip(seqs, proposals, strict=True):
-            if proposal.depth == 0:                        # nothing drafted: nothing to learn
-                self.chosen.pop(seq.request_id, None)
+                if proposal.depth == 0:                    # nothing drafted: nothing to learn
+                    self.chosen.pop(seqs[b].request_id, None)
         return proposals
 
     def _head_wins(self, seq: Sequence, shape: Shape, proposal: Proposal) -> bool:
@@ -175,8 +175,7 @@ class HybridDrafter(Drafter):
         or whose context drafter failed, chooses nothing."""
         if not shape or seq.is_finished:
             return False
-        state = self.context.requests[seq.request_id]
-        match = state.last_match if proposal.depth else 0
+        match = self.context.requests[seq.request_id].last_match if proposal.depth else 0
         tally = self.tallies.setdefault(seq.request_id, Tally())
         context_wins = tally.prefers_context(match, self.min_match, self.head_cost)
         self.chosen[seq.request_id] = ("context" if context_wins else "head", match)

@@ -173,18 +173,18 @@ class NGramDrafter(ContextDrafter):
                     del self.counts[ctx]
         self.history.popleft()
 
-    def _longest(self, history: list[int]) -> tuple[int, tuple[int, ...]]:
-        """The longest suffix of ``history`` seen before: its length (0: none) and tokens."""
+    def _longest(self, history: list[int]) -> tuple[int, ...]:
+        """The longest suffix of ``history`` seen before (``()``: none)."""
         for n in range(min(self.max_order - 1, len(history)), 0, -1):
             if tuple(history[-n:]) in self.counts:
-                return n, tuple(history[-n:])
-        return 0, ()
+                return tuple(history[-n:])
+        return ()
 
     def continuations(self, history: list[int], b: int) -> list[int]:
         """Up to ``b`` distinct tokens that followed the longest known suffix of ``history``,
         most frequent first (the most recent on ties)."""
-        n, ctx = self._longest(history)
-        row = self.counts.get(ctx, {}) if n else {}
+        ctx = self._longest(history)
+        row = self.counts.get(ctx, {})                      # () is never counted: no row
         return heapq.nlargest(b, row, key=lambda t: (row[t], self.last_seen[(ctx, t)]))
 
     def predict(self, k: int) -> list[int]:
@@ -206,7 +206,7 @@ class NGramDrafter(ContextDrafter):
         for token in context[len(self._ingested):]:
             self.update(token)
         self._ingested = list(context)
-        self.last_match = self._longest(self._tail())[0]       # what a hybrid weighs
+        self.last_match = len(self._longest(self._tail()))     # what a hybrid weighs
         return self.grow(branching)
 
 

@@ -63,9 +63,8 @@ def check_branching(branching, k: int) -> tuple[int, ...] | DynamicTree:
     if isinstance(branching, DynamicTree):
         checked, cost = dataclasses.replace(branching, depth=k), branching.verify_cost
         if not (is_int(checked.top_k) and checked.top_k >= 1 and is_int(checked.nodes)
-                and checked.nodes >= 1 and is_real(checked.draft_cost)
-                and 0 <= checked.draft_cost < math.inf and (cost is None or (
-                    len(cost) >= 1 and all(is_real(r) and 0 < r < math.inf for r in cost)))):
+                and checked.nodes >= 1 and is_real(checked.draft_cost) and checked.draft_cost >= 0
+                and (cost is None or (len(cost) >= 1 and all(is_real(r) and r > 0 for r in cost)))):
             raise ValueError(f"a DynamicTree needs top_k and nodes integers >= 1, a finite "
                              f"draft_cost >= 0 and verify_cost None or positive numbers, got "
                              f"{checked!r}")
