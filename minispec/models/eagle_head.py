@@ -259,7 +259,7 @@ class EagleHead(nn.Module):
         h = torch.cat([e, features], dim=-1)                                    # (B, T, 2D)
         # the layer runs with the target's RoPE tables (same config)
         h = target.run_layers([self.layer], h if eagle3 else self.fc(h), positions, cache, slots,
-                              tree)                                             # (B, T, D)
+                              tree)[-1]                                         # (B, T, D)
         if eagle3:                   # the logits read the own norm; the pre-norm h is passed on
             return self.logits(self.norm(h)), h
         feature = target.norm(h) if self.layout == "minispec" else h            # (B, T, D)
@@ -285,10 +285,9 @@ class EagleHead(nn.Module):
                           stacklevel=2)
             return self
         packed.pack_block(self.layer)
-        if not isinstance(self.fc, packed.PackedLinear):
-            self.fc = packed.PackedLinear.from_linear(self.fc)
-        if self.fuse is not None and not isinstance(self.fuse, packed.PackedLinear):
-            self.fuse = packed.PackedLinear.from_linear(self.fuse)
+        for name in ("fc", "fuse"):                 # each an nn.Linear, None or already packed
+            if isinstance(linear := getattr(self, name), nn.Linear):
+                setattr(self, name, packed.PackedLinear.from_linear(linear))
         self.packed_logits = packed.PackedLinear(
             self.head_weight if self.lm_head is None else self.lm_head.weight)
         head = self.target.packed_head           # the fast target's timed choice of kernels

@@ -208,9 +208,8 @@ class Attention(nn.Module):
         else:  # one GEMM reads the three weights: (B, T, (n_h + 2 n_kv) * hd), split as views
             q, k, v = self.qkv_proj(x).split([self.n_h * self.hd, self.n_kv * self.hd,
                                               self.n_kv * self.hd], dim=-1)
-        q = q.view(B, T, self.n_h, self.hd)  # (B, T, n_h, hd)
-        k = k.view(B, T, self.n_kv, self.hd)  # (B, T, n_kv, hd)
-        v = v.view(B, T, self.n_kv, self.hd)  # (B, T, n_kv, hd)
+        # split the heads: q (B, T, n_h, hd), k and v (B, T, n_kv, hd)
+        q, k, v = (t.view(B, T, -1, self.hd) for t in (q, k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, plan, k, v)  # (B, S, n_kv, hd) each
@@ -429,38 +428,35 @@ class Llama(nn.Module):
             logits (B, T, V) in the model dtype, or ``(logits, hidden)`` with ``return_hidden``.
         """
         x = self.embed_tokens(input_ids)  # (B, T, D)
-        taps = return_hidden if isinstance(return_hidden, tuple) else ()
-        out = self.run_layers(self.layers, x, positions, cache, slots, tree, taps)
-        x, tapped = out if taps else (out, None)  # (B, T, D), (B, T, len(taps) D)
-        x = self.norm(x)  # (B, T, D)
+        streams = self.run_layers(self.layers, x, positions, cache, slots, tree)  # [x, ..., out]
+        x = self.norm(streams[-1])  # (B, T, D)
         head = self.packed_head  # make_fast's packed copy of the LM head; None: eager
         logits = head(x) if head is not None else F.linear(x, self.output_weight)  # (B, T, V)
-        return (logits, x if tapped is None else tapped) if return_hidden else logits
+        if return_hidden and isinstance(return_hidden, tuple):  # layer ids: (B, T, 3D) for three
+            x = torch.cat([streams[i] for i in return_hidden], dim=-1)
+        return (logits, x) if return_hidden else logits
 
     def run_layers(self, layers, x: torch.Tensor, positions: torch.Tensor,
                    cache: KVCache | None = None, slots: list[int] | None = None,
-                   tree: TreeAttention | None = None, taps: tuple[int, ...] = ()
-                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                   tree: TreeAttention | None = None) -> list[torch.Tensor]:
         """Run decoder ``layers`` on hidden states ``x`` (B, T, D) with this model's RoPE tables.
 
         ``layers`` are this model's own, or an EAGLE head's one layer (same config). Arguments
         as for ``forward``; every layer shares one attention plan, and the cache's lengths advance
-        once, after the last layer wrote. Returns (B, T, D), before the final norm; with ``taps``
-        (layer ids, as ``forward``'s ``return_hidden``) also the stream entering each tapped
-        layer, concatenated (B, T, len(taps) D).
+        once, after the last layer wrote. Returns the residual streams, each (B, T, D): the one
+        entering each layer (item ``i``: layer ``i``'s input, as ``forward``'s ``return_hidden``
+        numbers them), then the last layer's output, before the final norm.
         """
         index = positions.clamp(min=0)  # (B, T); padding reads row 0, harmlessly
         cos = self.rope_cos[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
         sin = self.rope_sin[index].to(x.dtype).unsqueeze(2)  # (B, T, 1, hd)
         plan, mask, drop = attention_plan(positions, cache, slots, tree)  # mask (B, 1, T, S)
-        states = {}  # layer id -> the stream entering it (B, T, D)
-        for i, layer in enumerate(layers):
-            states[i] = x
-            x = layer(x, cos, sin, mask, cache, plan, drop)  # (B, T, D)
-        states[len(layers)] = x
+        streams = [x]
+        for layer in layers:
+            streams.append(layer(streams[-1], cos, sin, mask, cache, plan, drop))  # (B, T, D)
         if cache is not None:
             cache.commit(plan)  # lengths advance once per forward, after every layer wrote
-        return (x, torch.cat([states[i] for i in taps], dim=-1)) if taps else x
+        return streams
 
     @property
     def output_weight(self) -> torch.Tensor:

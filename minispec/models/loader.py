@@ -79,13 +79,15 @@ def _token_ids(vocab_size: int) -> Rule:
 
 _BOOLEAN: Rule = (lambda v: type(v) is bool, "true or false (a JSON boolean)")
 
-#: How every config.json value that minispec reads must look (token ids: see ``build_config``).
+#: How every config.json value that minispec reads must look, at the top level or in the RoPE
+#: object, ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5) (token ids: see
+#: ``build_config``).
 CONFIG_RULES: dict[str, Rule] = {
     **{key: _integer(1, MAX_SIZE) for key in SIZE_KEYS},
-    "max_position_embeddings": _integer(1, MAX_POSITIONS),
+    **{key: _integer(1, MAX_POSITIONS)
+       for key in ("max_position_embeddings", "original_max_position_embeddings")},
     "rms_norm_eps": _number(0, 1),
-    "rope_theta": _number(0),
-    "hidden_act": (lambda v: v == "silu", "'silu'"),
+    **{key: _number(0) for key in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor")},
     **{key: _BOOLEAN for key in ("tie_word_embeddings", "attention_bias", "mlp_bias")},
 }
 
@@ -93,12 +95,6 @@ CONFIG_RULES: dict[str, Rule] = {
 ROPE_TYPES = {"default": (), "linear": ("factor",),
               "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                          "original_max_position_embeddings")}
-
-#: How the values of ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5) must look.
-ROPE_RULES: dict[str, Rule] = {
-    **{key: _number(0) for key in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor")},
-    "original_max_position_embeddings": _integer(1, MAX_POSITIONS),
-}
 
 #: What a hub download fetches: weights as safetensors, the configs, the tokenizer and its template.
 HUB_PATTERNS = [
@@ -186,14 +182,20 @@ def resolve(name_or_path: str | Path, local_files_only: bool = False) -> Path:
     return from_hub(name, local_files_only=local_files_only or offline)
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """Parse ``config.json``; raise ValueError naming the file for bad JSON or a missing key."""
+def read_json_object(path: Path) -> dict[str, Any]:
+    """Parse a JSON file holding an object; raise ValueError naming the file otherwise."""
     try:
-        config = json.loads(path.read_text())
+        value = json.loads(path.read_text())  # RecursionError: nested too deep to parse
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} holds {type(config).__name__}, not a JSON object")
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds {type(value).__name__}, not a JSON object")
+    return value
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """Parse ``config.json``; raise ValueError naming the file for bad JSON or a missing key."""
+    config = read_json_object(path)
     if missing := [key for key in REQUIRED_CONFIG_KEYS if key not in config]:
         raise ValueError(f"{path} has no {', '.join(repr(k) for k in missing)}: a Llama config "
                          f"needs {', '.join(REQUIRED_CONFIG_KEYS)}")
@@ -218,11 +220,12 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
 
     Raises:
         ValueError: one message naming the field, its value and what is allowed: a value that
-            breaks ``CONFIG_RULES`` or ``ROPE_RULES`` (a size that is not an integer in
-            ``[1, MAX_SIZE]``, a boolean given as a string, a NaN or negative ``rms_norm_eps``),
-            a token id outside the vocabulary, an unsupported ``rope_type``, heads that do not
-            divide ``hidden_size`` (without ``head_dim``) or by ``num_key_value_heads``, an odd
-            head dimension, RoPE tables above ``MAX_ROPE_BYTES``, or non-finite RoPE frequencies.
+            breaks ``CONFIG_RULES`` (a size that is not an integer in ``[1, MAX_SIZE]``, a
+            boolean given as a string, a NaN or negative ``rms_norm_eps``), a ``hidden_act`` other
+            than ``'silu'``, a token id outside the vocabulary, an unsupported ``rope_type``, heads
+            that do not divide ``hidden_size`` (without ``head_dim``) or by
+            ``num_key_value_heads``, an odd head dimension, RoPE tables above ``MAX_ROPE_BYTES``,
+            or non-finite RoPE frequencies.
     """
     check_values(config, CONFIG_RULES, path)
     ids = _token_ids(config["vocab_size"])
@@ -231,16 +234,14 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
         check_rope(config.get(key), f"{path}: {key}")
     try:
         c = ModelConfig.from_hf_config(config)
-    except ValueError as error:  # num_attention_heads not a multiple of num_key_value_heads
+    except ValueError as error:  # hidden_act not silu, or heads not a multiple of kv heads
         raise ValueError(f"{path}: {error}") from error
-    problems = {
-        "hidden_size": config.get("head_dim") is None and c.hidden_size % c.num_attention_heads
-        and f"must be divisible by num_attention_heads ({c.num_attention_heads}) without head_dim",
-        "head_dim": c.head_dim % 2 and "must be even (RoPE rotates pairs of dimensions)",
-    }
-    for key, problem in problems.items():
-        if problem:
-            raise ValueError(f"{path}: {key} {problem}, got {getattr(c, key)!r}")
+    if config.get("head_dim") is None and c.hidden_size % c.num_attention_heads:
+        raise ValueError(f"{path}: hidden_size must be divisible by num_attention_heads "
+                         f"({c.num_attention_heads}) without head_dim, got {c.hidden_size!r}")
+    if c.head_dim % 2:
+        raise ValueError(f"{path}: head_dim must be even (RoPE rotates pairs of dimensions), "
+                         f"got {c.head_dim!r}")
     positions, hd = c.max_position_embeddings, c.head_dim
     if 2 * positions * hd * 4 > MAX_ROPE_BYTES:  # cos and sin, (positions, hd) float32 each
         raise ValueError(f"{path}: max_position_embeddings={positions} with head_dim={hd} needs "
@@ -265,7 +266,7 @@ def check_values(values: dict[str, Any], rules: dict[str, Rule], where: Path | s
 
 def check_rope(rope: Any, where: str) -> None:
     """Raise ValueError unless ``rope`` (``rope_scaling`` or ``rope_parameters``) is null, or an
-    object of a ``ROPE_TYPES`` type with the keys it needs, each valid by ``ROPE_RULES``."""
+    object of a ``ROPE_TYPES`` type with the keys it needs, each valid by ``CONFIG_RULES``."""
     if rope is None:
         return
     if type(rope) is not dict:
@@ -277,7 +278,7 @@ def check_rope(rope: Any, where: str) -> None:
     if missing := [key for key in ROPE_TYPES[kind] if key not in rope]:
         raise ValueError(f"{where}: rope_type {kind!r} needs {', '.join(ROPE_TYPES[kind])}, "
                          f"got no {', '.join(missing)}")
-    check_values(rope, ROPE_RULES, where)
+    check_values(rope, CONFIG_RULES, where)
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -293,11 +294,7 @@ def weight_files(directory: Path) -> list[Path]:
     if single.is_file():
         return [single]
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text()).get("weight_map")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError,  # nested too deep
-                AttributeError) as error:
-            raise ValueError(f"{index} is not a JSON object ({error})") from error
+        weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map or not all(
                 isinstance(shard, str) for shard in weight_map.values()):
             raise ValueError(f"{index} has no weight_map (tensor name -> shard file name)")

@@ -141,9 +141,8 @@ def _merged(*linears: nn.Linear) -> PackedLinear:
     """One packed matrix for several projections of the same input (rows stacked in order; all or
     none of them have a bias)."""
     weight = torch.cat([linear.weight.detach() for linear in linears])  # (sum N_i, K)
-    biases = [linear.bias for linear in linears]
-    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])  # (sum N_i,)
-    return PackedLinear(weight, bias)
+    biases = [linear.bias.detach() for linear in linears if linear.bias is not None]
+    return PackedLinear(weight, torch.cat(biases) if biases else None)  # bias (sum N_i,) or None
 
 
 def is_fast(model: Llama) -> bool:

@@ -56,16 +56,16 @@ class StaticStep:
         T: new tokens per row.
         S: key positions per row (a multiple of the paged cache's block size: ``S /
             block_size`` blocks).
-        expand_kv: repeat each key/value head for its query heads before attention, so that
-            CUDA's fused kernels (which take an arbitrary mask but not grouped heads) run.
+
+    On CUDA the step repeats each key/value head for its query heads before attention
+    (``expand_kv``), so that the fused kernels (which take an arbitrary mask but not grouped
+    heads) run.
     """
 
-    def __init__(self, model: Llama, cache: KVCache, B: int, T: int, S: int,
-                 expand_kv: bool = False) -> None:
+    def __init__(self, model: Llama, cache: KVCache, B: int, T: int, S: int) -> None:
         self.model, self.cache, self.key, self.S = model, cache, (B, T, S), S
-        self.paged = isinstance(cache, PagedKVCache)
-        M = S // cache.block_size if self.paged else 1           # contiguous: a slot's prefix
-        self.expand_kv = expand_kv
+        M = -(-S // cache.block_size)        # blocks a row reads (contiguous: 1, its slot's prefix)
+        self.expand_kv = model.device.type == "cuda"
         device, long = model.device, torch.long
         self.input_ids = torch.zeros(B, T, dtype=long, device=device)
         self.positions = torch.zeros(B, T, dtype=long, device=device)      # RoPE positions
@@ -139,9 +139,9 @@ class StaticStep:
         for pool, new in ((self.cache.k[layer], k), (self.cache.v[layer], v)):
             flat = pool.view(-1, *pool.shape[2:])                        # (entries, n_kv, hd)
             flat.index_copy_(0, self.slot_mapping.flatten(), new.reshape(-1, *pool.shape[2:]))
-            blocks = pool if self.paged else pool[:, :self.S]   # contiguous: a slot's prefix
-            rows = blocks.index_select(0, self.block_tables.flatten()).view(B, self.S,
-                                                                             *pool.shape[2:])
+            # whole blocks of S or fewer positions (contiguous: a slot's first S), row by row
+            rows = pool[:, :self.S].index_select(0, self.block_tables.flatten())
+            rows = rows.view(B, self.S, *pool.shape[2:])                      # (B, S, n_kv, hd)
             rows = torch.where(self.valid, rows, 0.0)              # masked is not enough: NaN
             if self.expand_kv:                     # (B, S, n_h, hd): one copy per query head
                 rows = rows.repeat_interleave(self.model.config.num_attention_heads
@@ -169,10 +169,9 @@ class StaticForward:
         from minispec.models.graphs import CudaGraphs
 
         self.model, self.cache = model, cache
+        self.paged = isinstance(cache, PagedKVCache)
         self.steps: dict[tuple[int, int, int], StaticStep] = {}
-        cuda = model.device.type == "cuda"
-        self.graphs = CudaGraphs() if graphs and cuda else None
-        self.expand_kv = cuda               # CUDA's fused kernels take a mask, not grouped heads
+        self.graphs = CudaGraphs() if graphs and model.device.type == "cuda" else None
 
     def __call__(self, input_ids: Tensor, positions: Tensor, slots: list[int],
                  tree: TreeAttention | None = None) -> tuple[Tensor, Tensor] | None:
@@ -181,15 +180,14 @@ class StaticForward:
         rows = bucket(b, BATCH_BUCKETS)
         if rows is None or (tree is not None and tree.mask.shape[2] != t):
             return None
-        storage = positions if tree is None else tree.storage
-        plan = self.cache.prepare(slots, storage)                    # host bookkeeping
+        if tree is None:            # a chain: stored at its positions, each token sees those before
+            causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
+            tree = TreeAttention(positions, positions[:, 0], causal)
+        plan = self.cache.prepare(slots, tree.storage)               # host bookkeeping
         step = self._step(rows, t, max(plan.new_lengths))
-        start = (tree.start if tree is not None else positions[:, 0]).tolist()
-        causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
-        tables = (plan.block_tables if step.paged
+        tables = (plan.block_tables if self.paged
                   else torch.tensor(slots, device=self.model.device)[:, None])
-        step.load(input_ids, positions, plan, start, causal if tree is None else tree.mask,
-                  tables)
+        step.load(input_ids, positions, plan, tree.start.tolist(), tree.mask, tables)
         logits, hidden = self.graphs.run(step) if self.graphs is not None else step.run()
         self.cache.commit(plan)
         return logits[:b, :t].clone(), hidden[:b, :t].clone()  # the buffers are reused
@@ -198,11 +196,10 @@ class StaticForward:
         """The bucket's step (made on first use): the keys padded to a power of two of units, a
         paged cache's blocks (whole blocks) or 64 positions of a contiguous slot (at most its
         ``max_seq_len``)."""
-        paged = isinstance(self.cache, PagedKVCache)
-        unit = self.cache.block_size if paged else 64
+        unit = self.cache.block_size if self.paged else 64
         units = min(-(-self.cache.max_seq_len // unit),            # a whole slot at most
                     1 << max(0, (-(-length // unit) - 1).bit_length()))
-        key = (rows, t, units * unit if paged else min(units * unit, self.cache.max_seq_len))
+        key = (rows, t, units * unit if self.paged else min(units * unit, self.cache.max_seq_len))
         if key not in self.steps:
-            self.steps[key] = StaticStep(self.model, self.cache, *key, expand_kv=self.expand_kv)
+            self.steps[key] = StaticStep(self.model, self.cache, *key)
         return self.steps[key]
