@@ -75,7 +75,6 @@ class EagleDrafter(Drafter):
         self.max_seq_len = min(max_seq_len or head.config.max_position_embeddings,
                                head.config.max_position_embeddings)
         self.pending: dict[str, Tensor] = {}    # request -> (m, D or 3D) real features not fed
-        self.last_fed: dict[str, Tensor] = {}   # request -> (1, D or 3D) the last fed (a retry)
         self.features: dict[int, Tensor] = {}   # the tree being drawn: node -> its feature (D,)
         self.chain_features: dict[str, Tensor] = {}    # request -> f' of its last chain draft
         self.trees: dict[str, tuple[Proposal, dict[int, int]]] = {}   # dropped in observe
@@ -119,7 +118,7 @@ class EagleDrafter(Drafter):
             self.pending[seq.request_id] = torch.cat([kept, h[: a + 1]])        # (m + a + 1, D)
 
     def release(self, seq: Sequence) -> None:
-        for state in (self.pending, self.last_fed, self.trees):
+        for state in (self.pending, self.trees):
             state.pop(seq.request_id, None)
 
     # ------------------------------------------------------------------ drafting
@@ -174,15 +173,12 @@ class EagleDrafter(Drafter):
         feeds = []
         for seq in seqs:
             f = self.pending.get(seq.request_id)
-            if f is not None and len(f) == 0 and seq.draft_len > 0:   # a retried round: re-feed
-                self._truncate(seq, seq.draft_len - 1)                 # the last real pair
-                f = self.last_fed[seq.request_id]
             n_pairs = seq.num_tokens - 1
             if f is None or seq.draft_len + len(f) != n_pairs:
                 raise RuntimeError(f"request {seq.request_id}: the head holds {seq.draft_len} "
                                    f"pairs and {0 if f is None else len(f)} pending features, "
                                    f"but the context has {n_pairs} (was the target prefilled "
-                                   f"with the drafter attached?)")
+                                   f"with the drafter attached, and every round observed?)")
             feeds.append((f, seq.context[seq.draft_len + 1:]))
         width = max(len(f) for f, _ in feeds)
         features = torch.stack([F.pad(f, (0, 0, width - len(f), 0)) for f, _ in feeds])  # (R, T, D)
@@ -190,7 +186,7 @@ class EagleDrafter(Drafter):
         out = self._feed(seqs, [t for _, t in feeds], features)         # (R, T, V'), (R, T, D)
         # fed: only now (a failed step keeps them)
         for seq, (f, _) in zip(seqs, feeds, strict=True):
-            self.pending[seq.request_id], self.last_fed[seq.request_id] = f[:0], f[-1:]
+            self.pending[seq.request_id] = f[:0]
         return out
 
     def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
