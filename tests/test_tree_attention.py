@@ -219,6 +219,20 @@ def test_greedy_tree_equals_greedy(pair, branching):
             assert sum(a + 1 for a in out.stats.accepted_per_round) >= len(out.tokens)
 
 
+def test_a_one_child_tree_drafts_the_chain_under_a_repetition_penalty(pair):
+    """Greedy with a penalty: a tree's children are the top of the *penalised* draft logits, as a
+    chain's draft is their argmax, so a one-child tree drafts and accepts exactly like the
+    chain."""
+    target, draft, _ = pair
+    sampling = ms.SamplingParams(temperature=0.0, repetition_penalty=3.0)
+    for prompt in PROMPTS:
+        base = ms.generate(target, prompt, 30, sampling=sampling).tokens
+        chain = ms.speculative_generate(target, draft, prompt, 30, k=4, sampling=sampling)
+        tree = tree_generate(target, draft, prompt, 30, k=4, branching=(1,), sampling=sampling)
+        assert chain.tokens == tree.tokens == base
+        assert tree.stats.accepted_per_round == chain.stats.accepted_per_round
+
+
 def test_tree_accepts_more_than_its_chain(pair):
     target, draft, _ = pair
     prompt = [3, 4, 5]

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import is_int, is_real, probs_for_rows, sample
+from minispec.core.sampling import apply_repetition_penalty, is_int, is_real, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.theory import best_tree_size
 from minispec.core.tree import DynamicTree, Proposal, tree_size
@@ -175,11 +175,15 @@ def grow_dynamic(seq: Sequence, shape: DynamicTree, root: tuple[Tensor, int],
 
 def choose_children(seq: Sequence, logits: Tensor, path: list[int], b: int
                     ) -> list[tuple[int, Tensor | None, list[int]]]:
-    """``b`` children of the node at ``path`` (below the root): greedy top-b (q None), else b
-    i.i.d. draws from q; each as ``(token, q, its path)``. NaN logits fail the request."""
+    """``b`` children of the node at ``path`` (below the root): greedy top-b (q None; after the
+    repetition penalty the target applies too, as a greedy chain drafts the penalised argmax),
+    else b i.i.d. draws from q; each as ``(token, q, its path)``. NaN logits fail the request."""
     if torch.isnan(logits).any():
         raise ValueError("draft logits contain NaN")
     if seq.sampling.greedy:
+        if not seq.sampling.raw_argmax:
+            logits = apply_repetition_penalty(logits, seq.context + path,
+                                              seq.sampling.repetition_penalty)
         return [(int(t), None, path + [int(t)]) for t in logits.topk(b).indices]
     q = probs_for_rows(logits[None], [seq.sampling], [seq.context + path])[0]          # (V,)
     return [(t, q, path + [t]) for t in [int(sample(q, seq.generator)) for _ in range(b)]]
