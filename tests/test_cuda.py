@@ -85,6 +85,10 @@ def test_engine_on_cuda_equals_single_requests(pair, kv_cache):
         engine = ms.Engine(target, max_batch_size=4, kv_cache=kv_cache, **kwargs)
         results = engine.generate(ps, max_new_tokens=20, progress=False)
         assert [r.tokens for r in results] == singles, kwargs
+        if "draft" in kwargs:              # the draft model's steps were captured, in one pool
+            graphs = engine.runner.static.graphs
+            assert engine.drafter.static.graphs is graphs
+            assert set(engine.drafter.static.steps.values()) & set(graphs.graphs)
 
 
 def test_sampled_requests_do_not_depend_on_their_neighbours_on_cuda(pair):

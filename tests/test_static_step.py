@@ -184,6 +184,19 @@ def test_speculative_generate_with_the_static_step_equals_without(pair, options)
             assert run[0].tokens == run[1].tokens
 
 
+def test_a_drafter_reused_without_graphs_drafts_eagerly_on_its_new_cache(pair):
+    """A draft model captured by one call and attached to a fresh cache by the next runs on that
+    cache: the static step stays with the call that made it."""
+    target, draft = pair
+    drafter = ms.ModelDrafter(draft)
+    first = ms.speculative_generate(target, drafter, PROMPTS[2], 20, k=3, graphs=True)
+    assert drafter.static is not None and drafter.static.steps
+    second = ms.speculative_generate(target, drafter, PROMPTS[2], 20, k=3, graphs=False)
+    assert drafter.static is None
+    assert first.tokens == second.tokens == ms.generate(target, PROMPTS[2], 20).tokens
+    assert first.stats.accepted_per_round == second.stats.accepted_per_round
+
+
 @pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
 @pytest.mark.parametrize("branching", [None, (2, 1, 1)])
 def test_the_engine_on_the_static_step_equals_single_requests(pair, kv_cache, branching):
@@ -197,5 +210,6 @@ def test_the_engine_on_the_static_step_equals_single_requests(pair, kv_cache, br
     results = engine.generate(prompts, progress=False, max_new_tokens=16)
     assert [r.tokens for r in results] == [ms.generate(target, p, 16).tokens for p in prompts]
     assert engine.runner.static.steps                         # the static step ran
+    assert engine.drafter.static.steps                        # and the draft model's
     if kv_cache == "paged":
         assert engine.target_cache.num_used_blocks == 0

@@ -128,9 +128,9 @@ def speculative_generate(target: Llama, drafter: Any, prompt_ids: Any, max_new_t
             ([`GoodputK`][minispec.decoding.goodput.GoodputK]: the step costs this call measures
             and the running acceptance), recorded in ``stats.k_per_round``; a seeded sampled
             request keeps ``k``, so its tokens depend on its seed only.
-        graphs: run the target as static-shape steps, captured as CUDA graphs on a GPU
-            ([`minispec.models.static_step`][minispec.models.static_step]); ``None`` (the
-            default): on a GPU only; on the CPU ``True`` runs the same step eagerly.
+        graphs: run the target (and a draft model's chain steps) as static-shape steps, captured
+            as CUDA graphs on a GPU ([`minispec.models.static_step`][minispec.models.static_step]);
+            ``None`` (the default): on a GPU only; on the CPU ``True`` runs the same step eagerly.
 
     Returns:
         A [`GenerationResult`][minispec.decoding.loop.GenerationResult]; greedy output is

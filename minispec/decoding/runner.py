@@ -67,8 +67,8 @@ class SpeculativeRunner:
         drafter: a [`Drafter`][minispec.drafters.base.Drafter], or ``None`` (plain decoding).
         branching: draft trees with ``branching[t]`` children per node at depth ``t``; ``None``:
             chains.
-        graphs: run the target's forwards as static-shape steps
-            ([`StaticForward`][minispec.models.static_step.StaticForward]), captured as CUDA
+        graphs: run the target's forwards, and a draft model's chain steps, as static-shape
+            steps ([`StaticForward`][minispec.models.static_step.StaticForward]), captured as CUDA
             graphs on a GPU, run eagerly on the CPU; ``None`` (default): on a GPU only.
     """
 
@@ -80,6 +80,8 @@ class SpeculativeRunner:
         if graphs is None:
             graphs = target.device.type == "cuda"
         self.static = StaticForward(target, target_cache) if graphs else None
+        if graphs and drafter is not None and drafter.cache is not None:
+            drafter.capture(self.static)                # a draft model's steps: static too
 
     def prefill(self, seqs: list[Sequence], budgets: list[int] | None = None) -> None:
         """Batched target prefill of each ``context[:-1]`` (right-padded); logits are discarded.

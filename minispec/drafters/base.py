@@ -40,6 +40,7 @@ from minispec.core.tree import DynamicTree, Proposal
 from minispec.drafters.trees import grow_dynamic, grow_levels
 from minispec.models.kv_cache import ContiguousKVCache, KVCache
 from minispec.models.llama import Llama, TreeAttention
+from minispec.models.static_step import StaticForward
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "Shape", "choose_drafts", "keeps_cache"]
 
@@ -68,6 +69,7 @@ class Drafter:
             own model scores its nodes: the draft model, the EAGLE head).
         trees: with a model, request -> its tree of this round and where the tree's fed nodes are
             stored (created node -> cache position); set by the drafter's ``__init__``.
+        static: the draft model's chain steps as static shapes (``capture``), else ``None``.
     """
 
     wants_hidden: bool = False
@@ -77,10 +79,15 @@ class Drafter:
     max_seq_len: int | None = None
     forwards: int = 0
     dynamic_trees: bool = False
+    static: StaticForward | None = None
 
     def attach(self, cache: KVCache) -> None:
         """Keep keys and values in ``cache`` (only called when ``model`` is set)."""
         self.cache = cache
+
+    def capture(self, target: StaticForward) -> None:
+        """Run the drafter's own steps as static shapes, as ``target``'s are (CUDA graphs on a
+        GPU); the runner calls it when its ``graphs`` are on. Default: nothing to capture."""
 
     def clone(self) -> Drafter:
         """A fresh drafter with no request state and no cache (an engine owns its own)."""
@@ -161,8 +168,11 @@ class Drafter:
         ids = [[0] * (width - len(f)) + f for f in feeds]                                 # (R, T)
         pos = [[-1] * (width - len(f)) + list(range(s.draft_len, s.draft_len + len(f)))
                for s, f in zip(seqs, feeds, strict=True)]                                 # (R, T)
-        out = self.model(torch.tensor(ids, device=device), *inputs,
-                         torch.tensor(pos, device=device), self.cache, [s.draft_slot for s in seqs])
+        ids_t, pos_t = torch.tensor(ids, device=device), torch.tensor(pos, device=device)
+        slots = [s.draft_slot for s in seqs]
+        # a chain step (one or two tokens a row; not a lazy prefill) in a static bucket, if any
+        static = self.static(ids_t, pos_t, slots) if self.static and width <= 2 else None
+        out = static[0] if static else self.model(ids_t, *inputs, pos_t, self.cache, slots)
         self.forwards += 1
         for seq, f in zip(seqs, feeds, strict=True):
             seq.draft_len += len(f)
@@ -238,8 +248,16 @@ class ModelDrafter(Drafter):
         self.trees: dict[str, tuple[Proposal, dict[int, int]]] = {}
 
     def attach(self, cache: KVCache) -> None:
-        """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``)."""
-        self.cache, self._probe = cache, None
+        """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``), eagerly
+        until ``capture``."""
+        self.cache, self._probe, self.static = cache, None, None
+
+    def capture(self, target: StaticForward) -> None:
+        """The draft model's chain steps as static shapes on its attached cache
+        ([`StaticForward`][minispec.models.static_step.StaticForward]), like the target's."""
+        self.static = StaticForward(self.model, self.cache)
+        # one memory pool for all graphs: they run one at a time and their outputs are copied
+        self.static.graphs = target.graphs
 
     def clone(self) -> ModelDrafter:
         """The same draft model with no cache attached (an engine owns its own)."""

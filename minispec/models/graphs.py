@@ -7,10 +7,11 @@ That is why the step it records reads only preallocated buffers
 ([`StaticStep`][minispec.models.static_step.StaticStep]): before each replay the new inputs are
 copied into the same buffers, and the outputs appear in the same output tensors.
 
-One graph per bucket ``(B, T, S)``, captured the first time the bucket is used, all in one memory
-pool (the buckets run one at a time, so they can share their temporaries). Capture follows
-PyTorch's recipe: run the step once on a side stream first (it allocates its workspaces and
-warms the kernels up), then record it.
+One graph per step (a bucket ``(B, T, S)`` of one model: the target's, or a draft model's that
+shares its pool), captured the first time the step runs, all in one memory pool (the steps run
+one at a time and their outputs are copied out, so they can share their temporaries). Capture
+follows PyTorch's recipe: run the step once on a side stream first (it allocates its workspaces
+and warms the kernels up), then record it.
 """
 
 from __future__ import annotations
@@ -22,21 +23,21 @@ __all__ = ["CudaGraphs"]
 
 
 class CudaGraphs:
-    """Captured steps keyed by bucket, sharing one memory pool.
+    """Captured steps, sharing one memory pool.
 
-    Attributes: graphs -- bucket -> (the graph, its output tensors).
+    Attributes: graphs -- step -> (the graph, its output tensors).
     """
 
     def __init__(self) -> None:
-        self.graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...]]] = {}
+        self.graphs: dict[object, tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...]]] = {}
         self.pool = None                       # the memory pool every graph allocates from
 
     def run(self, step) -> tuple[Tensor, ...]:
         """Replay ``step``'s graph (capturing it on first use); its output tensors, which the
         next replay of the same bucket overwrites."""
-        if step.key not in self.graphs:
-            self.graphs[step.key] = self._capture(step)
-        graph, outputs = self.graphs[step.key]
+        if step not in self.graphs:
+            self.graphs[step] = self._capture(step)
+        graph, outputs = self.graphs[step]
         graph.replay()
         return outputs
 

@@ -63,7 +63,7 @@ class StaticStep:
     """
 
     def __init__(self, model: Llama, cache: KVCache, B: int, T: int, S: int) -> None:
-        self.model, self.cache, self.key, self.S = model, cache, (B, T, S), S
+        self.model, self.cache, self.S = model, cache, S
         M = -(-S // cache.block_size)        # blocks a row reads (contiguous: 1, its slot's prefix)
         self.expand_kv = model.device.type == "cuda"
         device, long = model.device, torch.long
@@ -151,7 +151,8 @@ class StaticStep:
 
 
 class StaticForward:
-    """The target's forward through static-shape buckets, replayed as CUDA graphs on a GPU.
+    """A model's forward (the target's, or a draft model's chain steps) through static-shape
+    buckets, replayed as CUDA graphs on a GPU.
 
     Called as the model is (``ids``, ``positions``, ``slots``, ``tree``), it plans the cache
     writes on the host as the dynamic path does, picks the bucket ``(B, T, S)`` -- the batch
@@ -160,9 +161,11 @@ class StaticForward:
     rows, a tree level that also sees earlier levels) returns ``None``: the caller runs the model.
 
     Args:
-        model: the target; cache: its KV cache.
+        model: the target or a draft model; cache: its KV cache.
         graphs: capture each bucket as a CUDA graph on first use and replay it (CUDA only; on
-            the CPU the same step runs eagerly).
+            the CPU the same step runs eagerly). The ``graphs`` attribute, a
+            [`CudaGraphs`][minispec.models.graphs.CudaGraphs], may be shared by the target's and
+            a draft model's forwards: one memory pool.
     """
 
     def __init__(self, model: Llama, cache: KVCache, graphs: bool = True) -> None:

@@ -112,9 +112,10 @@ class Engine:
             and compacted to the accepted path (a paged cache frees the rejected nodes' blocks);
             or a [`DynamicTree`][minispec.core.tree.DynamicTree] (a draft model or an EAGLE
             head: shaped by its confidence, EAGLE-2).
-        graphs: run the target's steps as static shapes padded to a batch bucket, captured as
-            CUDA graphs on a GPU ([`minispec.models.static_step`][minispec.models.static_step]);
-            ``None`` (the default): on a GPU only; ``True`` on the CPU runs the same step eagerly.
+        graphs: run the target's steps (and a draft model's chain steps) as static shapes padded
+            to a batch bucket, captured as CUDA graphs on a GPU
+            ([`minispec.models.static_step`][minispec.models.static_step]); ``None`` (the
+            default): on a GPU only; ``True`` on the CPU runs the same step eagerly.
 
     Attributes:
         drafter: the batched drafter, the engine's own clone of the one given (``None`` for plain
