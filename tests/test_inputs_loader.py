@@ -16,7 +16,7 @@ from tinymodels import VOCAB, hf_checkpoint, tiny_llama
 from tinymodels import load_refused as refused
 from tinymodels import write_checkpoint as write
 
-from minispec.models.loader import MAX_SIZE, load
+from minispec.models.loader import MAX_SIZE, build_config, load
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +194,11 @@ def test_no_value_anywhere_escapes_as_another_exception(good, tmp_path, value):
             load(write(tmp_path / str(i), config | {key: value}, weights))
         except ValueError as error:
             assert key in str(error) or "tensor" in str(error), (key, value, error)
+
+
+def test_build_config_refuses_a_config_without_a_required_key():
+    """Called on its own (``load`` reads the file first), ``build_config`` still names the missing
+    field in a ValueError, never a KeyError."""
+    with pytest.raises(ValueError, match="vocab_size must be an integer"):
+        build_config({"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+                      "num_attention_heads": 2})

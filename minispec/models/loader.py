@@ -227,7 +227,7 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
             ``num_key_value_heads``, an odd head dimension, RoPE tables above ``MAX_ROPE_BYTES``,
             or non-finite RoPE frequencies.
     """
-    check_values(config, CONFIG_RULES, path)
+    check_values(config, CONFIG_RULES, path, REQUIRED_CONFIG_KEYS)
     ids = _token_ids(config["vocab_size"])
     check_values(config, {"bos_token_id": ids, "eos_token_id": ids}, path)
     for key in ("rope_scaling", "rope_parameters"):
@@ -254,13 +254,16 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
     return c
 
 
-def check_values(values: dict[str, Any], rules: dict[str, Rule], where: Path | str) -> None:
+def check_values(values: dict[str, Any], rules: dict[str, Rule], where: Path | str,
+                 required: tuple[str, ...] = ()) -> None:
     """Raise ValueError naming the first key of ``rules`` whose value in ``values`` breaks its rule
-    (an absent key takes its default: ``read_config`` refused a config without a required one;
-    ``null`` is allowed only for ``NULLABLE_KEYS``)."""
+    (an absent key takes its default, unless it is ``required``; ``null`` is allowed only for
+    ``NULLABLE_KEYS``)."""
     for key, (test, allowed) in rules.items():
         value = values.get(key)
-        if key in values and not (value is None and key in NULLABLE_KEYS) and not test(value):
+        if key not in values and key not in required:
+            continue                                                      # absent: its default
+        if not (value is None and key in NULLABLE_KEYS) and not test(value):
             raise ValueError(f"{where}: {key} must be {allowed}, got {value!r}")
 
 
