@@ -85,9 +85,10 @@ class Drafter:
         """Keep keys and values in ``cache`` (only called when ``model`` is set)."""
         self.cache = cache
 
-    def capture(self, target: StaticForward) -> None:
-        """Run the drafter's own steps as static shapes, as ``target``'s are (CUDA graphs on a
-        GPU); the runner calls it when its ``graphs`` are on. Default: nothing to capture."""
+    def capture(self, target_static: StaticForward) -> None:
+        """Run the drafter's own steps as static shapes, as the target's ``target_static`` does
+        (CUDA graphs on a GPU, in its pool); the runner calls it when its ``graphs`` are on.
+        Default: nothing to capture."""
 
     def clone(self) -> Drafter:
         """A fresh drafter with no request state and no cache (an engine owns its own)."""
@@ -170,9 +171,10 @@ class Drafter:
                for s, f in zip(seqs, feeds, strict=True)]                                 # (R, T)
         ids_t, pos_t = torch.tensor(ids, device=device), torch.tensor(pos, device=device)
         slots = [s.draft_slot for s in seqs]
-        # a chain step (one or two tokens a row; not a lazy prefill) in a static bucket, if any
-        static = self.static(ids_t, pos_t, slots) if self.static and width <= 2 else None
-        out = static[0] if static else self.model(ids_t, *inputs, pos_t, self.cache, slots)
+        static = None                 # a chain step (one or two tokens a row) in a static bucket
+        if self.static is not None and width <= 2:       # (longer lazy prefills run eagerly)
+            static = self.static(ids_t, pos_t, slots)    # (logits, hidden), or None: no bucket
+        out = self.model(ids_t, *inputs, pos_t, self.cache, slots) if static is None else static[0]
         self.forwards += 1
         for seq, f in zip(seqs, feeds, strict=True):
             seq.draft_len += len(f)
@@ -252,12 +254,11 @@ class ModelDrafter(Drafter):
         until ``capture``."""
         self.cache, self._probe, self.static = cache, None, None
 
-    def capture(self, target: StaticForward) -> None:
+    def capture(self, target_static: StaticForward) -> None:
         """The draft model's chain steps as static shapes on its attached cache
-        ([`StaticForward`][minispec.models.static_step.StaticForward]), like the target's."""
-        self.static = StaticForward(self.model, self.cache)
-        # one memory pool for all graphs: they run one at a time and their outputs are copied
-        self.static.graphs = target.graphs
+        ([`StaticForward`][minispec.models.static_step.StaticForward]), like the target's; its
+        graphs go into the target's (one memory pool: they run one at a time, outputs copied)."""
+        self.static = StaticForward(self.model, self.cache, target_static.graphs)
 
     def clone(self) -> ModelDrafter:
         """The same draft model with no cache attached (an engine owns its own)."""

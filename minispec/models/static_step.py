@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from minispec.models.graphs import CudaGraphs
 from minispec.models.kv_cache import ForwardPlan, KVCache
 from minispec.models.llama import Llama, TreeAttention, tree_attention_mask
 from minispec.models.paged_cache import PagedKVCache
@@ -163,18 +164,20 @@ class StaticForward:
     Args:
         model: the target or a draft model; cache: its KV cache.
         graphs: capture each bucket as a CUDA graph on first use and replay it (CUDA only; on
-            the CPU the same step runs eagerly). The ``graphs`` attribute, a
-            [`CudaGraphs`][minispec.models.graphs.CudaGraphs], may be shared by the target's and
-            a draft model's forwards: one memory pool.
+            the CPU the same step runs eagerly); or the
+            [`CudaGraphs`][minispec.models.graphs.CudaGraphs] of another forward to capture into
+            (a draft model's beside the target's: one memory pool); ``False`` or ``None``: the
+            step runs eagerly everywhere.
     """
 
-    def __init__(self, model: Llama, cache: KVCache, graphs: bool = True) -> None:
-        from minispec.models.graphs import CudaGraphs
-
+    def __init__(self, model: Llama, cache: KVCache, graphs: bool | CudaGraphs | None = True
+                 ) -> None:
         self.model, self.cache = model, cache
         self.paged = isinstance(cache, PagedKVCache)
         self.steps: dict[tuple[int, int, int], StaticStep] = {}
-        self.graphs = CudaGraphs() if graphs and model.device.type == "cuda" else None
+        if graphs is True:
+            graphs = CudaGraphs()
+        self.graphs = graphs if graphs and model.device.type == "cuda" else None
 
     def __call__(self, input_ids: Tensor, positions: Tensor, slots: list[int],
                  tree: TreeAttention | None = None) -> tuple[Tensor, Tensor] | None:
