@@ -162,8 +162,7 @@ def _pattern_case(draft: Callable, vocab: int) -> str:
 
 
 def _parity_case(d: Drafter, target: Llama, vocab: int, seed: int) -> str:
-    g = torch.Generator().manual_seed(seed)
-    for prompt in _contexts(vocab, g)[:2]:
+    for prompt in _contexts(vocab, torch.Generator().manual_seed(seed))[:2]:
         plain = generate(target, prompt, 24).tokens
         inputs = {"prompt": prompt, "k": 3, "max_new_tokens": 24}
         spec = call(speculative_generate, target, d, prompt, 24, 3, inputs=inputs).tokens

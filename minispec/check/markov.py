@@ -127,12 +127,11 @@ def run_streams(round_fn: Callable[[int], list[int]], chain: Chain, n: int,
         ``(joint, first)``: counts over the ``V**length`` sequences and over the first token.
     """
     joint = torch.zeros(chain.vocab ** length, dtype=torch.float64)
-    first = torch.zeros(chain.vocab, dtype=torch.float64)
     for _ in range(n):
         tokens = stream(round_fn, chain.start, length)[:length]
         joint[encode(tokens, chain.vocab)] += 1
-        first[tokens[0]] += 1
-    return joint, first
+    # the first token is the most significant digit of a sequence's index: one row per token
+    return joint, joint.view(chain.vocab, -1).sum(dim=1)
 
 
 SAMPLED = Chain(
