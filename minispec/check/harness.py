@@ -209,7 +209,7 @@ def perturbed_global_rng(seed: int) -> Iterator[None]:
 
 
 def same_seed(run: Callable[[torch.Generator], list[int]], seed: int,
-                 inputs: dict[str, Any]) -> tuple[str, Callable[[], str]]:
+              inputs: dict[str, Any]) -> tuple[str, Callable[[], str]]:
     """The reproducibility case of every check that hands ``fn`` a generator:
     ``run(generator)`` twice, with generators seeded alike and the global generators seeded
     differently, must give identical outputs (the seed is honoured, no other source of randomness

@@ -121,7 +121,7 @@ def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckRe
              for i, (name, p, q, n) in enumerate(PAIRS)]
     _, p, q, _ = PAIRS[0]
     cases.append(harness.same_seed(lambda g: [_draw(fn, p, q, g)[0] for _ in range(40)], seed,
-                           {"p": p, "q": q}))
+                                   {"p": p, "q": q}))
     return run_cases("sampler", cases, BUDGET, timeout)
 
 
@@ -146,8 +146,8 @@ def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
     none = excess.sum() == 0        # p == q: never used, but must still be a distribution
     inputs: dict[str, Any] = {"p": p, "q": q}
     got = exact(fn, (p, q), inputs, excess / excess.sum().clamp_min(1e-30),
-                        "the result is not norm(max(0, p - q))", f"a real floating-point [V] = "
-                        f"[{p.shape[0]}] tensor", math.inf if none else 1e-5, tensor=True)
+                "the result is not norm(max(0, p - q))", f"a real floating-point [V] = "
+                f"[{p.shape[0]}] tensor", math.inf if none else 1e-5, tensor=True)
     if none and not (got.isfinite().all() and (got >= 0).all() and abs(got.sum() - 1) < 1e-4):
         raise Failure(Counterexample(
             "when p == q there is no excess (a rejection never happens), but the result must "
@@ -183,8 +183,8 @@ def _acceptance_case(fn: Callable, p: Tensor, q: Tensor) -> None:
                                                                     "tensors (seeded)"}
     want = acceptance_rate(p.double(), q.double())                           # [...]
     exact(fn, (p, q), inputs, want, "the result is not beta = sum_x min(p(x), q(x))",
-                  f"one number per pair of rows, of shape {list(want.shape)} (the last dimension "
-                  "summed)", label=lambda i: "beta" if p.ndim == 1 else f"beta of row {i}")
+          f"one number per pair of rows, of shape {list(want.shape)} (the last dimension "
+          "summed)", label=lambda i: "beta" if p.ndim == 1 else f"beta of row {i}")
 
 
 def acceptance(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
@@ -261,9 +261,9 @@ def _adjust_case(fn: Callable, logits: Tensor, temperature: float, top_k: int,
                  top_p: float) -> None:
     inputs = {"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p}
     exact(fn, (logits, temperature, top_k, top_p), inputs,
-                  probs_from_logits(logits, SamplingParams(temperature, top_k, top_p)).double(),
-                  "the result is not the adjusted distribution (temperature, then top-k, then "
-                  "top-p, then softmax)", f"a [V] = [{len(logits)}] tensor of probabilities")
+          probs_from_logits(logits, SamplingParams(temperature, top_k, top_p)).double(),
+          "the result is not the adjusted distribution (temperature, then top-k, then "
+          "top-p, then softmax)", f"a [V] = [{len(logits)}] tensor of probabilities")
 
 
 def adjustment(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
