@@ -80,17 +80,14 @@ class BlockManager:
     def slot_mapping(self, seq_id, positions) -> list[int]:
         """Flat pool index ``block_id * block_size + offset`` of each position of ``seq_id``.
 
-        Args: positions — iterable of ints, each in [0, capacity) where capacity is
+        Args: positions — list (or range) of ints, each in [0, capacity) where capacity is
         ``len(block_table) * block_size``. Raises ValueError for a position outside it.
         """
         table, bs = self._table(seq_id), self.block_size
-        out = []
-        for p in positions:
-            if not 0 <= p < len(table) * bs:
-                raise ValueError(f"sequence {seq_id!r}: position {p} is outside its {len(table)} "
-                                 f"blocks ({len(table) * bs} positions); grow it first")
-            out.append(table[p // bs] * bs + p % bs)  # which block, then where inside it
-        return out
+        if outside := [p for p in positions if not 0 <= p < len(table) * bs]:
+            raise ValueError(f"sequence {seq_id!r}: position {outside[0]} is outside its "
+                             f"{len(table)} blocks ({len(table) * bs} positions); grow it first")
+        return [table[p // bs] * bs + p % bs for p in positions]  # which block, then where in it
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -146,8 +146,7 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
              if (ours := minispec_name(name, config)) is not None}
     model.load_state_dict(state, strict=True, assign=True)
     # the RoPE tables are not in the checkpoint: compute them for real on the target device
-    cos, sin = rope_tables(config)
-    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    model.rope_cos, model.rope_sin = (table.to(device) for table in rope_tables(config))
     model.eval()
     if fast:
         make_fast(model)
