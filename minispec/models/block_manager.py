@@ -39,8 +39,7 @@ class BlockManager:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and "
                              f"{block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks, self.block_size = num_blocks, block_size
         self._free: list[int] = list(range(num_blocks))  # a min-heap: the lowest free id first
         self.ref_count: list[int] = [0] * num_blocks  # block id -> number of tables holding it
         self._tables: dict[object, list[int]] = {}  # seq_id -> block ids, in position order
