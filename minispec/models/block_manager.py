@@ -39,8 +39,7 @@ class BlockManager:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and "
                              f"{block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks, self.block_size = num_blocks, block_size
         self._free: list[int] = list(range(num_blocks))  # a min-heap: the lowest free id first
         self.ref_count: list[int] = [0] * num_blocks  # block id -> number of tables holding it
         self._tables: dict[object, list[int]] = {}  # seq_id -> block ids, in position order
@@ -80,17 +79,14 @@ class BlockManager:
     def slot_mapping(self, seq_id, positions) -> list[int]:
         """Flat pool index ``block_id * block_size + offset`` of each position of ``seq_id``.
 
-        Args: positions — iterable of ints, each in [0, capacity) where capacity is
+        Args: positions — list (or range) of ints, each in [0, capacity) where capacity is
         ``len(block_table) * block_size``. Raises ValueError for a position outside it.
         """
         table, bs = self._table(seq_id), self.block_size
-        out = []
-        for p in positions:
-            if not 0 <= p < len(table) * bs:
-                raise ValueError(f"sequence {seq_id!r}: position {p} is outside its {len(table)} "
-                                 f"blocks ({len(table) * bs} positions); grow it first")
-            out.append(table[p // bs] * bs + p % bs)  # which block, then where inside it
-        return out
+        if outside := [p for p in positions if not 0 <= p < len(table) * bs]:
+            raise ValueError(f"sequence {seq_id!r}: position {outside[0]} is outside its "
+                             f"{len(table)} blocks ({len(table) * bs} positions); grow it first")
+        return [table[p // bs] * bs + p % bs for p in positions]  # which block, then where in it
 
     # ------------------------------------------------------------------ lifecycle
 

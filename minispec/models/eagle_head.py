@@ -66,10 +66,9 @@ class Eagle3Block(Block):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config, layer_idx=0)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        attn, d = self.self_attn, 2 * config.hidden_size
-        attn.q_proj, attn.k_proj, attn.v_proj = (
-            nn.Linear(d, n * attn.hd, bias=config.attention_bias) for n in (attn.n_h, attn.n_kv,
-                                                                              attn.n_kv))
+        attn, d, bias = self.self_attn, 2 * config.hidden_size, config.attention_bias
+        attn.q_proj, attn.k_proj, attn.v_proj = (nn.Linear(d, n * attn.hd, bias=bias)
+                                                 for n in (attn.n_h, attn.n_kv, attn.n_kv))
 
     def forward(self, x, cos, sin, mask, cache, plan, drop=None) -> torch.Tensor:
         """``Block.forward``'s arguments, ``x`` (B, T, 2D) = ``[e ; g]``; returns (B, T, D)."""

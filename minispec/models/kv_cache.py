@@ -43,8 +43,7 @@ class SequenceTable:
     def __init__(self, num_slots: int, max_seq_len: int) -> None:
         if num_slots < 1 or max_seq_len < 1:
             raise ValueError("num_slots and max_seq_len must be positive")
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
+        self.num_slots, self.max_seq_len = num_slots, max_seq_len
         self._lengths: dict[int, int] = {}  # slot -> number of cached positions
 
     def allocate(self) -> int:

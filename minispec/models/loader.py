@@ -133,7 +133,7 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
             checked before any weight is read or any table computed.
     """
     directory = resolve(name_or_path, local_files_only=local_files_only)
-    config_dict = read_config(directory / "config.json")
+    config_dict = read_json_object(directory / "config.json")
     check_architecture(config_dict, directory)
     config = build_config(config_dict, directory / "config.json")
     device = _pick_device(device)
@@ -146,8 +146,7 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
              if (ours := minispec_name(name, config)) is not None}
     model.load_state_dict(state, strict=True, assign=True)
     # the RoPE tables are not in the checkpoint: compute them for real on the target device
-    cos, sin = rope_tables(config)
-    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    model.rope_cos, model.rope_sin = (table.to(device) for table in rope_tables(config))
     model.eval()
     if fast:
         make_fast(model)
@@ -193,15 +192,6 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return value
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """Parse ``config.json``; raise ValueError naming the file for bad JSON or a missing key."""
-    config = read_json_object(path)
-    if missing := [key for key in REQUIRED_CONFIG_KEYS if key not in config]:
-        raise ValueError(f"{path} has no {', '.join(repr(k) for k in missing)}: a Llama config "
-                         f"needs {', '.join(REQUIRED_CONFIG_KEYS)}")
-    return config
-
-
 def check_architecture(config: dict[str, Any], where: Path | str = "config.json") -> None:
     """Raise ValueError unless ``config`` describes a Llama causal LM."""
     model_type = config.get("model_type")
@@ -219,13 +209,13 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
     Every value is checked where it enters, before anything is built or allocated.
 
     Raises:
-        ValueError: one message naming the field, its value and what is allowed: a value that
-            breaks ``CONFIG_RULES`` (a size that is not an integer in ``[1, MAX_SIZE]``, a
-            boolean given as a string, a NaN or negative ``rms_norm_eps``), a ``hidden_act`` other
-            than ``'silu'``, a token id outside the vocabulary, an unsupported ``rope_type``, heads
-            that do not divide ``hidden_size`` (without ``head_dim``) or by
-            ``num_key_value_heads``, an odd head dimension, RoPE tables above ``MAX_ROPE_BYTES``,
-            or non-finite RoPE frequencies.
+        ValueError: one message naming the field, its value and what is allowed: a missing
+            ``REQUIRED_CONFIG_KEYS`` key, a value that breaks ``CONFIG_RULES`` (a size that is not
+            an integer in ``[1, MAX_SIZE]``, a boolean given as a string, a NaN or negative
+            ``rms_norm_eps``), a ``hidden_act`` other than ``'silu'``, a token id outside the
+            vocabulary, an unsupported ``rope_type``, heads that do not divide ``hidden_size``
+            (without ``head_dim``) or by ``num_key_value_heads``, an odd head dimension, RoPE
+            tables above ``MAX_ROPE_BYTES``, or non-finite RoPE frequencies.
     """
     check_values(config, CONFIG_RULES, path, REQUIRED_CONFIG_KEYS)
     ids = _token_ids(config["vocab_size"])
@@ -257,12 +247,14 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
 def check_values(values: dict[str, Any], rules: dict[str, Rule], where: Path | str,
                  required: tuple[str, ...] = ()) -> None:
     """Raise ValueError naming the first key of ``rules`` whose value in ``values`` breaks its rule
-    (an absent key takes its default, unless it is ``required``; ``null`` is allowed only for
-    ``NULLABLE_KEYS``)."""
+    (an absent key takes its default, unless it is ``required``: then the message says the key is
+    missing, and what it must be; ``null`` is allowed only for ``NULLABLE_KEYS``)."""
     for key, (test, allowed) in rules.items():
-        value = values.get(key)
-        if key not in values and key not in required:
+        if key not in values:
+            if key in required:
+                raise ValueError(f"{where} has no {key!r}; {key} must be {allowed}")
             continue                                                      # absent: its default
+        value = values[key]
         if not (value is None and key in NULLABLE_KEYS) and not test(value):
             raise ValueError(f"{where}: {key} must be {allowed}, got {value!r}")
 

@@ -80,8 +80,7 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.weight = weight
-        self.bias = bias
+        self.weight, self.bias = weight, bias
         self.out_features, self.in_features = weight.shape
         with torch.no_grad():  # packed once: an opaque oneDNN tensor, not a parameter
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)

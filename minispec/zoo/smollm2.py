@@ -156,9 +156,8 @@ def check_sha256(path: Path, expected: str, progress: bool = True) -> None:
         while chunk := src.read(1 << 20):
             digest.update(chunk)
     if digest.hexdigest() != expected:
-        raise ValueError(f"{path}: sha256 {digest.hexdigest()} is not the pinned {expected}; "
-                         f"the file is corrupt or not the {PACKAGE} release minispec was "
-                         "tested with")
+        raise ValueError(f"{path}: sha256 {digest.hexdigest()} is not the pinned {expected}; the "
+                         f"file is corrupt or not the {PACKAGE} release minispec was tested with")
 
 
 def convert(gguf: Path, out: Path, progress: bool = True) -> None:
