@@ -36,12 +36,12 @@ from minispec.core.sampling import check_args, is_int, is_real
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal
 from minispec.drafters.base import Drafter, Shape
-from minispec.drafters.ngram import ContextDrafter, PromptLookupDrafter
+from minispec.drafters.ngram import ContextDrafter
 from minispec.drafters.suffix import DRAFTERS, SuffixDrafter
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
 
-__all__ = ["PRIOR_CONTEXT", "PRIOR_HEAD", "HybridDrafter", "Tally", "lookup_match_length"]
+__all__ = ["PRIOR_CONTEXT", "PRIOR_HEAD", "HybridDrafter", "Tally"]
 
 #: Drafts a context round is expected to accept after a match of 1, 2, ..., 6+ tokens (k = 4).
 PRIOR_CONTEXT: tuple[float, ...] = (0.2, 0.7, 1.6, 2.6, 2.6, 3.2)
@@ -76,12 +76,6 @@ class Tally:
         else:
             i = min(match, len(self.context)) - 1
             self.context[i] += decay * (accepted - self.context[i])
-
-
-def lookup_match_length(context: list[int], max_ngram: int, min_ngram: int = 1) -> int:
-    """The suffix length prompt lookup matched on: the longest ``n <= max_ngram`` whose last
-    ``n`` tokens occur earlier in ``context`` (0 if none reaches ``min_ngram``)."""
-    return PromptLookupDrafter(max_ngram, min_ngram).match(context)[0]
 
 
 class HybridDrafter(Drafter):
