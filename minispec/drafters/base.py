@@ -167,9 +167,10 @@ class Drafter:
                for s, f in zip(seqs, feeds, strict=True)]                                 # (R, T)
         ids_t, pos_t = torch.tensor(ids, device=device), torch.tensor(pos, device=device)
         slots = [s.draft_slot for s in seqs]
-        static = None                 # a chain step (one or two tokens a row) in a static bucket
-        if self.static is not None and width <= 2:       # (longer lazy prefills run eagerly)
-            static = self.static(ids_t, pos_t, slots)    # (logits, hidden), or None: no bucket
+        # a chain step (one or two tokens a row) runs in a static bucket once captured, a longer
+        # lazy prefill eagerly; static: (logits, hidden), or None (no bucket: eagerly too)
+        eager = self.static is None or width > 2
+        static = None if eager else self.static(ids_t, pos_t, slots)
         out = self.model(ids_t, *inputs, pos_t, self.cache, slots) if static is None else static[0]
         self.forwards += 1
         for seq, f in zip(seqs, feeds, strict=True):
@@ -383,8 +384,8 @@ def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]])
             seqs[r].fail(ValueError("draft logits contain NaN"))
     slow = [r for r, s in enumerate(seqs) if not s.sampling.raw_argmax and not s.is_finished]
     contexts = [seqs[r].context + drafts[r] for r in slow]
-    q = probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts) if slow else None
-    qs = dict(zip(slow, q if q is not None else [], strict=True))                  # r -> (V,)
+    q = probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts) if slow else []
+    qs = dict(zip(slow, q, strict=True))                                            # r -> (V,)
     for r, seq in enumerate(seqs):
         if r not in qs:
             yield argmax[r], None

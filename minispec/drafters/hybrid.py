@@ -109,8 +109,7 @@ class HybridDrafter(Drafter):
         check_args("HybridDrafter", [
             ("head", head, isinstance(head, Drafter), "a batched drafter (an EagleDrafter)"),
             ("min_match", min_match, is_int(min_match) and min_match >= 1, "an integer >= 1"),
-            ("head_cost", head_cost, is_real(head_cost) and head_cost >= 0,
-             "a finite number >= 0"),
+            ("head_cost", head_cost, is_real(head_cost) and head_cost >= 0, "a finite number >= 0"),
             ("decay", decay, is_real(decay) and 0 < decay <= 1, "a number in (0, 1]")])
         spec = SuffixDrafter() if context is None else context
         source = DRAFTERS.get(spec, spec) if isinstance(spec, str) else spec
