@@ -15,13 +15,7 @@ from tinymodels import exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
 from minispec.drafters.eagle import EagleDrafter
-from minispec.drafters.hybrid import (
-    PRIOR_CONTEXT,
-    PRIOR_HEAD,
-    HybridDrafter,
-    Tally,
-    lookup_match_length,
-)
+from minispec.drafters.hybrid import PRIOR_CONTEXT, PRIOR_HEAD, HybridDrafter, Tally
 from minispec.drafters.ngram import PromptLookupDrafter
 from minispec.drafters.suffix import SuffixDrafter, SuffixStore
 from minispec.serving.engine import Engine
@@ -59,6 +53,11 @@ def test_running_acceptance_moves_the_choice():
     assert tally.prefers_context(2, 1, head_cost=0.0)
     assert Tally(head=1.0, context=[0.6]).prefers_context(1, 1, head_cost=0.3)   # 1.6*1.3 >= 2
     assert not Tally(head=1.2, context=[0.6]).prefers_context(1, 1, head_cost=0.3)
+
+
+def lookup_match_length(context, max_ngram, min_ngram=1):
+    """The suffix length prompt lookup matches on (what a hybrid weighs)."""
+    return PromptLookupDrafter(max_ngram, min_ngram).match(context)[0]
 
 
 def test_prompt_lookup_match_length():

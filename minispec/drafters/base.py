@@ -113,11 +113,8 @@ class Drafter:
         tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
         proposals = {b: Proposal.chain(t, torch.stack(p) if p else None)    # none: one-hot q
                      for b, t, p in zip(chains, tokens, probs, strict=True)}
-        for b, shape in enumerate(shapes):
-            if b not in proposals:
-                proposals[b], storage = self._tree(seqs[b], shape)
-                self.trees[seqs[b].request_id] = proposals[b], storage
-        return [proposals[b] for b in range(len(seqs))]
+        return [proposals[b] if b in proposals else self._tree(seqs[b], shape)   # trees in order
+                for b, shape in enumerate(shapes)]
 
     def _draft_chains(self, seqs: list[Sequence], ks: list[int]
                       ) -> tuple[list[list[int]], list[list[Tensor]]]:
@@ -127,9 +124,9 @@ class Drafter:
         probs: list[list[Tensor]] = [[] for _ in seqs]
         for j in range(max(ks, default=0)):
             rows = [b for b, k in enumerate(ks) if k > j]
-            drafts = [tokens[b] for b in rows]
-            logits = self._chain_step([seqs[b] for b in rows], drafts)                  # (R, V)
-            for b, token, q in self._choose([seqs[b] for b in rows], logits, drafts, rows):
+            batch, drafts = [seqs[b] for b in rows], [tokens[b] for b in rows]
+            logits = self._chain_step(batch, drafts)                                    # (R, V)
+            for b, (token, q) in zip(rows, self._choose(batch, logits, drafts), strict=True):
                 tokens[b].append(token)
                 if q is not None:
                     probs[b].append(q)
@@ -139,11 +136,10 @@ class Drafter:
         """One forward: each row's logits ``(R, V)`` for its next draft, after ``drafts[r]``."""
         raise NotImplementedError(f"{type(self).__name__} does not propose")
 
-    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
-                rows: list[int]):
+    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]]):
         """Each row's next draft and its ``q``
         ([`choose_drafts`][minispec.drafters.base.choose_drafts])."""
-        return choose_drafts(seqs, logits, drafts, rows)
+        return choose_drafts(seqs, logits, drafts)
 
     def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
                         ) -> None:
@@ -171,9 +167,10 @@ class Drafter:
                for s, f in zip(seqs, feeds, strict=True)]                                 # (R, T)
         ids_t, pos_t = torch.tensor(ids, device=device), torch.tensor(pos, device=device)
         slots = [s.draft_slot for s in seqs]
-        static = None                 # a chain step (one or two tokens a row) in a static bucket
-        if self.static is not None and width <= 2:       # (longer lazy prefills run eagerly)
-            static = self.static(ids_t, pos_t, slots)    # (logits, hidden), or None: no bucket
+        # a chain step (one or two tokens a row) runs in a static bucket once captured, a longer
+        # lazy prefill eagerly; static: (logits, hidden), or None (no bucket: eagerly too)
+        eager = self.static is None or width > 2
+        static = None if eager else self.static(ids_t, pos_t, slots)
         out = self.model(ids_t, *inputs, pos_t, self.cache, slots) if static is None else static[0]
         self.forwards += 1
         for seq, f in zip(seqs, feeds, strict=True):
@@ -187,24 +184,24 @@ class Drafter:
             self.cache.truncate_to(seq.draft_slot, keep)
             seq.draft_len = keep
 
-
-    def _tree(self, seq: Sequence, branching: tuple[int, ...] | DynamicTree
-              ) -> tuple[Proposal, dict[int, int]]:
+    def _tree(self, seq: Sequence, branching: tuple[int, ...] | DynamicTree) -> Proposal:
         """``seq``'s tree, drawn in the row's own slot of the draft cache: from the root's logits
         (``_tree_root``), one forward per depth (``_score_level``), each depth's nodes stored past
-        the context, in the positions the round reserved. Returns the tree and where its fed nodes
-        are stored (created node -> cache position). A row whose drafting fails is failed alone
-        and proposes the root alone."""
-        storage: dict[int, int] = {}
+        the context, in the positions the round reserved. Returns the tree, kept in ``trees`` with
+        where its fed nodes are stored (created node -> cache position). A row whose drafting
+        fails is failed alone and proposes the root alone."""
+        proposal, storage = Proposal.chain([]), {}             # the root alone, if nothing grows
         try:
             root = self._tree_root(seq) if branching else None
             if root is not None:
                 grow = grow_dynamic if isinstance(branching, DynamicTree) else grow_levels
-                return grow(seq, branching, root, functools.partial(self._score_level, seq),
-                            storage), storage
+                proposal = grow(seq, branching, root, functools.partial(self._score_level, seq),
+                                storage)
         except Exception as error:             # this request's drafting is broken: it alone fails
             seq.fail(error)
-        return Proposal.chain([]), {}                                   # the root alone
+            storage = {}
+        self.trees[seq.request_id] = proposal, storage
+        return proposal
 
 
 def keeps_cache(drafter: Drafter | None) -> bool:
@@ -369,17 +366,16 @@ class ModelDrafter(Drafter):
         return None if self._probe is None else self._probe.draft_slot
 
 
-def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]], rows: list[int]):
+def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]]):
     """Each row's next draft token and its ``q`` (``None`` for plain greedy: the argmax).
 
     Args:
         seqs: the rows' sequences (their ``SamplingParams`` and generators).
         logits: (R, V) the draft's logits for the next token of each row.
         drafts: each row's drafts so far (repetition penalties see them).
-        rows: the batch index each row reports as.
 
     Yields:
-        ``(rows[r], token, q)`` per row: greedy rows take the argmax, with ``q = None`` unless a
+        ``(token, q)`` per row, in order: greedy rows take the argmax, with ``q = None`` unless a
         penalty reshapes the distribution; sampled rows draw from ``q`` with their own generator.
     """
     argmax = logits.argmax(dim=-1).tolist()                                         # (R,)
@@ -388,12 +384,12 @@ def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
             seqs[r].fail(ValueError("draft logits contain NaN"))
     slow = [r for r, s in enumerate(seqs) if not s.sampling.raw_argmax and not s.is_finished]
     contexts = [seqs[r].context + drafts[r] for r in slow]
-    q = probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts) if slow else None
-    qs = dict(zip(slow, q if q is not None else [], strict=True))                  # r -> (V,)
+    q = probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts) if slow else []
+    qs = dict(zip(slow, q, strict=True))                                            # r -> (V,)
     for r, seq in enumerate(seqs):
         if r not in qs:
-            yield rows[r], argmax[r], None
+            yield argmax[r], None
         elif seq.sampling.greedy:          # greedy with a repetition penalty: argmax of q
-            yield rows[r], int(qs[r].argmax()), qs[r]
+            yield int(qs[r].argmax()), qs[r]
         else:
-            yield rows[r], int(sample(qs[r], seq.generator)), qs[r]
+            yield int(sample(qs[r], seq.generator)), qs[r]

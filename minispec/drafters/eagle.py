@@ -170,34 +170,31 @@ class EagleDrafter(Drafter):
         """Feed each row's pending real pairs (right-aligned, left-padded); the head's outputs, the
         last column at the last pair: draft logits ``(R, T, V')`` and predicted features
         ``(R, T, D)``."""
-        feeds = []
-        for seq in seqs:
-            f = self.pending.get(seq.request_id)
-            n_pairs = seq.num_tokens - 1
-            if f is None or seq.draft_len + len(f) != n_pairs:
+        pending = [self.pending.get(seq.request_id) for seq in seqs]
+        for seq, f in zip(seqs, pending, strict=True):
+            if f is None or seq.draft_len + len(f) != seq.num_tokens - 1:
                 raise RuntimeError(f"request {seq.request_id}: the head holds {seq.draft_len} "
                                    f"pairs and {0 if f is None else len(f)} pending features, "
-                                   f"but the context has {n_pairs} (was the target prefilled "
-                                   f"with the drafter attached, and every round observed?)")
-            feeds.append((f, seq.context[seq.draft_len + 1:]))
-        width = max(len(f) for f, _ in feeds)
-        features = torch.stack([F.pad(f, (0, 0, width - len(f), 0)) for f, _ in feeds])  # (R, T, D)
+                                   f"but the context has {seq.num_tokens - 1} (was the target "
+                                   f"prefilled with the drafter attached, and every round "
+                                   f"observed?)")
+        width = max(len(f) for f in pending)
+        features = torch.stack([F.pad(f, (0, 0, width - len(f), 0)) for f in pending])  # (R, T, D)
         features = features.to(self.model.device, self.model.dtype)       # left-padded with zeros
-        out = self._feed(seqs, [t for _, t in feeds], features)         # (R, T, V'), (R, T, D)
-        # fed: only now (a failed step keeps them)
-        for seq, (f, _) in zip(seqs, feeds, strict=True):
+        # (R, T, V'), (R, T, D); the pending features count as fed only now (a failed step keeps
+        # them)
+        out = self._feed(seqs, [seq.context[seq.draft_len + 1:] for seq in seqs], features)
+        for seq, f in zip(seqs, pending, strict=True):
             self.pending[seq.request_id] = f[:0]
         return out
 
-    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]],
-                rows: list[int]):
+    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]]):
         """Each row's draft and ``q``: plain greedy rows map the argmax over ``V'`` to its id (no
         full-vocabulary tensor); other rows get ``q`` over the full vocabulary, zero outside
         ``V'``."""
         if all(seq.sampling.raw_argmax for seq in seqs):
-            ids = self.model.vocab[logits.argmax(dim=-1)].tolist()                    # (R,)
-            return [(b, token, None) for b, token in zip(rows, ids, strict=True)]
-        return choose_drafts(seqs, full_vocab(self.model, logits), drafts, rows)
+            return [(token, None) for token in self.model.vocab[logits.argmax(dim=-1)].tolist()]
+        return choose_drafts(seqs, full_vocab(self.model, logits), drafts)
 
 
 def full_vocab(head: EagleHead, logits: Tensor) -> Tensor:

@@ -36,12 +36,12 @@ from minispec.core.sampling import check_args, is_int, is_real
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal
 from minispec.drafters.base import Drafter, Shape
-from minispec.drafters.ngram import ContextDrafter, PromptLookupDrafter
+from minispec.drafters.ngram import ContextDrafter
 from minispec.drafters.suffix import DRAFTERS, SuffixDrafter
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
 
-__all__ = ["PRIOR_CONTEXT", "PRIOR_HEAD", "HybridDrafter", "Tally", "lookup_match_length"]
+__all__ = ["PRIOR_CONTEXT", "PRIOR_HEAD", "HybridDrafter", "Tally"]
 
 #: Drafts a context round is expected to accept after a match of 1, 2, ..., 6+ tokens (k = 4).
 PRIOR_CONTEXT: tuple[float, ...] = (0.2, 0.7, 1.6, 2.6, 2.6, 3.2)
@@ -78,12 +78,6 @@ class Tally:
             self.context[i] += decay * (accepted - self.context[i])
 
 
-def lookup_match_length(context: list[int], max_ngram: int, min_ngram: int = 1) -> int:
-    """The suffix length prompt lookup matched on: the longest ``n <= max_ngram`` whose last
-    ``n`` tokens occur earlier in ``context`` (0 if none reaches ``min_ngram``)."""
-    return PromptLookupDrafter(max_ngram, min_ngram).match(context)[0]
-
-
 class HybridDrafter(Drafter):
     """Drafts each row from the context or from a feature head, by the rule of the module docstring.
 
@@ -115,8 +109,7 @@ class HybridDrafter(Drafter):
         check_args("HybridDrafter", [
             ("head", head, isinstance(head, Drafter), "a batched drafter (an EagleDrafter)"),
             ("min_match", min_match, is_int(min_match) and min_match >= 1, "an integer >= 1"),
-            ("head_cost", head_cost, is_real(head_cost) and head_cost >= 0,
-             "a finite number >= 0"),
+            ("head_cost", head_cost, is_real(head_cost) and head_cost >= 0, "a finite number >= 0"),
             ("decay", decay, is_real(decay) and 0 < decay <= 1, "a number in (0, 1]")])
         spec = SuffixDrafter() if context is None else context
         source = DRAFTERS.get(spec, spec) if isinstance(spec, str) else spec

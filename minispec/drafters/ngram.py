@@ -229,26 +229,24 @@ class PromptLookupDrafter(ContextDrafter):
         """The longest suffix of ``context`` (``max_ngram`` tokens down to ``min_ngram``) that also
         occurs earlier: ``(its length, where its latest earlier occurrence ends)``, or ``(0, -1)``
         when none reaches ``min_ngram``."""
-        longest = min(self.max_ngram, len(context) - 1)
+        last = len(context) - 1
+        longest = min(self.max_ngram, last)
         # Every earlier occurrence of the suffix ends on a copy of the last token. Visit those ends
         # latest first (list.index scans in C), measure how long a suffix matches there, and keep
         # the first end with the longest match: the latest occurrence of the longest suffix.
-        last = len(context) - 1
-        backwards = context[-2::-1]                    # context[last - 1], ..., context[0]
+        backwards = context[::-1]                      # backwards[i] = context[last - i]
         best_len, best_end = 0, -1
-        i = 0
+        i = 0                                          # an end i tokens before the last
         while best_len < longest:
             try:
-                i = backwards.index(context[last], i)
+                i = backwards.index(backwards[0], i + 1)
             except ValueError:
                 break
-            end = last - 1 - i                         # context[end] == context[last]
-            n = 1
-            while n < longest and n <= end and context[end - n] == context[last - n]:
+            n = 1                                      # tokens n back agree at both ends
+            while n < longest and i + n <= last and backwards[i + n] == backwards[n]:
                 n += 1
             if n > best_len:
-                best_len, best_end = n, end
-            i += 1
+                best_len, best_end = n, last - i
         return (best_len, best_end) if best_len >= self.min_ngram else (0, -1)
 
     def lookup(self, context: list[int], k: int) -> list[int]:

@@ -226,8 +226,7 @@ class SuffixDrafter(ContextDrafter):
             ("draft_factor", draft_factor,
              draft_factor is None or (is_real(draft_factor) and draft_factor > 0),
              "a finite number > 0 or None"),
-            ("min_prob", min_prob, is_real(min_prob) and 0 <= min_prob <= 1,
-             "a number in [0, 1]"),
+            ("min_prob", min_prob, is_real(min_prob) and 0 <= min_prob <= 1, "a number in [0, 1]"),
             ("max_candidates", max_candidates, is_int(max_candidates) and max_candidates >= 1,
              "an integer >= 1"),
             ("tenant", tenant, tenant is None or isinstance(tenant, str), "a string or None")])

@@ -96,18 +96,17 @@ def grow_tree(root: int, branching: tuple[int, ...], state: Any,
     parents, tokens, draws, states = [-1], [root], [[]], [state]
     frontier = [0]
     for depth, b in enumerate(branching, start=1):
-        level = []
+        first = len(tokens)                                  # this depth's nodes: first..
         for node in frontier:
             for token, q, child_state in children(node, states[node], b):
                 child = next((c for c, _ in draws[node] if tokens[c] == token), len(tokens))
                 if child == len(tokens):             # a new token below this node: a new child
-                    level.append(child)
                     parents.append(node)
                     tokens.append(token)
                     draws.append([])
                     states.append(child_state)
                 draws[node].append((child, q))
-        frontier = level
+        frontier = list(range(first, len(tokens)))
         if fed is not None and depth < len(branching):
             fed(frontier, parents, tokens, depth)
     return Proposal.build(parents, tokens, draws)
@@ -148,17 +147,15 @@ def grow_dynamic(seq: Sequence, shape: DynamicTree, root: tuple[Tensor, int],
     parents, tokens, values = [-1], [seq.context[-1]], [0.0]        # values: log confidence
     frontier = [0]
     for depth in range(1, shape.depth + 1):
-        level = []
+        first = len(tokens)                     # this depth's nodes: first..; the best go on
         for node in frontier:
             if torch.isnan(rows[node]).any():
                 raise ValueError("draft logits contain NaN")
             top = torch.log_softmax(rows[node].float(), dim=-1).topk(shape.top_k)
-            for log_q, token in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-                parents.append(node)
-                tokens.append(token)
-                values.append(values[node] + log_q)
-                level.append(len(tokens) - 1)
-        frontier = sorted(level, key=lambda i: -values[i])[: shape.top_k]  # the best go on
+            parents += [node] * shape.top_k                 # its top_k likeliest children
+            tokens += top.indices.tolist()
+            values += [values[node] + log_q for log_q in top.values.tolist()]
+        frontier = sorted(range(first, len(tokens)), key=lambda i: -values[i])[: shape.top_k]
         if depth < shape.depth:
             _feed_level(score, storage, rows, start, frontier, parents, tokens, depth)
     ranked = sorted(range(1, len(tokens)), key=lambda i: (-values[i], i))[: shape.nodes]
