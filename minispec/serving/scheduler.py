@@ -45,8 +45,7 @@ class KVCacheSpace:
     """
 
     def __init__(self, target_cache, draft_cache=None) -> None:
-        self.target_cache = target_cache
-        self.draft_cache = draft_cache
+        self.target_cache, self.draft_cache = target_cache, draft_cache
         self.caches = [c for c in (target_cache, draft_cache) if c is not None]
 
     def _pairs(self, seq: Sequence) -> list[tuple[object, int]]:
@@ -132,9 +131,7 @@ class Scheduler:
                                  ("extra_positions", extra_positions, 0)):
             if not (is_int(value) and value >= low):
                 raise ValueError(f"Scheduler: {name} must be an integer >= {low}, got {value!r}")
-        self.space = space
-        self.max_batch_size = max_batch_size
-        self.k = k
+        self.space, self.max_batch_size, self.k = space, max_batch_size, k
         self.watermark_blocks, self.extra_positions = watermark_blocks, extra_positions
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
