@@ -54,42 +54,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     # core: the maths
-    "DraftTree",
-    "DynamicTree",
-    "Proposal",
-    "SamplingParams",
-    "Sequence",
-    "SpecStats",
-    "iterative_speculative_sample",
-    "probs_from_logits",
-    "residual",
-    "sample",
-    "Verdict",
-    "speculative_sample",
-    "theory",
-    "verify",
+    "DraftTree", "DynamicTree", "Proposal", "SamplingParams", "Sequence", "SpecStats",
+    "iterative_speculative_sample", "probs_from_logits", "residual", "sample", "Verdict",
+    "speculative_sample", "theory", "verify",
     # models
-    "ContiguousKVCache",
-    "Llama",
-    "PagedKVCache",
-    "load",
+    "ContiguousKVCache", "Llama", "PagedKVCache", "load",
     # drafters
-    "Draft",
-    "Drafter",
-    "EagleDrafter",
-    "HybridDrafter",
-    "ModelDrafter",
-    "NGramDrafter",
-    "PromptLookupDrafter",
-    "SuffixDrafter",
-    "load_drafter",
+    "Draft", "Drafter", "EagleDrafter", "HybridDrafter", "ModelDrafter", "NGramDrafter",
+    "PromptLookupDrafter", "SuffixDrafter", "load_drafter",
     # decoding
-    "GenerationResult",
-    "generate",
-    "speculative_generate",
+    "GenerationResult", "generate", "speculative_generate",
     # serving
-    "Engine",
-    "StepOutput",
+    "Engine", "StepOutput",
     # coursework graders
     "check",
 ]

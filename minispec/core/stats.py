@@ -32,7 +32,6 @@ class SpecStats:
         accepted_per_round: drafts accepted in each round.
         target_forwards: target forwards after the prefill (one per round).
         draft_forwards: draft-model forwards (0 for n-gram drafters).
-        prefill_tokens: prompt tokens fed to the target before the first round.
         new_tokens: tokens emitted (after any stop condition cut a round short).
         preemptions: times the engine preempted this request (its cache was dropped and rebuilt).
         accepted: drafts accepted, all rounds together.
@@ -48,7 +47,6 @@ class SpecStats:
     accepted_per_round: list[int] = field(default_factory=list)
     target_forwards: int = 0
     draft_forwards: int = 0
-    prefill_tokens: int = 0
     new_tokens: int = 0
     preemptions: int = 0
     accepted: int = 0

@@ -23,8 +23,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["acceptance_rate", "best_tree_size", "expected_accepted", "expected_tokens",
-           "lk_divergence",
-           "min_speedup_gamma1", "ops_factor", "optimal_gamma", "walltime_speedup"]
+           "lk_divergence", "min_speedup_gamma1", "ops_factor", "optimal_gamma", "walltime_speedup"]
 
 VerifyCost = float | Callable[[int], float]
 

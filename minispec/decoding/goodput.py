@@ -141,8 +141,7 @@ class StepCosts:
         """Add ``steps`` draft steps over ``rows`` rows that took ``seconds`` in all."""
         if steps > 0 and rows > 0:
             rows = bucket(rows)
-            self.draft[rows] = self._average(("draft", rows), self.draft.get(rows),
-                                             seconds / steps)
+            self.draft[rows] = self._average(("draft", rows), self.draft.get(rows), seconds / steps)
 
     def record_catch_up(self, tokens: int, seconds: float) -> None:
         """Add a step whose draft caches fed ``tokens`` lagging tokens in ``seconds``."""
@@ -308,8 +307,7 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     plain = verifies[0]
     goodput, best = {(0, 0): B / plain}, ((1 + hurdle) * B / plain, 0, 0)  # to beat: plain + h
     # E(alpha_b, min(K, cap_b)) = 1 + alpha + ... + alpha^K, grown one power at a time, per row
-    power = [1.0] * B
-    expected = [1.0] * B
+    power, expected = [1.0] * B, [1.0] * B
     for K in range(1, k_max + 1):
         for b in range(B):
             if K <= caps[b]:
@@ -517,6 +515,5 @@ def run_round(policy: GoodputK | None, runner: SpeculativeRunner, seqs: list[Seq
     """Both drivers' round: each row may draft ``k`` (shrunk near its limits), and the policy
     chooses how many it does (``None``: all of them). The tokens each row emitted."""
     caps = [seq.round_k(k) for seq in seqs]
-    if policy is None:
-        return runner.round(seqs, caps)
-    return policy.round(runner, seqs, caps)                 # chooses k, times the round
+    # the policy chooses each row's k and times the round
+    return runner.round(seqs, caps) if policy is None else policy.round(runner, seqs, caps)

@@ -37,7 +37,7 @@ from minispec.models.chat import encode_prompt, end_of_turn_ids, is_chat
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
 
-__all__ = ["GenerationResult", "Round", "context_limit", "eos_ids", "generate",
+__all__ = ["GenerationResult", "Round", "context_limit", "generate",
            "make_sequence", "speculative_generate"]
 
 
@@ -178,7 +178,9 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
         ValueError: for a bad request, with the same message in either loop.
     """
     ids = encode_prompt(prompt, tokenizer)
-    eos = eos_ids(target, eos_token_id) + (end_of_turn_ids(tokenizer) if is_chat(prompt) else ())
+    eos = target.config.eos_token_ids if eos_token_id is None else eos_token_id   # []: no EOS
+    eos = tuple(eos) if isinstance(eos, (list, tuple, set, frozenset)) else (eos,)  # one or several
+    eos += end_of_turn_ids(tokenizer) if is_chat(prompt) else ()
     return Sequence.new(request_id, ids, sampling, max_new_tokens=max_new_tokens,
                         max_seq_len=max_seq_len, vocab_size=target.config.vocab_size,
                         eos_token_ids=eos, stop_token_ids=stop_token_ids, stop=stop,
@@ -241,11 +243,3 @@ def context_limit(target: Llama, drafter: Any, max_seq_len: Any) -> int:
         drafter.check_target(target)
         limit = min(limit, drafter.max_seq_len or limit)
     return min(limit, max_seq_len or limit)
-
-
-def eos_ids(target: Llama, eos_token_id: Any) -> tuple[int, ...]:
-    """The EOS ids of a request: the given ones (``[]`` disables EOS) or the target config's."""
-    if eos_token_id is None:
-        return tuple(target.config.eos_token_ids)
-    return ((eos_token_id,) if not isinstance(eos_token_id, (list, tuple, set, frozenset))
-            else tuple(eos_token_id))

@@ -77,8 +77,7 @@ class SpeculativeRunner:
         self.target, self.target_cache, self.drafter = target, target_cache, drafter
         self.branching, self.device = branching, target.device
         self.target_forwards = self.prefill_forwards = 0
-        if graphs is None:
-            graphs = target.device.type == "cuda"
+        graphs = target.device.type == "cuda" if graphs is None else graphs
         self.static = StaticForward(target, target_cache) if graphs else None
         if graphs and drafter is not None and drafter.cache is not None:
             drafter.capture(self.static)                # a draft model's steps: static too
@@ -91,10 +90,8 @@ class SpeculativeRunner:
         (``observe_prefill``), with the target's features of those positions if it wants them.
         """
         rows = []
-        for b, seq in enumerate(seqs):
-            start, end = seq.num_cached, seq.num_tokens - 1
-            if budgets is not None:
-                end = min(end, start + budgets[b])
+        for seq, budget in zip(seqs, budgets or [s.prefill_left for s in seqs], strict=True):
+            start, end = seq.num_cached, seq.num_cached + min(seq.prefill_left, budget)
             if end > start:
                 rows.append((seq, start, seq.context[start:end]))
         if not rows:
@@ -111,7 +108,6 @@ class SpeculativeRunner:
                                          states)
         for seq, _, t in rows:
             seq.num_cached += len(t)
-            seq.stats.prefill_tokens += len(t)
 
     def round(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         """One speculative round over the batch: row ``b`` drafts ``ks[b]`` (a chain of up to

@@ -152,21 +152,20 @@ class Engine:
         self.policy = policy_for(adaptive, self.k, self.branching is None)  # goodput k or None
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
         drafts = keeps_cache(drafter)           # a draft model's or a head's cache, from the pool
-        check_kv_memory([target] + ([drafter.model] if drafts else []),
-                        kv_cache == "paged", max_batch_size, self.max_seq_len + extra, block_size,
-                        num_blocks)
-        if kv_cache == "contiguous":    # the target's and a draft model's caches: the same shape
-            make = lambda m: ContiguousKVCache.for_model(m, max_batch_size, self.max_seq_len, extra)
-        else:
-            make = lambda m: PagedKVCache.for_model(m, max_batch_size, self.max_seq_len, extra,
-                                                    block_size=block_size, num_blocks=num_blocks)
+        paged = kv_cache == "paged"
+        check_kv_memory([target] + ([drafter.model] if drafts else []), paged, max_batch_size,
+                        self.max_seq_len + extra, block_size, num_blocks)
+        # the target's and a draft model's caches: one kind, one shape
+        kind = PagedKVCache if paged else ContiguousKVCache
+        settings = {"block_size": block_size, "num_blocks": num_blocks} if paged else {}
+        make = lambda m: kind.for_model(m, max_batch_size, self.max_seq_len, extra, **settings)
         self.target_cache = make(target)
         self.draft_cache = make(drafter.model) if drafts else None
         self.drafter = None if drafter is None else drafter.clone()   # the engine owns a fresh one
         if self.draft_cache is not None:                # a draft model's or a head's cache
             self.drafter.attach(self.draft_cache)
         space = KVCacheSpace(self.target_cache, self.draft_cache)
-        watermark = max(1, self.target_cache.num_blocks // 100) if kv_cache == "paged" else 0
+        watermark = max(1, self.target_cache.num_blocks // 100) if paged else 0
         self.scheduler = Scheduler(space, max_batch_size, self.k, watermark, extra)
         self.runner = SpeculativeRunner(target, self.target_cache, self.drafter, self.branching,
                                         graphs)

@@ -20,57 +20,32 @@ The engine hands a finished (or aborted) request back at once with
 [`Scheduler.release`][minispec.serving.scheduler.Scheduler.release]; one that could not fit even in
 an empty pool is refused by [`Scheduler.add`][minispec.serving.scheduler.Scheduler.add]
 (``ValueError``), so the loop above always makes progress. The scheduler is pure Python: it sees the
-KV memory only through the small [`CacheSpace`][minispec.serving.scheduler.CacheSpace] interface,
-which [`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace] implements on the engine's target
-(and draft) ``KVCache``.
+KV memory only through the six capacity queries of
+[`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace], which answers them on the engine's target
+(and draft) ``KVCache`` (a test's fake answers the same six).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from minispec.core.sampling import is_int
 from minispec.core.sequence import Sequence, SequenceStatus
 
-__all__ = ["CacheSpace", "KVCacheSpace", "Scheduler", "SchedulerOutput"]
-
-
-class CacheSpace(Protocol):
-    """The capacity queries the scheduler needs; positions are counted per sequence."""
-
-    def can_fit(self, num_positions: int) -> bool:
-        """Could one sequence of ``num_positions`` fit in the empty pool? (checked at add)"""
-
-    def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
-        """Is there a free slot and room for a new sequence of ``num_positions`` right now, leaving
-        at least ``watermark_blocks`` free blocks in each pool?"""
-
-    def allocate(self, seq: Sequence, num_positions: int) -> None:
-        """Give ``seq`` its slot(s) and reserve ``num_positions`` positions."""
-
-    def can_grow(self, seq: Sequence, num_positions: int) -> bool:
-        """Could ``seq`` hold ``num_positions`` positions (its reservation grown)?"""
-
-    def grow(self, seq: Sequence, num_positions: int) -> None:
-        """Reserve room so ``seq`` holds ``num_positions`` positions."""
-
-    def free(self, seq: Sequence) -> None:
-        """Release ``seq``'s slot(s) and memory."""
+__all__ = ["KVCacheSpace", "Scheduler", "SchedulerOutput"]
 
 
 class KVCacheSpace:
-    """[`CacheSpace`][minispec.serving.scheduler.CacheSpace] over a target ``KVCache`` and,
-    optionally, the draft model's.
+    """The capacity queries the scheduler needs, over a target ``KVCache`` and, optionally, the
+    draft model's; positions are counted per sequence.
 
     The two caches are reserved in lockstep (the same positions), so admission and preemption
     account for both pools. Slots are recorded on the sequence (``slot``, ``draft_slot``).
     """
 
     def __init__(self, target_cache, draft_cache=None) -> None:
-        self.target_cache = target_cache
-        self.draft_cache = draft_cache
+        self.target_cache, self.draft_cache = target_cache, draft_cache
         self.caches = [c for c in (target_cache, draft_cache) if c is not None]
 
     def _pairs(self, seq: Sequence) -> list[tuple[object, int]]:
@@ -78,29 +53,36 @@ class KVCacheSpace:
         return [(cache, slot) for cache, slot in pairs if cache is not None]
 
     def can_fit(self, num_positions: int) -> bool:
+        """Could one sequence of ``num_positions`` fit in the empty pool? (checked at add)"""
         return all(num_positions <= c.max_seq_len
                    and -(-num_positions // c.block_size) <= _blocks(c) for c in self.caches)
 
     def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
+        """Is there a free slot and room for a new sequence of ``num_positions`` right now, leaving
+        at least ``watermark_blocks`` free blocks in each pool?"""
         return all(cache.can_allocate(num_positions)
                    and (cache.num_free_blocks - -(-num_positions // cache.block_size)
                         >= watermark_blocks)
                    for cache in self.caches)
 
     def allocate(self, seq: Sequence, num_positions: int) -> None:
+        """Give ``seq`` its slot(s) and reserve ``num_positions`` positions."""
         seq.slot = self.target_cache.allocate()
         if self.draft_cache is not None:
             seq.draft_slot = self.draft_cache.allocate()
         self.grow(seq, num_positions)
 
     def can_grow(self, seq: Sequence, num_positions: int) -> bool:
+        """Could ``seq`` hold ``num_positions`` positions (its reservation grown)?"""
         return all(cache.can_grow(slot, num_positions) for cache, slot in self._pairs(seq))
 
     def grow(self, seq: Sequence, num_positions: int) -> None:
+        """Reserve room so ``seq`` holds ``num_positions`` positions."""
         for cache, slot in self._pairs(seq):
             cache.grow(slot, num_positions)
 
     def free(self, seq: Sequence) -> None:
+        """Release ``seq``'s slot(s) and memory."""
         for cache, slot in self._pairs(seq):
             cache.free(slot)
         seq.slot = seq.draft_slot = None
@@ -130,7 +112,9 @@ class Scheduler:
     """Waiting and running queues, admission, reservation and preemption (module docstring).
 
     Args:
-        space: the KV memory, seen through [`CacheSpace`][minispec.serving.scheduler.CacheSpace].
+        space: the KV memory, seen through its capacity queries
+            ([`KVCacheSpace`][minispec.serving.scheduler.KVCacheSpace], or a fake with the same
+            methods).
         max_batch_size: most sequences running at once.
         k: drafts per round (0 for plain decoding); a round of a sequence with ``n`` tokens
             reserves ``n + k_round`` positions (``k_round`` shrinks near the limits).
@@ -140,16 +124,14 @@ class Scheduler:
             other nodes, kept until compaction; 0 for chains).
     """
 
-    def __init__(self, space: CacheSpace, max_batch_size: int, k: int, watermark_blocks: int = 0,
+    def __init__(self, space: KVCacheSpace, max_batch_size: int, k: int, watermark_blocks: int = 0,
                  extra_positions: int = 0) -> None:
         for name, value, low in (("max_batch_size", max_batch_size, 1), ("k", k, 0),
                                  ("watermark_blocks", watermark_blocks, 0),
                                  ("extra_positions", extra_positions, 0)):
             if not (is_int(value) and value >= low):
                 raise ValueError(f"Scheduler: {name} must be an integer >= {low}, got {value!r}")
-        self.space = space
-        self.max_batch_size = max_batch_size
-        self.k = k
+        self.space, self.max_batch_size, self.k = space, max_batch_size, k
         self.watermark_blocks, self.extra_positions = watermark_blocks, extra_positions
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
