@@ -9,8 +9,9 @@ code cells in order, with the ``exercise`` cell replaced where needed. The refer
 minispec's own functions, except where the package has no function of that shape: the
 append-only cache of exercise 07 (its reference, the crop below, is the expected solution), the
 scheduler's reservation of exercise 08 (the package's rule is a method of ``Scheduler``, which
-the grader runs), and the fixed verifier of exercise 12 (whose wrong solution is the notebook's own
-buggy verifier, unfixed).
+the grader runs), the reduced-vocabulary drafter of exercise 11 (minispec's EAGLE head reduces its
+vocabulary inside its own forward, not as a drafter of this shape), and the fixed verifier of
+exercise 12 (whose wrong solution is the notebook's own buggy verifier, unfixed).
 """
 
 from __future__ import annotations
@@ -127,6 +128,31 @@ def verify_tree(tree, target_probs, draft_probs, generator):
     proposal = ms.Proposal.from_tree(tree, draft_probs)
     return ms.verify(proposal, target_probs, generator)
 """,
+    "11_reduced_head": '''
+import torch
+
+import minispec as ms
+
+
+class ReducedHeadDrafter:
+    """Drafts from `model` through an LM head that scores only the ids in `keep`."""
+
+    def __init__(self, model, keep):
+        self.model, self.keep = model, torch.tensor(keep)
+
+    def draft(self, context, k, sampling, generator):
+        ids, rows = list(context), []
+        outside = torch.ones(self.model.config.vocab_size, dtype=torch.bool)
+        outside[self.keep] = False
+        for _ in range(k):
+            with torch.inference_mode():
+                logits = self.model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1]
+            q = ms.probs_from_logits(logits.masked_fill(outside, float("-inf")), sampling, ids)
+            token = int(ms.sample(q, generator))
+            rows.append(q)
+            ids.append(token)
+        return ms.Draft(torch.tensor(ids[len(context):]), torch.stack(rows))
+''',
     "12_two_bugs": FIXED_VERIFIER,
 }
 
@@ -198,6 +224,29 @@ def reserve(held, needs, block_size, free_blocks):
     "09_tree_verify": """
 from minispec.check.bugs.verifiers import tree_siblings_against_p as verify_tree
 """,
+    "11_reduced_head": '''
+import torch
+
+import minispec as ms
+
+
+class ReducedHeadDrafter:
+    def __init__(self, model, keep):
+        self.model, self.keep = model, torch.tensor(keep)
+
+    def draft(self, context, k, sampling, generator):
+        ids, rows = list(context), []
+        outside = torch.ones(self.model.config.vocab_size, dtype=torch.bool)
+        outside[self.keep] = False
+        for _ in range(k):
+            with torch.inference_mode():
+                logits = self.model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1]
+            reduced = logits.masked_fill(outside, float("-inf"))
+            token = int(ms.sample(ms.probs_from_logits(reduced, sampling, ids), generator))
+            rows.append(ms.probs_from_logits(logits, sampling, ids))  # declared: the full head's q
+            ids.append(token)
+        return ms.Draft(torch.tensor(ids[len(context):]), torch.stack(rows))
+''',
     "12_two_bugs": BUGGY_VERIFIER,
 }
 

@@ -246,6 +246,8 @@ def test_matmul_ms_times_eager_and_packed_for_each_row_count():
     times = matmul_ms(32, 48, rows=(1, 5), repeats=1)
     assert set(times) == {"eager", "fast"} and all(set(t) == {1, 5} for t in times.values())
     assert all(ms_ > 0 for t in times.values() for ms_ in t.values())
+    runs = matmul_ms(32, 48, rows=(1, 5), repeats=3, per_repeat=True)   # paired repeats, in order
+    assert all(len(v) == 3 and min(v) > 0 for per in runs.values() for v in per.values())
 
 
 def test_bench_costs_command_shows_eager_and_fast_side_by_side(tiny_gqa, tmp_path, capsys):

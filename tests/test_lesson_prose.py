@@ -14,13 +14,19 @@ from pathlib import Path
 
 import pytest
 
-LESSONS = sorted((Path(__file__).parent.parent / "lessons").glob("[0-9][0-9]_*.ipynb"))
+ROOT = Path(__file__).parent.parent
+#: the lessons and their exercises (an exercise's prose is a teaching page too)
+LESSONS = sorted([*(ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"),
+                  *(ROOT / "lessons" / "exercises").glob("[0-9][0-9]*.ipynb")])
 
-#: A speed ratio ("1.18x", "2×"), a verify cost "r(4) = 1.3", a draft cost "c = 0.1", an
-#: acceptance "alpha = 0.7" / "\alpha = 0.7", or a number right after "we measured".
+#: A speed ratio ("1.18x", "2×"), a time, a rate or a share with its unit ("12 ms", "30 GB/s",
+#: "300 tok/s", "5 %"), tokens per forward given a value, a verify cost "r(4) = 1.3", a draft cost
+#: "c = 0.1", an acceptance "alpha = 0.7" / "\alpha = 0.7", or a number right after "we measured".
 NUMBER = r"\d+(?:\.\d+)?"
 MEASURED = re.compile(
     rf"(?<![\w.]){NUMBER}\s*(?:x|×)(?!\w)"
+    rf"|(?<![\w.,]){NUMBER}\s?(?:ms|µs|GB/s|tok/s|tokens/s|%)(?![\w/])"
+    rf"|\btokens per (?:target )?forward (?:of )?\d\.\d"
     rf"|\br\(\d+\)\s*=\s*{NUMBER}"
     rf"|(?<![\w\\])c\s*=\s*{NUMBER}"
     rf"|\\?alpha\s*=\s*{NUMBER}"
@@ -32,6 +38,22 @@ ALLOWED = {
     ("05", "2.67x"): "the blog's worked example (50 ms target, 5 ms draft, five drafts)",
     ("05", "c = 0.1"): "the blog's worked example in the paper's terms",
     ("05", "c = 0.05"): "an exercise's input",
+    ("exercises/05", "\\alpha = 1"): "a limit the exercise asks about (every draft accepted)",
+    ("exercises/05", "\\alpha = 0"): "a limit the exercise asks about (every draft rejected)",
+    ("exercises/05", "c = 0"): "a limit the exercise asks about (a free draft)",
+    ("05", "50 ms"): "the blog's worked example (50 ms target, 5 ms draft, five drafts)",
+    ("05", "5 ms"): "the blog's worked example",
+    ("05", "18.75 ms"): "the blog's worked example, worked out by hand",
+    ("05", "15 %"): "the tolerance the operations-factor cell asserts",
+    ("05", "10 %"): "the margin the packing cell asserts (5 rows packed vs eager)",
+    ("09", "10 %"): "the least gain in tokens per forward the tree cell asserts",
+    ("10", "40 %"): "how far a flipped near-tie cannot move a count: the assert's margin, argued",
+    ("11", "5 %"): "the bound the head-size cell asserts, and the held-out share of the data",
+    ("11", "3.3 %"): "one layer of 30, arithmetic",
+    ("11", "3 %"): "the shipped head's parameter share, a count the head-size cell prints",
+    ("11", "95 %"): "the reduced vocabulary's coverage, a parameter of the recipe",
+    ("11", "75 %"): "the bound the reduced-head cell asserts",
+    ("11", "25 %"): "the allowance the cost-model cell asserts for the costs it leaves out",
     ("05", "c = 0"): "a context drafter's cost, by assumption",
     ("05", "r(4) = 5"): "what a compute-bound step would pay, by definition",
     ("05", "3.2x"): "Leviathan et al.'s Table 2 (TPU-v4), the published point section 8 checks",
@@ -58,13 +80,21 @@ def literals(path: Path) -> list[str]:
 
 def test_the_pattern_catches_what_went_stale_before():
     stale = ("r between 1.15 and 1.35, packed ≈ 1.2x, eager ≈ 2x; we measured about 30 %; "
-             "r(4) = 1.7 and c = 0.04 at \\alpha = 0.72")
+             "r(4) = 1.7 and c = 0.04 at \\alpha = 0.72; a step of 46.0 ms at 30.8 GB/s, "
+             "the fast path's ~10 µs a call; tokens per forward 1.19")
     assert [m.group() for m in MEASURED.finditer(stale)] == [
-        "1.2x", "2x", "we measured about 30", "r(4) = 1.7", "c = 0.04", "\\alpha = 0.72"]
+        "1.2x", "2x", "we measured about 30", "r(4) = 1.7", "c = 0.04", "\\alpha = 0.72",
+        "46.0 ms", "30.8 GB/s", "10 µs", "tokens per forward 1.1"]
+    assert not MEASURED.search("k = 4, B = 16, 96 new tokens, lesson 05, 538 MB, 1/30")
 
 
-@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name[:2])
+def key(path: Path) -> str:
+    """``"05"`` for lesson 05, ``"exercises/05"`` for its exercise."""
+    return ("exercises/" if path.parent.name == "exercises" else "") + path.name[:2]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_no_measured_number_is_written_into_a_lessons_prose(path):
-    bad = [x for x in literals(path) if (path.name[:2], x) not in ALLOWED]
+    bad = [x for x in literals(path) if (key(path), x) not in ALLOWED]
     assert not bad, (f"{path.name}: literal numbers in markdown {bad}; render measured ones from "
                      "the run (IPython.display.Markdown), or list a non-measurement in ALLOWED")

@@ -24,6 +24,10 @@ def test_verdicts_follow_the_spread():
     assert paired([0.7, 0.8, 0.99]).verdict == "slower"
     assert paired([0.7, 0.8, 1.01]).verdict == "within noise"
     assert paired([1.2, 1.3], tokens_per_forward=1.0).verdict == "within noise"  # drafted nothing
+    # a policy that drafted once in a hundred rounds cannot have made a 4 % gain: noise
+    barely = paired([1.04, 1.08, 1.3], tokens_per_forward=1.005)
+    assert barely.drafted and not barely.explained and barely.verdict == "within noise"
+    assert paired([1.04, 1.08], tokens_per_forward=1.05).verdict == "faster"
     assert "[1.05-1.30]" in str(paired([1.05, 1.2, 1.3]))
 
 

@@ -87,3 +87,22 @@ def test_the_readme_block_runs():
     names = console.locals
     assert names["out"].text and len(names["outs"]) == 2 and names["tree"].text
     assert shown.getvalue().strip(), "the REPL echoes nothing"
+
+
+def readme_command(marker: str) -> str:
+    """The ```bash block after ``<!-- marker -->`` in README.md (the one CI runs for the test)."""
+    text = README.read_text(encoding="utf-8")
+    match = re.search(rf"<!-- {marker} -->\n```bash\n(.*?)\n```", text, re.S)
+    assert match, f"README.md: no bash block after <!-- {marker} -->"
+    return match.group(1).strip()
+
+
+def test_the_home_page_runs_what_the_readme_runs():
+    """The site's "Run it yourself" box gives the README's two commands verbatim (a reader who
+    never opens the README runs what CI runs) and ``mkdocs serve``."""
+    home = (README.parent / "docs" / "index.md").read_text(encoding="utf-8")
+    box = home.split('!!! tip "Run it yourself"', 1)[1].split("\n## ", 1)[0]
+    boxed = {" ".join(block.split()) for block in re.findall(r"```bash\n(.*?)```", box, re.S)}
+    for marker in ("demo-command", "test-command"):
+        assert " ".join(readme_command(marker).split()) in boxed, marker
+    assert "mkdocs serve" in box and "git clone" in box

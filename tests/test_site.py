@@ -24,11 +24,13 @@ is checked too, so that these cannot come back:
 
 Every page except the API reference is opened a second time in a 390 px wide window (a phone):
 the page itself must not scroll sideways there either; wide code and math scroll inside their own
-box, and no table hides a column past the edge (a wide one is stacked, docs/javascripts/tables.js).
+box (no inline formula runs past the column's edge), and no table hides a column past the edge (a
+wide one is stacked, docs/javascripts/tables.js).
 
 The two interactive figures are driven like a student would: the round widget advances on "Next"
 and then shows exactly the drafts, verdicts and tokens of ``assets/data/rounds.json``; moving the
-speedup explorer's slider changes the predicted speedup to what the formula gives. "Next" at the
+speedup explorer's slider changes the predicted speedup in the readout a reader sees to what the
+formula gives, at 1400 and at 390 px. "Next" at the
 foot of the last lesson leads to the Results page, not into the API reference.
 
 The lessons are executed exactly once per test run, by this build (mkdocs-jupyter with
@@ -282,6 +284,10 @@ _INSPECT_JS = r"""
   const wideTables = [...article.querySelectorAll("table")]
     .filter((t) => t.getBoundingClientRect().right > right + 1 || t.scrollWidth > t.clientWidth + 1)
     .map(describe);
+  // Inline math past the column's edge, not in a box that scrolls: the formula's end is lost.
+  const mathOut = [...article.querySelectorAll("mjx-container:not([display='true'])")]
+    .filter((m) => m.getBoundingClientRect().right > right + 1 && !inScrollBox(m))
+    .map((m) => (m.getAttribute("aria-label") || describe(m)).slice(0, 60));
   const pageScroll = document.documentElement.scrollWidth - document.documentElement.clientWidth;
   const codeCells = [...article.querySelectorAll(".jp-CodeCell .jp-InputArea pre")];
   const scrollingCode = codeCells.filter((el) => {
@@ -339,6 +345,7 @@ _INSPECT_JS = r"""
   return {
     clipped: clipped.slice(0, 10),
     wideTables: wideTables.slice(0, 10),
+    mathOut: mathOut.slice(0, 10),
     pageScroll: pageScroll,
     codeCells: codeCells.length,
     scrollingCode: scrollingCode.slice(0, 20),
@@ -540,6 +547,9 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
         if phone["wideTables"]:     # every column in sight: a wide table is stacked (tables.js)
             failures.append(f"{name} page /{url_path}: at 390 px these tables hide columns past "
                             f"the edge: {phone['wideTables']}")
+        if phone["mathOut"]:        # an inline formula wider than the column scrolls in its box
+            failures.append(f"{name} page /{url_path}: at 390 px these inline formulas run past "
+                            f"the edge: {phone['mathOut']}")
         if phone["console_errors"] or phone["failed"]:
             failures.append(f"{name} page /{url_path} at 390 px: "
                             f"{phone['console_errors'] + phone['failed']}")
@@ -839,28 +849,38 @@ def test_race_replays_both_runs_at_their_recorded_times(site: Path, server: str,
         assert not errors, errors
 
 
+@pytest.mark.parametrize("viewport,tag", [(VIEWPORT, "1400"), (PHONE, "390")])
 def test_speedup_explorer_follows_its_sliders(site: Path, server: str, browser,
-                                              screenshot_dir: Path):
-    """Moving a slider redraws the prediction: S = E(alpha, k) / (k c + r)."""
-    with _offline_page(browser, server, VIEWPORT) as (page, errors):
+                                              screenshot_dir: Path, viewport: dict, tag: str):
+    """Moving a slider redraws the prediction, S = E(alpha, k) / (k c + r), in the readout a
+    reader sees (not only in an attribute), with the note on r below 1 beside the r slider; on a
+    desktop and on a phone."""
+    with _offline_page(browser, server, viewport) as (page, errors):
         page.goto(server + "speedup/", wait_until="load")
         page.wait_for_selector(".ms-speedup[data-ready='true']", timeout=30_000)
         widget = page.locator(".ms-speedup").first
+        readout = widget.locator(".ms-speedup__readout")
 
         def value(param: str, x: float) -> None:
             widget.locator(f"input[data-param={param}]").evaluate(
                 "(el, x) => { el.value = x; el.dispatchEvent(new Event('input')); }", x)
 
         before = float(widget.get_attribute("data-speedup"))
+        shown_before = readout.inner_text()
         for param, x in (("alpha", 0.6), ("k", 3), ("c", 0.2), ("r", 1.5)):
             value(param, x)
         after = float(widget.get_attribute("data-speedup"))
         expected = (1 - 0.6 ** 4) / (1 - 0.6) / (3 * 0.2 + 1.5)
         assert abs(after - expected) < 1e-3, (after, expected)
         assert abs(after - before) > 0.1, "the sliders did not change the predicted speedup"
+        shown = readout.inner_text()
+        assert shown != shown_before and f"{expected:.2f}x" in shown, shown   # what a reader sees
+        assert readout.is_visible() and readout.bounding_box()["width"] <= viewport["width"]
+        notes = " ".join(widget.locator(".ms-speedup__note").all_inner_texts())
+        assert "below 1" in notes, notes                     # r below 1 is explained, not hidden
         value("alpha", 0.9)
         assert float(widget.get_attribute("data-speedup")) > after
-        widget.screenshot(path=str(screenshot_dir / "widget-speedup-1400.png"))
+        widget.screenshot(path=str(screenshot_dir / f"widget-speedup-{tag}.png"))
         points = json.loads((site / "assets/data/speedup.json").read_text(encoding="utf-8"))
         assert points["points"], "the Results page's measured points did not reach the explorer"
         assert widget.locator(".ms-speedup__measured").count() == len(points["points"])

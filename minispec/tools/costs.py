@@ -124,16 +124,19 @@ def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
 
 @torch.inference_mode()
 def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[int] = (1, 5),
-              repeats: int = 15, clock: str = "wall", seed: int = 0) -> dict[str, dict[int, float]]:
+              repeats: int = 15, clock: str = "wall", seed: int = 0, per_repeat: bool = False
+              ) -> dict[str, dict[int, float]] | dict[str, dict[int, list[float]]]:
     """Median ms of one product ``x @ W.T`` with ``W`` (out_features, in_features) in float32 and
-    ``x`` of each number of ``rows``: eager, and from ``W`` packed once (``PackedLinear``).
+    ``x`` of each number of ``rows``: eager, and from ``W`` packed once (``PackedLinear``);
+    ``per_repeat=True``: every repeat's ms instead, in order (repeat ``i`` of every mode and row
+    count ran side by side, so ratios of repeat ``i`` are paired and their spread is the noise).
 
     The skinny-GEMM effect on one matrix: a decode step is dozens of such products. Round-robin
     (every repeat times every mode and row count once), one warm-up repeat thrown away.
     The default shape is 85 MB, larger than the last-level cache of most CPUs (or one core's share
     of it), so every product reads it from memory.
 
-    Returns: {"eager": {rows: ms}, "fast": {rows: ms}}.
+    Returns: {"eager": {rows: ms}, "fast": {rows: ms}} (``per_repeat``: lists of ms).
     """
     gen = torch.Generator().manual_seed(seed)
     weight = torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5
@@ -149,6 +152,8 @@ def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[
                 fn(x)
                 if rep > 0:  # the first repeat is a warm-up
                     times[mode][m].append((tick() - start) * 1e3)
+    if per_repeat:
+        return times
     return {mode: {m: statistics.median(v) for m, v in per.items()} for mode, per in times.items()}
 
 

@@ -10,8 +10,11 @@ is the noise of the measurement, printed and used beside every figure:
 
 * a gain is claimed only when every repeat was faster than the baseline (the lowest ratio > 1),
 * a loss only when every repeat was slower (the highest ratio < 1),
-* anything else is *within noise*, and an engine whose drafts yielded nothing (one token per
-  target forward) is never a gain.
+* anything else is *within noise*; and a gain is never claimed for more than drafting can
+  explain: a round costs at least one plain step (``r(k) >= 1``), so speculation is at most its
+  tokens per target forward times faster. An engine whose drafts yielded nothing (one token per
+  forward), or almost nothing (a policy that drafted in one round of a hundred), whose repeats all
+  came out faster, was faster by noise.
 
 One engine serving one request runs the same round as
 [`speculative_generate`][minispec.decoding.loop.speculative_generate], so single-sequence
@@ -71,9 +74,15 @@ class Paired:
         return self.tokens_per_forward > 1
 
     @property
+    def explained(self) -> bool:
+        """Could drafting have made even the slowest repeat's gain? Only if the run yielded at
+        least that many tokens per target forward (a round costs one plain step or more)."""
+        return self.drafted and self.tokens_per_forward >= self.low
+
+    @property
     def verdict(self) -> str:
         """``"faster"``, ``"slower"`` or ``"within noise"`` (see the module docstring)."""
-        if self.low > 1 and self.drafted:
+        if self.low > 1 and self.explained:
             return "faster"
         if self.high < 1:
             return "slower"
