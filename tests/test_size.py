@@ -2,8 +2,9 @@
 
 Code lines are lines holding code: not blank, not comments, not docstrings (docstrings are not
 budgeted: keep them). The layers a student reads -- ``core``, ``models``, ``drafters``,
-``decoding``, ``serving`` and the ``zoo`` registry, not the tools, the graders or the training
-recipes -- have no function over 40 code lines.
+``decoding``, ``serving``, the ``zoo`` registry and the top-level modules (``minispec/*.py``), not
+the tools, the graders or the training recipes -- are counted whole and have no function over 40
+code lines.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ MAX_FUNCTION = 40
 #: pays for it elsewhere or raises the ceiling in the open, with its reason in the commit message.
 #: The goal is ``GOAL``, counted whole (the issue "The accept rule a student reads is the one that
 #: runs" asks for it); the layers are over it, and this test says by how much.
-MAX_CODE_LINES = 3_963
+MAX_CODE_LINES = 3_946
 #: The goal for the reading layers counted whole (nothing subtracted). Not met: the ceiling above
 #: holds the count where it is, and the failure message of the ceiling test gives the gap.
 GOAL = 3_600
@@ -53,7 +54,9 @@ def code_lines(source: str) -> set[int]:
 
 
 def read_files() -> list[Path]:
-    return sorted(p for layer in READ for p in (PACKAGE / layer).rglob("*.py"))
+    """The reading layers' files and the top-level modules (the coursework API), counted whole."""
+    return sorted([*(p for layer in READ for p in (PACKAGE / layer).rglob("*.py")),
+                   *PACKAGE.glob("*.py")])
 
 
 def function_sizes() -> list[tuple[int, str]]:
