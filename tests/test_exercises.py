@@ -224,31 +224,14 @@ def reserve(held, needs, block_size, free_blocks):
     "09_tree_verify": """
 from minispec.check.bugs.verifiers import tree_siblings_against_p as verify_tree
 """,
-    "11_reduced_head": '''
-import torch
-
-import minispec as ms
-
-
-class ReducedHeadDrafter:
-    def __init__(self, model, keep):
-        self.model, self.keep = model, torch.tensor(keep)
-
-    def draft(self, context, k, sampling, generator):
-        ids, rows = list(context), []
-        outside = torch.ones(self.model.config.vocab_size, dtype=torch.bool)
-        outside[self.keep] = False
-        for _ in range(k):
-            with torch.inference_mode():
-                logits = self.model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1]
-            reduced = logits.masked_fill(outside, float("-inf"))
-            token = int(ms.sample(ms.probs_from_logits(reduced, sampling, ids), generator))
-            rows.append(ms.probs_from_logits(logits, sampling, ids))  # declared: the full head's q
-            ids.append(token)
-        return ms.Draft(torch.tensor(ids[len(context):]), torch.stack(rows))
-''',
     "12_two_bugs": BUGGY_VERIFIER,
 }
+
+#: Exercise 11, wrong: it draws from the reduced head but declares the full head's q.
+REDUCED_DECLARES_FULL = REFERENCES["11_reduced_head"].replace(
+    "rows.append(q)", "rows.append(ms.probs_from_logits(logits, sampling, ids))  # V, not V'")
+assert REDUCED_DECLARES_FULL != REFERENCES["11_reduced_head"]
+WRONG["11_reduced_head"] = REDUCED_DECLARES_FULL
 
 NAMES = sorted(REFERENCES)
 
