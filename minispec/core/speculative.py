@@ -36,7 +36,10 @@ Draws = Sequence[tuple[int, Tensor | None]]     # (token x_j, the q_j it was dra
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed tokens and the distributions they were drawn from: what a drafter hands to verify.
+    """Proposed tokens and the distributions they were drawn from, for one context: what a
+    one-context ``draft(context, k, sampling, generator)`` returns (the graders' drafter form);
+    ``Proposal.chain(draft.tokens, draft.probs)`` makes it the chain that
+    [`verify`][minispec.core.speculative.verify] walks.
 
     Attributes:
         tokens: ``[n]`` int64, ``0 <= n <= k`` guesses.
