@@ -51,6 +51,7 @@ def test_race_pairs_every_repeat_and_checks_the_tokens():
     assert spec.outputs == [ms.generate(target, p, 12, eos_token_id=[]).tokens for p in PROMPTS]
     assert spec.tokens_per_forward > 1.5                     # a close draft is mostly accepted
     assert spec.low <= spec.ratio <= spec.high
+    assert len(spec.speeds) == 3 and spec.speeds[0] <= spec.tokens_per_s <= spec.speeds[-1]
     queued = result["queued"]           # a request's own forwards, not the engine's: still 1.0
     assert queued.tokens_per_forward == pytest.approx(plain.tokens_per_forward) and queued.same
 

@@ -45,6 +45,8 @@ class Paired:
         mean_k: the mean drafts per round per request chosen by the draft-length policy (``None``
             for an engine without one: plain, or a fixed ``k``).
         same: every repeat's outputs equal the baseline's, token for token.
+        speeds: each repeat's tokens per CPU second, sorted (their range is the noise of an
+            absolute figure, as the ratios' is of the paired one).
     """
 
     name: str
@@ -54,6 +56,7 @@ class Paired:
     mean_k: float | None
     same: bool
     outputs: list[list[int]] = field(default_factory=list, repr=False)
+    speeds: list[float] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -171,5 +174,6 @@ def race(make_engines: Callable[[], dict[str, Engine]], prompts: Sequence[list[i
             tokens_per_forward=sum(run[name]["tokens"] for run in runs) / max(forwards, 1),
             mean_k=statistics.mean(ks) if ks else None,
             same=all(run[name]["outputs"] == run[base]["outputs"] for run in runs),
-            outputs=runs[0][name]["outputs"])
+            outputs=runs[0][name]["outputs"],
+            speeds=sorted(speed(run, name) for run in runs))
     return result
