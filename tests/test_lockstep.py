@@ -15,7 +15,7 @@ PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
 
 
 def paired(ratios, tokens_per_forward=2.0):
-    return Paired("m", sorted(ratios), 100.0, tokens_per_forward, None, True)
+    return Paired("m", sorted(ratios), [100.0], tokens_per_forward, None, True)
 
 
 def test_verdicts_follow_the_spread():

@@ -38,25 +38,28 @@ class Paired:
     Attributes:
         name: the engine's name.
         ratios: tokens per CPU second over the baseline's, one per repeat, sorted.
-        tokens_per_s: the median over the repeats of the engine's tokens per CPU second.
+        speeds: each repeat's tokens per CPU second, sorted (their range is the noise of an
+            absolute figure, as the ratios' is of the paired one).
         tokens_per_forward: generated tokens per target forward a request took (each request's
             own count, whether it waited in the queue or shared its batch; 1.0 for plain decoding;
             a round that accepts ``a`` drafts yields ``a + 1``).
         mean_k: the mean drafts per round per request chosen by the draft-length policy (``None``
             for an engine without one: plain, or a fixed ``k``).
         same: every repeat's outputs equal the baseline's, token for token.
-        speeds: each repeat's tokens per CPU second, sorted (their range is the noise of an
-            absolute figure, as the ratios' is of the paired one).
     """
 
     name: str
     ratios: list[float]
-    tokens_per_s: float
+    speeds: list[float]
     tokens_per_forward: float
     mean_k: float | None
     same: bool
     outputs: list[list[int]] = field(default_factory=list, repr=False)
-    speeds: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The median over the repeats of the engine's tokens per CPU second."""
+        return statistics.median(self.speeds)
 
     @property
     def ratio(self) -> float:
@@ -170,10 +173,9 @@ def race(make_engines: Callable[[], dict[str, Engine]], prompts: Sequence[list[i
         result[name] = Paired(
             name=name,
             ratios=sorted(speed(run, name) / speed(run, base) for run in runs),
-            tokens_per_s=statistics.median(speed(run, name) for run in runs),
+            speeds=sorted(speed(run, name) for run in runs),
             tokens_per_forward=sum(run[name]["tokens"] for run in runs) / max(forwards, 1),
             mean_k=statistics.mean(ks) if ks else None,
             same=all(run[name]["outputs"] == run[base]["outputs"] for run in runs),
-            outputs=runs[0][name]["outputs"],
-            speeds=sorted(speed(run, name) for run in runs))
+            outputs=runs[0][name]["outputs"])
     return result
