@@ -388,6 +388,35 @@ def test_a_one_token_prompt_engine(target, heads):
     assert result.tokens == ms.generate(target, [7], NEW).tokens
 
 
+@pytest.mark.parametrize("vocab", ["full", "reduced"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_nan_head_logits_fail_that_row_alone(target, heads, baselines, monkeypatch, vocab,
+                                             temperature):
+    """The head's logits are NaN for the row whose prompt starts with 33 (a broken head, as a NaN
+    weight read by that request alone would make it): that row fails, the others decode as
+    before, greedy rows (the argmax fast path) and sampled rows alike."""
+    feed = EagleDrafter._feed
+
+    def poisoned(self, seqs, tokens, features):
+        logits, feature = feed(self, seqs, tokens, features)
+        bad = torch.tensor([seq.context[0] == 33 for seq in seqs])[:, None, None]
+        return logits.masked_fill(bad, float("nan")), feature
+
+    sampling = ms.SamplingParams(temperature=temperature, seed=0 if temperature else None)
+    healthy = Engine(target, drafter=EagleDrafter(heads[vocab]), k=3, block_size=4,
+                     adaptive=False).generate(PROMPTS[:3], sampling, progress=False,
+                                              max_new_tokens=NEW)
+    monkeypatch.setattr(EagleDrafter, "_feed", poisoned)
+    engine = Engine(target, drafter=EagleDrafter(heads[vocab]), k=3, block_size=4, adaptive=False)
+    results = engine.generate([PROMPTS[0], [33, 4, 5], *PROMPTS[1:3]], sampling, progress=False,
+                              max_new_tokens=NEW)
+    assert results[1].finish_reason == "error" and "NaN" in results[1].error
+    assert [r.tokens for r in results[:1] + results[2:]] == [r.tokens for r in healthy]
+    if not temperature:
+        assert [r.tokens for r in healthy] == baselines[:3]
+    assert engine.target_cache.num_used_blocks == 0
+
+
 def test_adaptive_engine_rows_that_skip_drafting(target, heads, baselines):
     engine = Engine(target, drafter=EagleDrafter(heads["full"]), k=3, block_size=4, adaptive=True)
     results = engine.generate(PROMPTS, progress=False, max_new_tokens=NEW)

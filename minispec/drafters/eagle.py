@@ -191,19 +191,18 @@ class EagleDrafter(Drafter):
     def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]]):
         """Each row's draft and ``q``: plain greedy rows map the argmax over ``V'`` to its id (no
         full-vocabulary tensor); other rows get ``q`` over the full vocabulary, zero outside
-        ``V'``."""
+        ``V'``. Either way a row whose logits hold NaN fails alone (``choose_drafts``)."""
         if all(seq.sampling.raw_argmax for seq in seqs):
-            return [(token, None) for token in self.model.vocab[logits.argmax(dim=-1)].tolist()]
+            picks = [token for token, _ in choose_drafts(seqs, logits, drafts)]     # ids in V'
+            return [(token, None) for token in self.model.vocab[picks].tolist()]
         return choose_drafts(seqs, full_vocab(self.model, logits), drafts)
 
 
 def full_vocab(head: EagleHead, logits: Tensor) -> Tensor:
     """Draft logits ``(R, V')`` over ``V'`` -> the full vocabulary, ``-inf`` outside ``V'``."""
-    V = head.config.vocab_size
-    if logits.shape[-1] == V:
+    if logits.shape[-1] == (V := head.config.vocab_size):
         return logits
-    full = logits.new_full((logits.shape[0], V), float("-inf"))
-    return full.index_copy_(1, head.vocab, logits)
+    return logits.new_full((logits.shape[0], V), float("-inf")).index_copy_(1, head.vocab, logits)
 
 
 def load_drafter(name_or_path: str | Path, target: Llama, max_seq_len: int | None = None,
