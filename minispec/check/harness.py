@@ -129,9 +129,9 @@ def as_real(out: Any, shape: tuple[int, ...], inputs: dict[str, Any], what: str,
     one-element tensor of that shape), else a ``Failure`` saying it must be ``what``. A bool or a
     complex number is not a real number here; with ``tensor`` only a floating-point tensor is."""
     try:
-        got = torch.as_tensor(out, dtype=torch.float64)
         ok = not (isinstance(out, bool) or torch.is_tensor(out) and out.is_complex())
         ok = ok and (not tensor or torch.is_tensor(out) and out.is_floating_point())
+        got = torch.as_tensor(out, dtype=torch.float64) if ok else None   # complex: no cast
     except Exception:  # anything that is not numbers: the failure below
         got, ok = None, False
     if not ok or got.shape != shape:
