@@ -177,7 +177,7 @@ def hf_tokens_per_s(target, tokenizer, name: str, prompts: list, new_tokens: int
     batch = tokenizer(texts, return_tensors="pt", padding=True).to(target.device)
     kwargs = dict(do_sample=False, cache_implementation="static", min_new_tokens=new_tokens,
                   pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    hf.generate(**batch, max_new_tokens=4, **kwargs)                               # warm
+    hf.generate(**batch, **dict(kwargs, min_new_tokens=4), max_new_tokens=4)       # warm
     t0 = now()
     out = hf.generate(**batch, max_new_tokens=new_tokens, **kwargs)
     seconds = now() - t0
