@@ -333,7 +333,7 @@ _INSPECT_JS = r"""
   }
   const stderr = [...article.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]')]
     .map((el) => (el.textContent || "").trim().slice(0, 80));
-  const history = [];
+  const history = [];  // tests/test_no_history.py's wave, issue and goal patterns, on all text
   for (const re of [/\b(?:first|second|third|fourth|fifth|next|this) waves?\b/gi,
                     /\bwaves? of (?:work|changes)\b/gi,
                     /\bissue \d{1,3}\b/gi, /\b\d+(?:\.\d+)?x goal\b/gi, /\bgoal set for\b/gi]) {
