@@ -150,6 +150,7 @@ class KVCache(ABC):
     table: SequenceTable
     num_layers: int
     block_size: int  # positions per block of KV memory (a scheduler counts memory in blocks)
+    num_blocks: int  # blocks in the pool
 
     @classmethod
     def for_model(cls, model, num_slots: int = 1, max_seq_len: int | None = None, extra: int = 0,
@@ -377,7 +378,8 @@ class ContiguousKVCache(KVCache):
                  dtype: torch.dtype = torch.float32) -> None:
         self.table = SequenceTable(num_slots, max_seq_len)
         self.num_layers = num_layers
-        self.block_size = max_seq_len  # positions per block of KV memory: here a whole slot
+        # a block of KV memory is here a whole slot
+        self.block_size, self.num_blocks = max_seq_len, num_slots
         self._allocate_stores(num_slots, max_seq_len, num_kv_heads, head_dim, device, dtype)
 
     def flat_index(self, slot: int, positions: list[int]) -> list[int]:

@@ -55,7 +55,7 @@ class KVCacheSpace:
     def can_fit(self, num_positions: int) -> bool:
         """Could one sequence of ``num_positions`` fit in the empty pool? (checked at add)"""
         return all(num_positions <= c.max_seq_len
-                   and -(-num_positions // c.block_size) <= _blocks(c) for c in self.caches)
+                   and -(-num_positions // c.block_size) <= c.num_blocks for c in self.caches)
 
     def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
         """Is there a free slot and room for a new sequence of ``num_positions`` right now, leaving
@@ -86,11 +86,6 @@ class KVCacheSpace:
         for cache, slot in self._pairs(seq):
             cache.free(slot)
         seq.slot = seq.draft_slot = None
-
-
-def _blocks(cache) -> int:
-    """Blocks in ``cache``'s pool (a contiguous cache counts one block per slot)."""
-    return getattr(cache, "num_blocks", None) or cache.table.num_slots
 
 
 @dataclass
