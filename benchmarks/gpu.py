@@ -175,11 +175,11 @@ def hf_tokens_per_s(target, tokenizer, name: str, prompts: list, new_tokens: int
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.decode([0])
     batch = tokenizer(texts, return_tensors="pt", padding=True).to(target.device)
-    kwargs = dict(do_sample=False, cache_implementation="static", min_new_tokens=new_tokens,
+    kwargs = dict(do_sample=False, cache_implementation="static",
                   pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    hf.generate(**batch, **dict(kwargs, min_new_tokens=4), max_new_tokens=4)       # warm
+    hf.generate(**batch, min_new_tokens=4, max_new_tokens=4, **kwargs)              # warm
     t0 = now()
-    out = hf.generate(**batch, max_new_tokens=new_tokens, **kwargs)
+    out = hf.generate(**batch, min_new_tokens=new_tokens, max_new_tokens=new_tokens, **kwargs)
     seconds = now() - t0
     del hf
     return (out.shape[1] - batch["input_ids"].shape[1]) * len(prompts) / seconds
