@@ -22,11 +22,17 @@ below it (``tests/test_layers.py`` checks it):
 8. [`minispec.tools`][minispec.tools] -- benchmarks, cost reports, workloads, pictures, the command
    line, the training recipes; not imported here: ``from minispec.tools import viz``.
 
+A wing is a folder no layer imports, which adds one collaborator the core calls through a hook:
+[`minispec.grammar`][minispec.grammar] -- constraints, a grammar on a request (a per-request
+``Constraint``); registered here, so ``SamplingParams(json_schema=...)`` or ``regex=...`` works
+in both loops (with ``pip install 'minispec[grammar]'``).
+
 This module re-exports the API coursework uses.
 """
 
-from minispec import check
+from minispec import check, grammar
 from minispec.core import theory
+from minispec.core.constraint import FACTORIES
 from minispec.core.sampling import SamplingParams, probs_from_logits, sample
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import (
@@ -49,6 +55,8 @@ from minispec.models.llama import Llama
 from minispec.models.loader import load
 from minispec.models.paged_cache import PagedKVCache
 from minispec.serving.engine import Engine, StepOutput
+
+FACTORIES.append(grammar.constraint_for)     # requests with a json_schema or regex get a grammar
 
 __version__ = "0.1.0"
 

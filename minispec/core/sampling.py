@@ -14,6 +14,7 @@ Every function here works on any number of leading dimensions: ``[..., V]`` in, 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,10 @@ class SamplingParams:
             logit is divided by it, a negative one multiplied. ``1.0`` disables. Must be ``> 0``.
         seed: seed of the one ``torch.Generator`` a decoding call uses; ``None`` seeds it from
             the operating system's randomness (``Generator.seed()``), not ``torch.manual_seed``.
+        json_schema: the output must be JSON meeting this schema (a dict or its JSON text; kept
+            as canonical JSON text); compiled by the grammar wing
+            ([`minispec.grammar`][minispec.grammar]), which masks ``p`` and ``q`` alike.
+        regex: the output must match this regular expression (the grammar wing too).
 
     Raises:
         ValueError: naming the field, when a value is out of range.
@@ -58,8 +63,12 @@ class SamplingParams:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    json_schema: str | dict | None = None
+    regex: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.json_schema, dict):            # hashable, and one text per schema
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema, sort_keys=True))
         check_args("SamplingParams", [
             ("temperature", self.temperature, is_real(self.temperature) and (
                 self.temperature == 0 or self.temperature >= MIN_TEMPERATURE),
@@ -73,7 +82,14 @@ class SamplingParams:
              "a real number > 0"),
             ("seed", self.seed,
              self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
-             "an integer in [0, 2**64) or None")])
+             "an integer in [0, 2**64) or None"),
+            ("json_schema", self.json_schema, self.json_schema is None or (
+                isinstance(self.json_schema, str) and self.json_schema.strip() != ""),
+             "a dict, its JSON text or None"),
+            ("regex", self.regex, self.regex is None or isinstance(self.regex, str),
+             "a string or None"),
+            ("json_schema", self.json_schema, self.json_schema is None or self.regex is None,
+             "None when regex is given (one grammar a request)")])
 
     @property
     def greedy(self) -> bool:
@@ -192,7 +208,8 @@ def one_hot(tokens: Tensor, vocab_size: int) -> Tensor:
 
 
 def probs_for_rows(logits: Tensor, params: Sequence[SamplingParams],
-                   contexts: Sequence[Sequence[int]] | None = None) -> Tensor:
+                   contexts: Sequence[Sequence[int]] | None = None,
+                   masks: Sequence[Tensor | None] | None = None) -> Tensor:
     """[`probs_from_logits`][minispec.core.sampling.probs_from_logits] with each row's own
     ``SamplingParams`` (rows of a batch).
 
@@ -200,10 +217,18 @@ def probs_for_rows(logits: Tensor, params: Sequence[SamplingParams],
         logits: ``(N, V)`` raw scores.
         params: one ``SamplingParams`` per row; rows with equal adjustments are done together.
         contexts: row ``i``'s context for the repetition penalty (``None`` when no row uses one).
+        masks: row ``i``'s ``(V,)`` bool mask of allowed tokens (a grammar's), or ``None`` (all
+            allowed): the other tokens get logit ``-inf`` before every other adjustment, so the
+            row's law is ``p`` restricted to the mask and renormalized.
 
     Returns:
         ``(N, V)`` float32 distributions.
     """
+    if masks is not None and any(m is not None for m in masks):
+        logits = logits.clone()
+        for r, mask in enumerate(masks):
+            if mask is not None:
+                logits[r].masked_fill_(~mask.to(logits.device), float("-inf"))
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)   # (N, V)
     groups: dict[tuple, list[int]] = {}
     for r, sp in enumerate(params):

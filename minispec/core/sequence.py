@@ -41,9 +41,9 @@ from minispec.core.stats import SpecStats
 __all__ = ["FINISH_REASONS", "Round", "Sequence", "SequenceStatus", "round_k"]
 
 #: Why a request ended: the token budget, an EOS id, a stop id or string, the context limit, an
-#: error of its own (the message is in ``Sequence.error``), or
-#: [`Engine.abort`][minispec.serving.engine.Engine.abort].
-FINISH_REASONS = ("length", "eos", "stop", "max_seq_len", "error", "abort")
+#: error of its own (the message is in ``Sequence.error``),
+#: [`Engine.abort`][minispec.serving.engine.Engine.abort], or its grammar accepting no more tokens.
+FINISH_REASONS = ("length", "eos", "stop", "max_seq_len", "error", "abort", "grammar")
 
 
 class SequenceStatus(enum.Enum):
@@ -121,6 +121,9 @@ class Sequence:
         tenant: who sent it (``None``: nobody in particular); a drafter that shares text between
             requests drafts it only from its own tenant's (see
             [`SuffixStore`][minispec.drafters.suffix.SuffixStore]).
+        constraint: its grammar ([`Constraint`][minispec.core.constraint.Constraint]), or
+            ``None``: told every appended token, it ends the request with ``"grammar"`` when it
+            accepts no more.
     """
 
     request_id: str
@@ -145,6 +148,7 @@ class Sequence:
     rounds: list[Round] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.perf_counter)
     tenant: str | None = None
+    constraint: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -235,6 +239,8 @@ class Sequence:
         """The finish reason of a request that ends before any round, else ``None``."""
         if self.max_new_tokens == 0:
             return "length"
+        if self.constraint is not None and self.constraint.finished:
+            return "grammar"
         return "max_seq_len" if self.num_tokens >= self.max_seq_len else None
 
     # ------------------------------------------------------------------ the stop rules
@@ -244,17 +250,23 @@ class Sequence:
         emitted.
 
         The conditions, checked token by token inside the accepted block: an EOS id (``"eos"``), a
-        stop id or a completed stop string (``"stop"``), ``max_new_tokens`` (``"length"``); after
-        the block, a full context (``"max_seq_len"``). The round is recorded in ``rounds``.
+        stop id or a completed stop string (``"stop"``), a grammar that accepts no more tokens
+        (``"grammar"``; the constraint is committed each token), ``max_new_tokens``
+        (``"length"``); after the block, a full context (``"max_seq_len"``). The round is
+        recorded in ``rounds``.
         """
         emitted, finish = [], None
         for token in tokens:
             emitted.append(token)
             self.generated.append(token)
+            if self.constraint is not None and token not in self.eos_token_ids:
+                self.constraint.commit([token])
             if token in self.eos_token_ids:
                 finish = "eos"
             elif token in self.stop_token_ids or (self.stop and self._hits_stop()):
                 finish = "stop"
+            elif self.constraint is not None and self.constraint.finished:
+                finish = "grammar"
             elif len(self.generated) >= self.max_new_tokens:
                 finish = "length"
             else:

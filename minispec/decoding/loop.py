@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from minispec.core.constraint import make_constraint
 from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
@@ -171,8 +172,10 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
                   stop: str | Seq[str] = (), stop_token_ids: Seq[int] = (),
                   eos_token_id: int | Seq[int] | None = None) -> Sequence:
     """A request as both loops build it: the prompt encoded (ids, text or chat messages), its EOS
-    ids (given, or the target config's, plus the chat template's end of turn for messages), and
-    every check of [`Sequence.new`][minispec.core.sequence.Sequence.new].
+    ids (given, or the target config's, plus the chat template's end of turn for messages), its
+    grammar (``sampling.json_schema`` or ``sampling.regex``, compiled by a registered factory:
+    [`make_constraint`][minispec.core.constraint.make_constraint]), and every check of
+    [`Sequence.new`][minispec.core.sequence.Sequence.new].
 
     Raises:
         ValueError: for a bad request, with the same message in either loop.
@@ -181,10 +184,13 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
     eos = target.config.eos_token_ids if eos_token_id is None else eos_token_id   # []: no EOS
     eos = tuple(eos) if isinstance(eos, (list, tuple, set, frozenset)) else (eos,)  # one or several
     eos += end_of_turn_ids(tokenizer) if is_chat(prompt) else ()
-    return Sequence.new(request_id, ids, sampling, max_new_tokens=max_new_tokens,
-                        max_seq_len=max_seq_len, vocab_size=target.config.vocab_size,
-                        eos_token_ids=eos, stop_token_ids=stop_token_ids, stop=stop,
-                        tokenizer=tokenizer, k=k, device=target.device)
+    seq = Sequence.new(request_id, ids, sampling, max_new_tokens=max_new_tokens,
+                       max_seq_len=max_seq_len, vocab_size=target.config.vocab_size,
+                       eos_token_ids=eos, stop_token_ids=stop_token_ids, stop=stop,
+                       tokenizer=tokenizer, k=k, device=target.device)
+    seq.constraint = make_constraint(seq.sampling, tokenizer, target.config.vocab_size,
+                                     sorted(seq.eos_token_ids))
+    return seq
 
 
 def as_drafter_for(spec: Any, k: Any, branching: Any

@@ -129,16 +129,25 @@ class SpeculativeRunner:
 
         A row whose drafter fails, or proposes a token outside the vocabulary, is failed alone. A
         round of chains with every ``k`` 0 is a plain step: the drafter is not called (a lazy
-        drafter catches up on the context when it next drafts).
+        drafter catches up on the context when it next drafts). A row with a grammar
+        (``seq.constraint``) that forces tokens proposes them, a chain with one-hot ``q``, instead
+        of asking the drafter; its drafter's proposal loses what the grammar forbids
+        (``_allowed``).
         """
         t0 = time.perf_counter()
         if self.drafter is None or (self.branching is None and not any(ks)):
             proposals = [Proposal.chain([]) for _ in seqs]   # a plain step
         else:
             shapes = ks if self.branching is None else [self.branching[:k] for k in ks]
-            proposals = [_checked(seq, proposal, shape, self.target.config.vocab_size)
-                         for seq, proposal, shape in zip(seqs, self.drafter.propose(seqs, shapes),
-                                                         shapes, strict=True)]
+            forced = {b: f for b, (seq, k) in enumerate(zip(seqs, ks, strict=True))
+                      if seq.constraint is not None and k > 0 and not seq.is_finished
+                      and (f := seq.constraint.forced(k))}
+            proposals = [Proposal.chain(forced.get(b, [])) for b in range(len(seqs))]
+            rows = [b for b in range(len(seqs)) if b not in forced]
+            drafted = self.drafter.propose([seqs[b] for b in rows], [shapes[b] for b in rows])
+            for b, proposal in zip(rows, drafted, strict=True):
+                checked = _checked(seqs[b], proposal, shapes[b], self.target.config.vocab_size)
+                proposals[b] = _allowed(seqs[b], checked)
         elapsed = time.perf_counter() - t0
         for seq, k in zip(seqs, ks, strict=True):
             seq.stats.draft_time += elapsed                     # the batch's time, shared
@@ -206,13 +215,16 @@ class SpeculativeRunner:
             seq.fail(ValueError("logits contain NaN or +inf (from this request's own tokens or "
                                 "non-finite weights)"))
             return None
-        if seq.sampling.raw_argmax:                         # plain greedy: argmaxes only
+        grammar = seq.constraint
+        if seq.sampling.raw_argmax and grammar is None:     # plain greedy: argmaxes only
             return verify(proposal, argmax)
         tree = proposal.tree
         paths = [seq.context]
         for i in range(1, len(tree)):                       # the context each node's p sees
             paths.append(paths[tree.parents[i]] + [tree.tokens[i]])
-        p = probs_for_rows(logits, [seq.sampling] * len(tree), paths)             # (N, V)
+        n = seq.num_tokens                                  # a grammar masks p at every node
+        masks = None if grammar is None else [grammar.mask(path[n:]) for path in paths]
+        p = probs_for_rows(logits, [seq.sampling] * len(tree), paths, masks)      # (N, V)
         try:
             return verify(proposal, p, seq.generator, greedy=seq.sampling.greedy)
         except ValueError as error:                         # a q of another vocabulary ...
@@ -266,6 +278,31 @@ class SpeculativeRunner:
             return out                                    # a static bucket held the batch
         return self.target(ids_t, pos_t, self.target_cache, slots, return_hidden=layers or True,
                            tree=tree)
+
+
+def _allowed(seq: Sequence, proposal: Proposal) -> Proposal:
+    """A constrained row's proposal without what its grammar forbids: a node stays when its parent
+    stays, is no EOS, and the mask after the parent's path allows its token (a chain is cut at the
+    first forbidden draft; a deterministic cut keeps verification exact)."""
+    if seq.constraint is None or seq.is_finished or len(proposal.tree) == 1:
+        return proposal
+    tree, paths, keep = proposal.tree, {0: []}, [0]
+    for i in range(1, len(tree)):                         # depth-first: parents come first
+        parent = tree.parents[i]
+        if parent not in paths or (parent and tree.tokens[parent] in seq.eos_token_ids):
+            continue
+        mask = seq.constraint.mask(paths[parent])
+        if mask is None or bool(mask[tree.tokens[i]]):
+            paths[i] = paths[parent] + [tree.tokens[i]]
+            keep.append(i)
+    if len(keep) == len(tree):
+        return proposal
+    index = {old: new for new, old in enumerate(keep)}
+    draws = [[(index[c], q) for c, q in proposal.draws[o] if c in index] for o in keep]
+    pruned = Proposal.build([-1] + [index[tree.parents[o]] for o in keep[1:]],
+                            [tree.tokens[o] for o in keep], draws)
+    pruned.created = [proposal.created[keep[i]] for i in pruned.created]   # the drafter's numbers
+    return pruned
 
 
 def _checked(seq: Sequence, proposal: Proposal, shape: Shape, vocab_size: int) -> Proposal:

@@ -376,15 +376,20 @@ def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]])
 
     Yields:
         ``(token, q)`` per row, in order: greedy rows take the argmax, with ``q = None`` unless a
-        penalty reshapes the distribution; sampled rows draw from ``q`` with their own generator.
+        penalty or a grammar's mask (``seq.constraint``) reshapes the distribution; sampled rows
+        draw from ``q`` with their own generator.
     """
     argmax = logits.argmax(dim=-1).tolist()                                         # (R,)
     for r in torch.isnan(logits).any(dim=-1).nonzero().flatten().tolist():
         if not seqs[r].is_finished:                 # this request alone fails; the others go on
             seqs[r].fail(ValueError("draft logits contain NaN"))
-    slow = [r for r, s in enumerate(seqs) if not s.sampling.raw_argmax and not s.is_finished]
+    slow = [r for r, s in enumerate(seqs) if not s.is_finished
+            and (not s.sampling.raw_argmax or s.constraint is not None)]
     contexts = [seqs[r].context + drafts[r] for r in slow]
-    q = probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts) if slow else []
+    masks = [None if seqs[r].constraint is None else seqs[r].constraint.mask(drafts[r])
+             for r in slow]                   # a grammar masks q as it masks p, from one state
+    q = (probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts, masks)
+         if slow else [])
     qs = dict(zip(slow, q, strict=True))                                            # r -> (V,)
     for r, seq in enumerate(seqs):
         if r not in qs:

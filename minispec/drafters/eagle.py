@@ -192,7 +192,7 @@ class EagleDrafter(Drafter):
         """Each row's draft and ``q``: plain greedy rows map the argmax over ``V'`` to its id (no
         full-vocabulary tensor); other rows get ``q`` over the full vocabulary, zero outside
         ``V'``. Either way a row whose logits hold NaN fails alone (``choose_drafts``)."""
-        if all(seq.sampling.raw_argmax for seq in seqs):
+        if all(seq.sampling.raw_argmax and seq.constraint is None for seq in seqs):
             picks = [token for token, _ in choose_drafts(seqs, logits, drafts)]     # ids in V'
             return [(token, None) for token in self.model.vocab[picks].tolist()]
         return choose_drafts(seqs, full_vocab(self.model, logits), drafts)

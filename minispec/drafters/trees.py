@@ -177,12 +177,15 @@ def choose_children(seq: Sequence, logits: Tensor, path: list[int], b: int
     else b i.i.d. draws from q; each as ``(token, q, its path)``. NaN logits fail the request."""
     if torch.isnan(logits).any():
         raise ValueError("draft logits contain NaN")
+    mask = None if seq.constraint is None else seq.constraint.mask(path)    # a grammar's, or all
     if seq.sampling.greedy:
         if not seq.sampling.raw_argmax:
             logits = apply_repetition_penalty(logits, seq.context + path,
                                               seq.sampling.repetition_penalty)
+        if mask is not None:                        # only allowed children, as many as there are
+            logits, b = logits.masked_fill(~mask, float("-inf")), min(b, int(mask.sum()))
         return [(int(t), None, path + [int(t)]) for t in logits.topk(b).indices]
-    q = probs_for_rows(logits[None], [seq.sampling], [seq.context + path])[0]          # (V,)
+    q = probs_for_rows(logits[None], [seq.sampling], [seq.context + path], [mask])[0]   # (V,)
     return [(t, q, path + [t]) for t in [int(sample(q, seq.generator)) for _ in range(b)]]
 
 
