@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["FACTORIES", "Constraint", "make_constraint"]
+__all__ = ["FACTORIES", "Constraint", "ask", "make_constraint"]
 
 #: ``factory(sampling, tokenizer, vocab_size, eos_token_ids) -> Constraint | None``, tried in order.
 FACTORIES: list[Callable[..., Any]] = []
@@ -40,6 +40,18 @@ class Constraint:
     def finished(self) -> bool:
         """The grammar accepts no more tokens (the request stops with ``"grammar"``)."""
         return False
+
+
+def ask(seq: Any, call: str, *args: Any) -> Any:
+    """``seq.constraint.<call>(*args)`` for the round; ``None`` without a constraint, for a finished
+    request, or when the grammar raises ``ValueError``: then that request alone fails."""
+    if seq.constraint is None or seq.is_finished:
+        return None
+    try:
+        return getattr(seq.constraint, call)(*args)
+    except ValueError as error:
+        seq.fail(error)
+        return None
 
 
 def make_constraint(sampling: Any, tokenizer: Any, vocab_size: int,

@@ -31,6 +31,7 @@ import time
 import torch
 from torch import Tensor
 
+from minispec.core.constraint import ask
 from minispec.core.sampling import check_probs, is_int, probs_for_rows
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Verdict, verify
@@ -140,8 +141,7 @@ class SpeculativeRunner:
         else:
             shapes = ks if self.branching is None else [self.branching[:k] for k in ks]
             forced = {b: f for b, (seq, k) in enumerate(zip(seqs, ks, strict=True))
-                      if seq.constraint is not None and k > 0 and not seq.is_finished
-                      and (f := seq.constraint.forced(k))}
+                      if k > 0 and (f := ask(seq, "forced", k))}
             proposals = [Proposal.chain(forced.get(b, [])) for b in range(len(seqs))]
             rows = [b for b in range(len(seqs)) if b not in forced]
             drafted = self.drafter.propose([seqs[b] for b in rows], [shapes[b] for b in rows])
@@ -223,7 +223,9 @@ class SpeculativeRunner:
         for i in range(1, len(tree)):                       # the context each node's p sees
             paths.append(paths[tree.parents[i]] + [tree.tokens[i]])
         n = seq.num_tokens                                  # a grammar masks p at every node
-        masks = None if grammar is None else [grammar.mask(path[n:]) for path in paths]
+        masks = None if grammar is None else [ask(seq, "mask", path[n:]) for path in paths]
+        if seq.is_finished:                                 # its grammar failed
+            return None
         p = probs_for_rows(logits, [seq.sampling] * len(tree), paths, masks)      # (N, V)
         try:
             return verify(proposal, p, seq.generator, greedy=seq.sampling.greedy)
@@ -291,7 +293,8 @@ def _allowed(seq: Sequence, proposal: Proposal) -> Proposal:
         parent = tree.parents[i]
         if parent not in paths or (parent and tree.tokens[parent] in seq.eos_token_ids):
             continue
-        mask = seq.constraint.mask(paths[parent])
+        if (mask := ask(seq, "mask", paths[parent])) is None and seq.is_finished:
+            return Proposal.chain([])                     # its grammar failed
         if mask is None or bool(mask[tree.tokens[i]]):
             paths[i] = paths[parent] + [tree.tokens[i]]
             keep.append(i)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from minispec.core.constraint import ask
 from minispec.core.sampling import SamplingParams, one_hot, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
@@ -386,8 +387,7 @@ def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]])
     slow = [r for r, s in enumerate(seqs) if not s.is_finished
             and (not s.sampling.raw_argmax or s.constraint is not None)]
     contexts = [seqs[r].context + drafts[r] for r in slow]
-    masks = [None if seqs[r].constraint is None else seqs[r].constraint.mask(drafts[r])
-             for r in slow]                   # a grammar masks q as it masks p, from one state
+    masks = [ask(seqs[r], "mask", drafts[r]) for r in slow]   # as p is masked, from one state
     q = (probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts, masks)
          if slow else [])
     qs = dict(zip(slow, q, strict=True))                                            # r -> (V,)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from minispec.core.constraint import ask
 from minispec.core.sampling import apply_repetition_penalty, is_int, is_real, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.theory import best_tree_size
@@ -177,7 +178,7 @@ def choose_children(seq: Sequence, logits: Tensor, path: list[int], b: int
     else b i.i.d. draws from q; each as ``(token, q, its path)``. NaN logits fail the request."""
     if torch.isnan(logits).any():
         raise ValueError("draft logits contain NaN")
-    mask = None if seq.constraint is None else seq.constraint.mask(path)    # a grammar's, or all
+    mask = ask(seq, "mask", path)                                 # a grammar's, or None: all
     if seq.sampling.greedy:
         if not seq.sampling.raw_argmax:
             logits = apply_repetition_penalty(logits, seq.context + path,
