@@ -113,6 +113,7 @@ class Drafter:
         chains = [b for b, shape in enumerate(shapes) if isinstance(shape, int)]
         tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
         proposals = {b: Proposal.chain(t, torch.stack(p) if p else None)    # none: one-hot q
+                     if not seqs[b].is_finished else Proposal.chain([])     # failed while drafting
                      for b, t, p in zip(chains, tokens, probs, strict=True)}
         return [proposals[b] if b in proposals else self._tree(seqs[b], shape)   # trees in order
                 for b, shape in enumerate(shapes)]
