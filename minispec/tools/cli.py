@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -116,11 +117,13 @@ def generate_command(args: argparse.Namespace) -> int:
     if tokenizer is None:
         print(f"minispec generate: {name} has no tokenizer", file=sys.stderr)
         return 2
-    sampling = ms.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                 seed=args.seed)
     try:
+        schema = None if args.json_schema is None else Path(args.json_schema).read_text()
+        sampling = ms.SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                                     top_p=args.top_p, seed=args.seed, json_schema=schema,
+                                     regex=args.regex)
         drafter = _drafter(args, target)
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:
         print(f"minispec generate: {error}", file=sys.stderr)
         return 2
     # chat messages are rendered with the tokenizer's chat template; decoding stops at end of turn
@@ -128,10 +131,13 @@ def generate_command(args: argparse.Namespace) -> int:
     print(args.chat + "\n\n" if args.chat is not None else args.prompt, end="")
     if args.stream:
         return _stream(target, drafter, prompt, sampling, tokenizer, args)
-    out = ms.speculative_generate(target, drafter, prompt, args.max_new_tokens,
-                                  k=args.k if drafter is not None else 0, sampling=sampling,
-                                  tokenizer=tokenizer,
-                                  adaptive=_chooses_k(args, drafter))
+    try:
+        out = ms.speculative_generate(target, drafter, prompt, args.max_new_tokens,
+                                      k=args.k if drafter is not None else 0, sampling=sampling,
+                                      tokenizer=tokenizer, adaptive=_chooses_k(args, drafter))
+    except ValueError as error:                      # a grammar refused before any work
+        print(f"minispec generate: {error}", file=sys.stderr)
+        return 2
     print(viz.trace(out, tokenizer) if args.trace else out.text)
     print(f"\n[{out.finish_reason}] {stats_report(out.stats, _chooses_k(args, drafter))}")
     return 0
@@ -464,6 +470,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1 = off)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    grammar = gen.add_mutually_exclusive_group()
+    grammar.add_argument("--json-schema", metavar="FILE",
+                         help="the output is JSON meeting the schema in FILE (minispec.grammar; "
+                              "pip install 'minispec[grammar]'); forced tokens are free drafts")
+    grammar.add_argument("--regex", help="the output matches this regular expression")
     gen.add_argument("--trace", action="store_true",
                      help="colour accepted / rejected / corrected tokens")
     gen.add_argument("--fast", action="store_true",
