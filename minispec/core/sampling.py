@@ -50,8 +50,9 @@ class SamplingParams:
         seed: seed of the one ``torch.Generator`` a decoding call uses; ``None`` seeds it from
             the operating system's randomness (``Generator.seed()``), not ``torch.manual_seed``.
         json_schema: the output must be JSON meeting this schema (a dict or its JSON text; kept
-            as canonical JSON text); compiled by the grammar wing
-            ([`minispec.grammar`][minispec.grammar]), which masks ``p`` and ``q`` alike.
+            as JSON text, in its key order: properties come out in that order); compiled by the
+            grammar wing ([`minispec.grammar`][minispec.grammar]), which masks ``p`` and ``q``
+            alike.
         regex: the output must match this regular expression (the grammar wing too).
 
     Raises:
@@ -67,8 +68,8 @@ class SamplingParams:
     regex: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.json_schema, dict):            # hashable, and one text per schema
-            object.__setattr__(self, "json_schema", json.dumps(self.json_schema, sort_keys=True))
+        if isinstance(self.json_schema, dict):    # hashable; key order kept (it orders the output)
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
         check_args("SamplingParams", [
             ("temperature", self.temperature, is_real(self.temperature) and (
                 self.temperature == 0 or self.temperature >= MIN_TEMPERATURE),
