@@ -22,12 +22,7 @@ below it (``tests/test_layers.py`` checks it):
 8. [`minispec.tools`][minispec.tools] -- benchmarks, cost reports, workloads, pictures, the command
    line, the training recipes; not imported here: ``from minispec.tools import viz``.
 
-A wing is a folder no layer imports, which adds one collaborator the core calls through a hook:
-[`minispec.grammar`][minispec.grammar] -- constraints, a grammar on a request (a per-request
-``Constraint``); registered here, so ``SamplingParams(json_schema=...)`` or ``regex=...`` works
-in both loops (with ``pip install 'minispec[grammar]'``).
-
-This module re-exports the API coursework uses.
+Re-exports the coursework API; registers the wing [`minispec.grammar`][minispec.grammar].
 """
 
 from minispec import check, grammar

@@ -154,6 +154,15 @@ class ReducedHeadDrafter:
         return ms.Draft(torch.tensor(ids[len(context):]), torch.stack(rows))
 ''',
     "12_two_bugs": FIXED_VERIFIER,
+    "13_masked_verify": """
+import minispec as ms
+
+def masked_verify(draft_tokens, draft_probs, target_probs, masks, generator):
+    p = target_probs * masks
+    q = draft_probs * masks[:-1]
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    return ms.verify(ms.Proposal.chain(draft_tokens, q), p, generator, greedy=False).tokens
+""",
 }
 
 
@@ -225,6 +234,15 @@ def reserve(held, needs, block_size, free_blocks):
 from minispec.check.bugs.verifiers import tree_siblings_against_p as verify_tree
 """,
     "12_two_bugs": BUGGY_VERIFIER,
+    "13_masked_verify": """
+import minispec as ms
+
+def masked_verify(draft_tokens, draft_probs, target_probs, masks, generator):
+    p = target_probs * masks                       # q left unmasked: accepts too often
+    p = p / p.sum(-1, keepdim=True)
+    return ms.verify(ms.Proposal.chain(draft_tokens, draft_probs), p, generator,
+                     greedy=False).tokens
+""",
 }
 
 #: Exercise 11, wrong: it draws from the reduced head but declares the full head's q.

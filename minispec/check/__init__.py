@@ -28,10 +28,11 @@ lab: implementations modelled on reported engine bugs, each caught by its check;
 from minispec.check import bugs
 from minispec.check.caches import kv_cache, reservation, rollback
 from minispec.check.drafting import drafter
+from minispec.check.grammar import masked_verifier
 from minispec.check.markov import tree_verifier, verifier
 from minispec.check.report import Case, CheckReport, Counterexample
 from minispec.check.sampling import acceptance, adjustment, residual, sampler, speedup
 
 __all__ = ["Case", "CheckReport", "Counterexample", "acceptance", "adjustment", "bugs", "drafter",
-           "kv_cache", "reservation", "residual", "rollback", "sampler", "speedup",
-           "tree_verifier", "verifier"]
+           "kv_cache", "masked_verifier", "reservation", "residual", "rollback", "sampler",
+           "speedup", "tree_verifier", "verifier"]
