@@ -24,7 +24,7 @@ MAX_FUNCTION = 40
 #: pays for it elsewhere or raises the ceiling in the open, with its reason in the commit message.
 #: The goal is ``GOAL``, counted whole (the issue "The accept rule a student reads is the one that
 #: runs" asks for it); the layers are over it, and this test says by how much.
-MAX_CODE_LINES = 3_944
+MAX_CODE_LINES = 4_046
 #: The goal for the reading layers counted whole (nothing subtracted). Not met: the ceiling above
 #: holds the count where it is, and the failure message of the ceiling test gives the gap.
 GOAL = 3_600

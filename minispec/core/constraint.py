@@ -11,7 +11,6 @@ compiles a grammar: a wing registers a factory in ``FACTORIES`` (the facade does
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
@@ -19,7 +18,7 @@ from torch import Tensor
 __all__ = ["FACTORIES", "Constraint", "ask", "make_constraint"]
 
 #: ``factory(sampling, tokenizer, vocab_size, eos_token_ids) -> Constraint | None``, tried in order.
-FACTORIES: list[Callable[..., Any]] = []
+FACTORIES: list = []
 
 
 class Constraint:
@@ -66,5 +65,4 @@ def make_constraint(sampling: Any, tokenizer: Any, vocab_size: int,
     for factory in FACTORIES:
         if (constraint := factory(sampling, tokenizer, vocab_size, eos_token_ids)) is not None:
             return constraint
-    raise ValueError("json_schema and regex need the grammar wing: pip install 'minispec[grammar]'"
-                     " and import minispec")
+    raise ValueError("json_schema and regex need the grammar wing: pip install minispec[grammar]")
