@@ -187,3 +187,16 @@ def test_the_constraint_is_the_wings_own(pair):
     made = constraint_for(ms.SamplingParams(regex="a+"), tok, target.config.vocab_size, [1])
     assert isinstance(made, GrammarConstraint) and isinstance(made, ms.core.constraint.Constraint)
     assert constraint_for(ms.SamplingParams(), tok, target.config.vocab_size, [1]) is None
+
+
+def test_the_command_line_takes_a_schema_file_or_a_regex(tmp_path, capsys):
+    from minispec.tools.cli import main
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    assert main(["generate", PROMPT, "--draft", "shakespeare-draft", "--json-schema",
+                 str(schema), "--max-new-tokens", "48"]) == 0
+    text = capsys.readouterr().out
+    assert meets_schema(text[len(PROMPT):].split("\n\n[")[0]) and "[grammar]" in text
+    assert main(["generate", PROMPT, "--prompt-lookup", "--regex", "("]) == 2
+    assert "regex:" in capsys.readouterr().err
