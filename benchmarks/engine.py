@@ -5,7 +5,7 @@ For each batch size it runs the same greedy prompts through
 * ``minispec.Engine`` without speculation, and with each drafter (the draft model, n-gram
   drafting, an EAGLE head with ``--eagle``) twice: with a fixed ``k`` (``adaptive=False``) and as a
   user gets it by default (goodput control: ``k`` per request and step from the measured costs,
-  see ``minispec.decoding.goodput``);
+  see ``minispec.speed.goodput``);
 * transformers' continuous batching (``model.generate_batch``) and static batched ``generate``
   (left-padded; every request runs to ``max_new_tokens``, EOS ignored, so the work is equal);
 
@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 
 import minispec as ms
-from minispec.decoding.goodput import GoodputK
+from minispec.speed.goodput import GoodputK
 from minispec.serving.engine import Engine
 
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
@@ -263,7 +263,7 @@ def main(argv=None) -> None:
             from transformers import AutoModelForCausalLM
             hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     if args.fast:
-        from minispec.models.packed import make_fast
+        from minispec.speed.packed import make_fast
         target, draft = make_fast(target), draft and make_fast(draft)
         label += ", packed CPU path"
     drafters = {name: spec for name, spec in (("draft", draft), ("ngram", "ngram"))

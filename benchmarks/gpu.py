@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 import minispec as ms
-from minispec.models.static_step import BATCH_BUCKETS, StaticForward
+from minispec.speed.static_step import BATCH_BUCKETS, StaticForward
 from minispec.tools.workloads import multitask
 
 MODEL = "smollm2-135m-instruct"
@@ -165,7 +165,7 @@ def hf_tokens_per_s(target, tokenizer, name: str, prompts: list, new_tokens: int
     """transformers' ``generate`` with its static cache, the batch left-padded, greedy."""
     from transformers import AutoModelForCausalLM
 
-    from minispec.models.loader import resolve
+    from minispec.loading.loader import resolve
 
     hf = AutoModelForCausalLM.from_pretrained(resolve(name), dtype=target.dtype,
                                               trust_remote_code=False).to(target.device)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from engine import load_models, make_prompts  # benchmarks/engine.py
 
-from minispec.models import packed
+from minispec.speed import packed
 from minispec.serving.engine import Engine
 
 

@@ -18,7 +18,7 @@ CPU time (``time.process_time``; with one thread it leaves out the time other jo
 away, so it is the steadier number on a shared machine). One run, not a median: tokens per
 forward are exact, the ratios are noisy.
 
-``--calibrate`` prints what the hybrid's rule is built on (``minispec.drafters.hybrid``): drafts
+``--calibrate`` prints what the hybrid's rule is built on (``minispec.extra_drafters.hybrid``): drafts
 accepted per round by the suffix drafter after a match of 1..6+ tokens, by the head, and a head
 round's draft time relative to its verify time.
 
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 
 import minispec as ms
-from minispec.drafters.hybrid import HybridDrafter
+from minispec.extra_drafters.hybrid import HybridDrafter
 from minispec.drafters.ngram import PromptLookupDrafter
-from minispec.drafters.suffix import SuffixDrafter, SuffixStore
+from minispec.extra_drafters.suffix import SuffixDrafter, SuffixStore
 from minispec.tools import workloads
 
 

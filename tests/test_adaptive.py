@@ -11,7 +11,7 @@ import torch
 from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
-from minispec.decoding.goodput import GoodputK
+from minispec.speed.goodput import GoodputK
 from minispec.drafters.ngram import ContextDrafter
 
 
@@ -115,7 +115,8 @@ def test_the_loop_and_the_engine_use_one_policy():
     """Both drivers take their policy from one function (a ``GoodputK`` by default for chains);
     no second policy exists."""
     import minispec.decoding as decoding
-    from minispec.decoding import goodput, loop
+    from minispec.decoding import loop
+    from minispec.speed import goodput
     from minispec.serving import engine
     assert loop.policy_for is goodput.policy_for is engine.policy_for
     assert isinstance(goodput.policy_for(None, 4, chains=True), goodput.GoodputK)

@@ -112,7 +112,7 @@ def test_time_methods_flags_a_method_that_changes_tokens(tiny_gqa):
 def chat_shakespeare():
     """The shipped target with a ChatML template on its tokenizer: the workloads run end to end."""
     from minispec import zoo
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     target, tokenizer = load("shakespeare-target")
     tokenizer.chat_template = (

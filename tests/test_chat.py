@@ -1,4 +1,4 @@
-"""Prompts as ids, text and chat messages (minispec.models.chat), on the shipped tokenizer.
+"""Prompts as ids, text and chat messages (minispec.decoding.prompt), on the shipped tokenizer.
 
 The shipped Shakespeare tokenizer is a base model's: it has no chat template. A copy given a ChatML
 template (the one SmolLM2 uses) checks rendering without the real model.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minispec import zoo
-from minispec.models import chat
+from minispec.decoding import prompt as chat
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"

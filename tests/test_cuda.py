@@ -16,7 +16,7 @@ import torch
 from lawcheck import chi_square_pvalue
 
 import minispec as ms
-from minispec.models.loader import load
+from minispec.loading.loader import load
 from tests.conftest import make_hf_model, save_hf_model
 
 pytestmark = [pytest.mark.cuda,
@@ -125,7 +125,7 @@ def test_speculative_sampling_law_on_cuda():
 def test_eagle_head_drafts_exactly_on_cuda(pair):
     """A random EAGLE-style head on the GPU: its drafts are mostly wrong, and the tokens are still
     plain greedy's, in the loop and in the engine."""
-    from minispec.models.eagle_head import EagleHead
+    from minispec.extra_drafters.eagle_head import EagleHead
 
     target, _, _ = pair
     vocab = torch.arange(0, target.config.vocab_size, 2)            # a draft vocabulary V'
@@ -145,7 +145,7 @@ def _both(target, cache_kind: str, batch: int, tree: bool = False):
     """A prefill and a step of ``batch`` rows through the dynamic path and through captured
     graphs, on two equal caches; the step's two logits (the real tokens only)."""
     from minispec.models.llama import TreeAttention
-    from minispec.models.static_step import StaticForward
+    from minispec.speed.static_step import StaticForward
 
     make = {"paged": lambda: ms.PagedKVCache.for_model(target, batch, 64, block_size=8),
             "contiguous": lambda: ms.ContiguousKVCache.for_model(target, batch, 64)}[cache_kind]

@@ -23,7 +23,7 @@ from tinymodels import noisy_copy, tiny_llama
 import minispec as ms
 from minispec.core.theory import best_tree_size
 from minispec.drafters import base
-from minispec.drafters.eagle import EagleDrafter
+from minispec.extra_drafters.eagle import EagleDrafter
 from minispec.drafters.trees import grow_dynamic
 
 NEW = 24

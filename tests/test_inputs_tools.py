@@ -28,7 +28,7 @@ import torch
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.models.eagle_head import EagleHead, save_head
+from minispec.extra_drafters.eagle_head import EagleHead, save_head
 from minispec.tools import argtypes, cli, costs, data, export, train, train_eagle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -366,7 +366,7 @@ def test_generate_says_when_the_policy_mostly_chose_not_to_draft(stream, capsys,
                                                                  one_thread):
     """The policy forced to draft one round in 16 (as a policy that judged drafting not to pay
     does): both drivers' output says so."""
-    from minispec.decoding.goodput import GoodputK
+    from minispec.speed.goodput import GoodputK
 
     def seldom(self, requests, caps, fixed=None, lags=None):
         self.steps += 1

@@ -16,8 +16,8 @@ import torch
 from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
-from minispec.models import packed
-from minispec.models.eagle_head import EagleHead
+from minispec.speed import packed
+from minispec.extra_drafters.eagle_head import EagleHead
 from minispec.models.llama import Llama, TreeAttention
 
 NAN = float("nan")

@@ -243,7 +243,7 @@ def test_bf16_forward_close_to_fp32(tiny_gqa):
 def test_cuda_matches_cpu(tiny_gqa):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     model, _ = load(tiny_gqa.path, device="cuda", dtype=torch.float32)
     ids = random_ids(model.config.vocab_size, 16, seed=9)

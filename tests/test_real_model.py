@@ -18,7 +18,7 @@ import torch
 
 import minispec as ms
 from minispec import zoo
-from minispec.models import chat
+from minispec.decoding import prompt as chat
 from minispec.zoo import smollm2
 
 NAME = "smollm2-135m-instruct"

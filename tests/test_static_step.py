@@ -1,6 +1,6 @@
 """The static-shape step gives the dynamic path's logits and tokens (CPU: it runs eagerly).
 
-[`StaticForward`][minispec.models.static_step.StaticForward] pads a batch to a bucket and reads
+[`StaticForward`][minispec.speed.static_step.StaticForward] pads a batch to a bucket and reads
 everything from preallocated buffers so that a GPU can replay it as a CUDA graph. Here, without a
 GPU, the same step runs eagerly and is checked against ``Llama.forward``: chain and tree forwards,
 padded prefills, paged and contiguous caches, NaN where a row cannot see; then both drivers, end
@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import minispec as ms
 from minispec.models.llama import TreeAttention
-from minispec.models.static_step import StaticForward, bucket
+from minispec.speed.static_step import StaticForward, bucket
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NAN = float("nan")

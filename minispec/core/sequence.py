@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import enum
 import operator
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,7 +119,7 @@ class Sequence:
         tokenizer: decodes the output and matches stop strings (optional).
         tenant: who sent it (``None``: nobody in particular); a drafter that shares text between
             requests drafts it only from its own tenant's (see
-            [`SuffixStore`][minispec.drafters.suffix.SuffixStore]).
+            [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore]).
     """
 
     request_id: str
@@ -143,7 +142,6 @@ class Sequence:
     num_cached: int = 0              # context positions the target cache holds (prefill, rounds)
     stats: SpecStats = field(default_factory=SpecStats)
     rounds: list[Round] = field(default_factory=list)
-    arrival_time: float = field(default_factory=time.perf_counter)
     tenant: str | None = None
 
     def __post_init__(self) -> None:
@@ -288,7 +286,6 @@ class Sequence:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.stats.new_tokens = len(self.generated)
-        self.stats.total_time = time.perf_counter() - self.arrival_time
 
     def fail(self, error: BaseException | str) -> None:
         """End this request alone with ``finish_reason="error"``; the message goes to ``error``."""

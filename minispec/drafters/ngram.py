@@ -28,7 +28,7 @@ from minispec.core.tree import Proposal
 from minispec.drafters.base import Drafter, Shape
 from minispec.drafters.trees import grow_tree
 
-__all__ = ["ContextDrafter", "NGramDrafter", "PromptLookupDrafter"]
+__all__ = ["DRAFTERS", "ContextDrafter", "NGramDrafter", "PromptLookupDrafter"]
 
 
 class ContextDrafter(Drafter):
@@ -253,3 +253,9 @@ class PromptLookupDrafter(ContextDrafter):
         """The up-to-``k`` tokens that followed the latest earlier match of the longest suffix."""
         self.last_match, end = self.match(context)
         return context[end + 1:end + 1 + k] if self.last_match else []
+
+
+#: The drafters made by name (``drafter="ngram"``); the package adds the drafters of its wings
+#: (``"suffix"``) when it is imported.
+DRAFTERS: dict[str, type[ContextDrafter]] = {"ngram": NGramDrafter,
+                                             "prompt_lookup": PromptLookupDrafter}

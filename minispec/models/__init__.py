@@ -5,8 +5,8 @@
 * [`block_manager`][minispec.models.block_manager] and
   [`paged_cache`][minispec.models.paged_cache] -- block tables, ``slot_mapping``, truncation that
   frees tail blocks;
-* [`packed`][minispec.models.packed] -- the same model with weights packed once for the CPU;
-* [`eagle_head`][minispec.models.eagle_head] -- an EAGLE-style head on the target's features;
-* [`loader`][minispec.models.loader] -- Hugging Face checkpoints (safetensors only) and names;
-* [`chat`][minispec.models.chat] -- chat templates.
+* [`packed`][minispec.speed.packed] -- the same model with weights packed once for the CPU;
+* [`eagle_head`][minispec.extra_drafters.eagle_head] -- an EAGLE-style head on the target's features;
+* [`loader`][minispec.loading.loader] -- Hugging Face checkpoints (safetensors only) and names;
+* [`chat`][minispec.decoding.prompt] -- chat templates.
 """

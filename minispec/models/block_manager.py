@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import heapq
 
-__all__ = ["BlockManager"]
+__all__ = ["BlockManager", "ceil_div"]
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` in integers (no float rounding for large ``a``): the blocks ``a`` positions
+    occupy in blocks of ``b``."""
+    return -(-a // b)
 
 
 class BlockManager:
@@ -60,7 +66,7 @@ class BlockManager:
 
     def blocks_needed(self, num_positions: int) -> int:
         """Blocks a sequence of ``num_positions`` positions occupies: ceil(n / block_size)."""
-        return -(-num_positions // self.block_size)  # ceil, in integers
+        return ceil_div(num_positions, self.block_size)
 
     def block_table(self, seq_id) -> list[int]:
         """A copy of ``seq_id``'s block table (block ids in position order)."""

@@ -243,7 +243,7 @@ class KVCache(ABC):
         """``self.k``, ``self.v``: per layer, (rows + 1, positions, n_kv, hd), left uninitialised.
 
         The last row is scratch, owned by nobody: a static-shape step
-        ([`minispec.models.static_step`][minispec.models.static_step]) writes its padding tokens
+        ([`minispec.speed.static_step`][minispec.speed.static_step]) writes its padding tokens
         there (flat index ``self.scratch``), so a padded row never touches a sequence's memory.
 
         Nothing is read before it is written: attention masks every column that holds no key and

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minispec.models.block_manager import BlockManager
+from minispec.models.block_manager import BlockManager, ceil_div
 from minispec.models.kv_cache import ForwardPlan, KVCache, SequenceTable
 
 __all__ = ["PagedKVCache", "PagedPlan"]
@@ -69,7 +69,7 @@ class PagedKVCache(KVCache):
                  ) -> None:
         self.table = SequenceTable(num_slots, max_seq_len)
         if num_blocks is None:  # enough for every slot to be full at once
-            num_blocks = num_slots * -(-max_seq_len // max(block_size, 1))
+            num_blocks = num_slots * ceil_div(max_seq_len, max(block_size, 1))
         self.blocks = BlockManager(num_blocks, block_size)  # keyed by slot
         self.block_size, self.num_blocks = block_size, num_blocks  # positions a block, blocks
         self.num_layers = num_layers

@@ -32,12 +32,12 @@ from pathlib import Path
 import torch
 
 from minispec.core import theory
-from minispec.decoding.goodput import StepCosts
 from minispec.decoding.loop import generate, speculative_generate
 from minispec.drafters.base import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
+from minispec.speed.goodput import StepCosts
 
 __all__ = [
     "PROMPTS",
@@ -398,7 +398,7 @@ def _ratio(x: float) -> str:
 @dataclass
 class Costs:
     """The cost model's inputs, measured on this machine: the step times (the package's one cost
-    type, [`StepCosts`][minispec.decoding.goodput.StepCosts]) and the pair's acceptance.
+    type, [`StepCosts`][minispec.speed.goodput.StepCosts]) and the pair's acceptance.
 
     Attributes:
         steps: median seconds of target forwards of ``1..max_gamma + 1`` tokens and of a

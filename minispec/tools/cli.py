@@ -287,7 +287,7 @@ def bench_workloads(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from minispec import zoo
-    from minispec.models.loader import resolve
+    from minispec.loading.loader import resolve
     from minispec.tools import bench, workloads
 
     small = {"max_new_tokens": (128, 32 if args.quick else 96), "repeats": (5, 1), "warmup": (1, 0)}
@@ -357,7 +357,7 @@ def bench_command(args: argparse.Namespace) -> int:
         return 2
     if args.model:
         return bench_workloads(args)
-    from minispec.models.loader import resolve
+    from minispec.loading.loader import resolve
 
     if args.quick:      # smaller settings, except where a flag was given explicitly
         quick = {"prompts": (8, 2), "max_new_tokens": (128, 32), "repeats": (5, 1),
@@ -467,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--trace", action="store_true",
                      help="colour accepted / rejected / corrected tokens")
     gen.add_argument("--fast", action="store_true",
-                     help="pack the weights for oneDNN (minispec.models.packed): same logits up to "
+                     help="pack the weights for oneDNN (minispec.speed.packed): same logits up to "
                           "rounding, cheaper verification on CPU")
 
     b = sub.add_parser("bench", help="benchmark against transformers and measure the cost model",

@@ -4,7 +4,7 @@ Decoding is memory-bound: a step reads every weight once, so its floor (the *roo
 ``weight bytes / read bandwidth``. Theorem 3.8 also assumes that scoring k+1 tokens costs about as
 much as scoring one; the ratio ``r(k) = t(k+1 tokens) / t(1 token)`` measures how far that holds.
 This benchmark measures, in one run and side by side for the eager forward and the packed one
-([`minispec.models.packed`][minispec.models.packed]):
+([`minispec.speed.packed`][minispec.speed.packed]):
 
 * the read bandwidth (a sum over a 256 MB tensor, probed between the timed steps so that it sees
   the same machine load; the median) and the roofline step time;
@@ -22,7 +22,7 @@ machine load slows all alike), one warm-up repeat thrown away, medians over the 
 name of the command, ``minispec bench roofline``, still runs it.
 
 ``matmul_ms`` shows the cause of ``r > 1`` on one matrix: eager ``x @ W.T`` for a few rows against
-the same product from weights packed once ([`PackedLinear`][minispec.models.packed.PackedLinear]).
+the same product from weights packed once ([`PackedLinear`][minispec.speed.packed.PackedLinear]).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ import torch
 from tqdm import tqdm
 
 from minispec.core import theory
-from minispec.decoding.goodput import StepCosts
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama, ModelConfig
-from minispec.models.packed import PackedLinear, is_fast, make_fast
+from minispec.speed.goodput import StepCosts
+from minispec.speed.packed import PackedLinear, is_fast, make_fast
 from minispec.tools.argtypes import (
     MAX_THREADS,
     non_negative_int,
@@ -84,7 +84,7 @@ def get_model(spec: str, dtype: torch.dtype = torch.float32) -> Llama:
     """``random:NAME`` (see ``SHAPES``) or anything ``minispec.load`` takes, in ``dtype``."""
     if spec.startswith("random:"):
         return random_model(spec.removeprefix("random:")).to(dtype)
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     return load(spec, dtype=dtype)[0]
 
@@ -191,7 +191,7 @@ def time_steps(models: dict[str, Llama], batch: int, context: int, max_k: int, r
     """Median seconds of a forward of 1..max_k+1 tokens per row for every model, round-robin.
 
     Returns: ``({name: StepCosts}, bandwidths in GB/s probed once per model per repeat)``; each
-    [`StepCosts`][minispec.decoding.goodput.StepCosts] holds ``verify[(batch, tokens)]``, so
+    [`StepCosts`][minispec.speed.goodput.StepCosts] holds ``verify[(batch, tokens)]``, so
     ``steps.r(k, batch)`` is the verify cost ``r(k)``.
     """
     steppers = {name: _Stepper(m, batch, context, max_k + 1, clock) for name, m in models.items()}
@@ -377,7 +377,7 @@ def measure_speedups(target: str, draft: str | None = None, new_tokens: int = 64
     on ``SPEEDUP_PROMPTS``, eager and fast, round-robin; check every output against eager greedy.
     """
     import minispec as ms  # the decoding layer, imported late: this module is also a library
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     models = {"eager": load(target)[0]}
     tokenizer = load(target)[1]
@@ -432,7 +432,7 @@ def build_parser(prog: str = "minispec bench costs") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="A decode step against the memory roofline, eager and fast (oneDNN-packed "
-                    "weights, minispec.models.packed) side by side: read bandwidth, roofline "
+                    "weights, minispec.speed.packed) side by side: read bandwidth, roofline "
                     "step time (weight bytes / bandwidth) and the fraction achieved, one-token "
                     "step time, r(k) = t(k+1 tokens) / t(1 token), the draft's c, the fast "
                     "path's start-up, and the speedup Theorem 3.8 predicts with each mode's r. "

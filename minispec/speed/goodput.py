@@ -8,19 +8,19 @@ compute-bound, ``k + 1`` tokens per row cost nearly ``k + 1`` times as much, and
 Which side of the crossover a step is on depends on the batch size, the model, the machine and each
 request's acceptance, so nothing here is hard-coded; everything is measured:
 
-* [`StepCosts`][minispec.decoding.goodput.StepCosts] learns the seconds of a verify forward by
+* [`StepCosts`][minispec.speed.goodput.StepCosts] learns the seconds of a verify forward by
   shape ``(B rows, T tokens per row)`` and of one draft step, from the engine's own steps;
-* [`alpha_estimates`][minispec.decoding.goodput.alpha_estimates] gives each request's acceptance
+* [`alpha_estimates`][minispec.speed.goodput.alpha_estimates] gives each request's acceptance
   estimate: its own record shrunk towards the pooled one, plus a little optimism;
-* [`choose_ks`][minispec.decoding.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
+* [`choose_ks`][minispec.speed.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
   every ``R``, the plan "the ``R`` requests with the highest acceptance draft ``K`` tokens, the
   others none" with the most expected tokens per second. ``K = 0`` is plain decoding, so the
   choice never predicts less than the plain engine; a drafting plan must beat it by a hurdle;
-* [`GoodputK`][minispec.decoding.goodput.GoodputK] holds the policy for a driver: it chooses each
+* [`GoodputK`][minispec.speed.goodput.GoodputK] holds the policy for a driver: it chooses each
   round's ``k``, times the round from outside, learns from it, and lets a declined request try
   again now and then.
 
-The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
+The choices and their inputs are kept as [`KChoice`][minispec.speed.goodput.KChoice] records
 (``Engine.k_choices``; a single sequence's in its result's ``k_choices``). The runs that shaped
 each guard are on the results page ("The engine: goodput control, the default").
 """
@@ -38,8 +38,7 @@ if TYPE_CHECKING:
     from minispec.core.sequence import Sequence
     from minispec.decoding.runner import SpeculativeRunner
 
-__all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks",
-           "policy_for", "run_round"]
+__all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks"]
 
 HURDLE = 0.10  #: the least predicted gain over plain decoding a drafting plan needs (docstring)
 
@@ -58,12 +57,12 @@ class StepCosts:
     """Measured seconds of a decoding step's two kinds of forward, by shape: the one cost type of
     the package. The engine and ``speculative_generate(adaptive=True)`` learn one from their own
     steps; the benchmarks (`minispec.tools.bench`, `minispec.tools.costs`) and the lessons fill one
-    from timed forwards ([`measured`][minispec.decoding.goodput.StepCosts.measured]) and read the
-    cost model's terms off it: ``c`` ([`c`][minispec.decoding.goodput.StepCosts.c]) and ``r(k)``
-    ([`r`][minispec.decoding.goodput.StepCosts.r]).
+    from timed forwards ([`measured`][minispec.speed.goodput.StepCosts.measured]) and read the
+    cost model's terms off it: ``c`` ([`c`][minispec.speed.goodput.StepCosts.c]) and ``r(k)``
+    ([`r`][minispec.speed.goodput.StepCosts.r]).
 
     A learning engine takes everything from its own steps (moving averages, kept per
-    [`bucket`][minispec.decoding.goodput.bucket] of the batch size); a shape not measured yet is
+    [`bucket`][minispec.speed.goodput.bucket] of the batch size); a shape not measured yet is
     read off a straight line through the measured ones (a forward's cost grows about linearly
     with the tokens it scores), or borrowed from the nearest bucket (``verify_seconds``).
     The first measurement of a shape is a warm-up (a new shape allocates; a draft model's first
@@ -80,7 +79,7 @@ class StepCosts:
     only when the plan says it pays, instead of paying a full-``k`` step at every bucket to find
     out. A draft step's seconds leave out a lagging draft cache's catch-up (after plain rounds a
     draft model feeds every token since, once), which is kept apart in ``catch_up``
-    ([`GoodputK.learn`][minispec.decoding.goodput.GoodputK.learn]): counted as draft steps,
+    ([`GoodputK.learn`][minispec.speed.goodput.GoodputK.learn]): counted as draft steps,
     catch-ups priced a draft step many times too high, and an engine at batch size 1 that had
     paused stopped drafting for good.
 
@@ -257,7 +256,7 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     a draft model; an n-gram table without a match proposes nothing, and that row yields one
     token) and ``P_any = 1 - prod_{top R} (1 - P_b)`` the chance that the verify is wider than a
     plain step. ``lag_b`` is what request ``b``'s draft cache must feed before it drafts (kept by
-    [`GoodputK`][minispec.decoding.goodput.GoodputK]: a draft model skips the plain steps and
+    [`GoodputK`][minispec.speed.goodput.GoodputK]: a draft model skips the plain steps and
     catches up on them when next asked), ``catch_up`` its measured seconds per token, and
     ``left_b`` the tokens the request may still generate: a catch-up buys drafting for the rest of
     the request, so its cost is spread over those tokens, and a step pays the share of the ``t_b``
@@ -340,16 +339,16 @@ def _line_through(points: list[tuple[int, float]], x: int, floor: float = 1.0) -
 
 class GoodputK:
     """The engine's draft-length policy: learns step costs and acceptance from the steps it runs
-    and picks each step's ``k`` per request with [`choose_ks`][minispec.decoding.goodput.choose_ks].
+    and picks each step's ``k`` per request with [`choose_ks`][minispec.speed.goodput.choose_ks].
 
     Args:
         k_max: the most drafts a request may take (the engine's ``k``).
         hurdle: the least predicted gain a drafting plan needs
-            ([`choose_ks`][minispec.decoding.goodput.choose_ks]).
+            ([`choose_ks`][minispec.speed.goodput.choose_ks]).
 
     Attributes:
-        costs: the measured [`StepCosts`][minispec.decoding.goodput.StepCosts].
-        choices: the latest [`KChoice`][minispec.decoding.goodput.KChoice] records, one per step
+        costs: the measured [`StepCosts`][minispec.speed.goodput.StepCosts].
+        choices: the latest [`KChoice`][minispec.speed.goodput.KChoice] records, one per step
             (a step whose rows may not draft at all included, so that a single sequence has one
             per round).
     """
@@ -371,8 +370,8 @@ class GoodputK:
               ) -> list[list[int]]:
         """Run ``runner.round`` with each row's ``k`` chosen here, and learn from it.
 
-        The round has no clock: it is timed from outside (``time.perf_counter``), its draft phase
-        read from the rows' statistics (``draft_time``). Each request's lag is kept here: the
+        The round has no clock: this policy times it (``time.perf_counter``), the draft phase
+        up to the round's ``mark("draft")``. Each request's lag is kept here: the
         tokens a lazy draft cache (a draft model) must feed before it drafts again -- its context
         at first, then every token of the rounds it did not draft. A seeded sampled row always
         drafts its cap: which random numbers a round draws depends on ``k``, and a ``k`` chosen
@@ -383,11 +382,11 @@ class GoodputK:
                          fixed=[s.sampling.seed is not None and not s.sampling.greedy
                                 for s in seqs],
                          lags=[n / max(1, s.tokens_left) for n, s in zip(lags, seqs, strict=True)])
-        rounds, drafting = [s.stats.rounds for s in seqs], [s.stats.draft_time for s in seqs]
+        rounds, marks = [s.stats.rounds for s in seqs], {}
         start = time.perf_counter()
-        emitted = runner.round(seqs, ks)
-        seconds = time.perf_counter() - start
-        draft_s = max(s.stats.draft_time - d for s, d in zip(seqs, drafting, strict=True))
+        emitted = runner.round(seqs, ks, mark=lambda phase: marks.setdefault(phase,
+                                                                             time.perf_counter()))
+        seconds, draft_s = time.perf_counter() - start, marks["draft"] - start
         verdicts = [(s.stats.drafted_per_round[-1], s.stats.accepted_per_round[-1])
                     if s.stats.rounds > r else (0, None) for s, r in zip(seqs, rounds, strict=True)]
         self.learn([s.request_id for s in seqs], ks, [d for d, _ in verdicts],
@@ -491,29 +490,3 @@ class GoodputK:
         """Drop what is kept for a finished request."""
         self.asked.pop(request_id, None)
         self.lag.pop(request_id, None)
-
-
-def policy_for(adaptive: bool | None, k: int, chains: bool) -> GoodputK | None:
-    """Both drivers' draft-length policy: goodput ``k`` (``k`` the upper bound) by default for
-    chains of drafts; ``None`` (every round drafts ``k``) with ``adaptive=False``, without a
-    drafter (``k = 0``) or for trees, whose depth is fixed.
-
-    Raises:
-        ValueError: ``adaptive`` is not ``True``, ``False`` or ``None``, or ``adaptive=True`` has
-            no chain length to choose.
-    """
-    if adaptive is not None and not isinstance(adaptive, bool):
-        raise ValueError(f"adaptive must be True, False or None, got {adaptive!r}")
-    if adaptive and not (k > 0 and chains):
-        raise ValueError("adaptive=True chooses the length of a chain of drafts: it needs a "
-                         "drafter and no branching")
-    return GoodputK(k) if adaptive is not False and k > 0 and chains else None
-
-
-def run_round(policy: GoodputK | None, runner: SpeculativeRunner, seqs: list[Sequence], k: int
-              ) -> list[list[int]]:
-    """Both drivers' round: each row may draft ``k`` (shrunk near its limits), and the policy
-    chooses how many it does (``None``: all of them). The tokens each row emitted."""
-    caps = [seq.round_k(k) for seq in seqs]
-    # the policy chooses each row's k and times the round
-    return runner.round(seqs, caps) if policy is None else policy.round(runner, seqs, caps)

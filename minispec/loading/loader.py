@@ -29,7 +29,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from minispec.models.llama import Llama, ModelConfig, rope_inv_freq, rope_tables
-from minispec.models.packed import make_fast
+from minispec.speed.packed import make_fast
 from minispec.zoo import REGISTERED
 from minispec.zoo import path as zoo_path
 
@@ -116,7 +116,7 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
             there), the checkpoint's own ``dtype``/``torch_dtype`` on other devices.
         local_files_only: never download a hub id (``HF_HUB_OFFLINE=1`` does the same).
         fast: pack the weights once for oneDNN's GEMM kernels
-            ([`minispec.models.packed.make_fast`][minispec.models.packed.make_fast]): the same model
+            ([`minispec.speed.packed.make_fast`][minispec.speed.packed.make_fast]): the same model
             and, up to float rounding, the same logits, with verifying ``k + 1`` tokens nearly as
             cheap as one on CPU; warns once and stays eager where unavailable.
 
