@@ -54,8 +54,8 @@ from pathlib import Path
 import torch
 
 import minispec as ms
-from minispec.speed.goodput import GoodputK
 from minispec.serving.engine import Engine
+from minispec.speed.goodput import GoodputK
 
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
 #: The shipped pair's shapes (notes/tiny-models.md), for random stand-ins when it is not built.

@@ -53,8 +53,8 @@ import torch
 from engine import NeverDrafts, load_models, make_prompts  # benchmarks/engine.py
 
 import minispec as ms
-from minispec.speed.packed import make_fast
 from minispec.serving.engine import Engine
+from minispec.speed.packed import make_fast
 from minispec.tools.lockstep import lockstep  # one step of each engine in turn, CPU time
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 import minispec as ms
-from minispec.decoding.loop import GenerationResult
+from minispec.decoding.request import GenerationResult
 from minispec.drafters.trees import check_branching
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import TreeAttention

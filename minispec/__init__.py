@@ -55,6 +55,7 @@ from minispec.extra_drafters.dynamic import DynamicTree
 from minispec.extra_drafters.eagle import EagleDrafter, load_drafter
 from minispec.extra_drafters.hybrid import HybridDrafter
 from minispec.extra_drafters.suffix import SuffixDrafter
+from minispec.loading import prompts
 from minispec.loading.loader import load
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
@@ -64,9 +65,10 @@ from minispec.speed.goodput import GoodputK
 from minispec.speed.static_step import StaticForwards
 
 # the wings' defaults, wired here so that the core never imports a wing: the Engine's goodput k,
-# CUDA graphs on a GPU, and the drafter named "suffix"
+# CUDA graphs on a GPU, prompts of text and chat messages, and the drafter named "suffix"
 DEFAULTS.adaptive_policy = GoodputK
 DEFAULTS.graph_forward = StaticForwards
+DEFAULTS.prompts = prompts
 DRAFTERS["suffix"] = SuffixDrafter
 
 __version__ = "0.1.0"

@@ -11,8 +11,8 @@ import torch
 from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
-from minispec.speed.goodput import GoodputK
 from minispec.drafters.ngram import ContextDrafter
+from minispec.speed.goodput import GoodputK
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +116,8 @@ def test_the_loop_and_the_engine_use_one_policy():
     no second policy exists."""
     import minispec.decoding as decoding
     from minispec.decoding import loop
-    from minispec.speed import goodput
     from minispec.serving import engine
+    from minispec.speed import goodput
     assert loop.policy_for is goodput.policy_for is engine.policy_for
     assert isinstance(goodput.policy_for(None, 4, chains=True), goodput.GoodputK)
     assert goodput.policy_for(None, 4, chains=False) is goodput.policy_for(False, 4, True) is None

@@ -5,7 +5,7 @@ import torch
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.drafters.base import ModelDrafter
+from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 
 

@@ -3,7 +3,8 @@ target's law.
 
 The tests use tiny random targets (tests/tinymodels.py). Three kinds of head:
 
-* a randomly initialised :class:`~minispec.extra_drafters.eagle_head.EagleHead` (full vocabulary, or every
+* a randomly initialised :class:`~minispec.extra_drafters.eagle_head.EagleHead` (full vocabulary, or
+every
   other id): few drafts accepted, but every draft is still judged by the target, so greedy output
   must be the target's and sampled output must have the target's law;
 * a *self-copy* head on a one-layer target: ``fc`` passes the token's embedding through and the

@@ -95,8 +95,9 @@ def test_import_does_not_load_matplotlib():
 
 
 def test_trace_figure_1_kinds():
+    from minispec.core.sequence import Round
     from minispec.core.stats import SpecStats
-    from minispec.decoding.loop import GenerationResult, Round
+    from minispec.decoding.request import GenerationResult
 
     result = GenerationResult(
         tokens=[1, 2, 9, 3, 4, 5, 6, 7],

@@ -93,7 +93,7 @@ def _record_smollm2() -> tuple[dict, dict]:
     import torch
 
     import minispec as ms
-    from minispec.decoding.prompt import encode_prompt
+    from minispec.loading.prompts import encode_prompt
     from minispec.tools import viz, workloads
     from minispec.zoo import smollm2
 

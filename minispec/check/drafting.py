@@ -3,7 +3,7 @@ is token-for-token plain greedy decoding.
 
 A drafter is an object with ``draft(context, k, sampling, generator) -> Draft`` (as
 [`minispec.NGramDrafter`][minispec.drafters.ngram.NGramDrafter] and
-[`minispec.ModelDrafter`][minispec.drafters.base.ModelDrafter] have; a minispec
+[`minispec.ModelDrafter`][minispec.drafters.model.ModelDrafter] have; a minispec
 [`Drafter`][minispec.drafters.base.Drafter] decodes as itself in the parity case, any other object
 through [`ChainDrafter`][minispec.check.drafting.ChainDrafter]), or a plain function
 ``propose(context, k) -> list[int]`` (a deterministic drafter, e.g. an n-gram proposer). A

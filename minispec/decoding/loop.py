@@ -88,9 +88,9 @@ def speculative_generate(target: Llama, drafter: Any, prompt_ids: Any, max_new_t
             ``(3, 2, 1, 1)`` (``k`` is the depth), all verified in one target forward with tree
             attention, by the same round as a chain (every drafter draws trees; see
             [`minispec.drafters.trees`][minispec.drafters.trees]), or a
-            [`DynamicTree`][minispec.core.tree.DynamicTree] (a draft model or an EAGLE head:
-            the tree EAGLE-2 grows from the drafter's confidence). ``None``: the chain of
-            Algorithm 1.
+            [`DynamicTree`][minispec.extra_drafters.dynamic.DynamicTree] (a draft model or an
+            EAGLE head: the tree EAGLE-2 grows from the drafter's confidence). ``None``: the
+            chain of Algorithm 1.
         adaptive: ``False`` (the default): every round drafts ``k`` (shrunk only near
             ``max_seq_len`` and the token budget), the fixed gamma the theorems are about.
             ``True``: the engine's draft-length policy chooses each round's ``k`` in ``0..k``
@@ -110,7 +110,7 @@ def speculative_generate(target: Llama, drafter: Any, prompt_ids: Any, max_new_t
             [`verify`][minispec.core.speculative.verify] (chains only).
 
     Returns:
-        A [`GenerationResult`][minispec.decoding.loop.GenerationResult]; greedy output is
+        A [`GenerationResult`][minispec.decoding.request.GenerationResult]; greedy output is
         token-for-token the target's greedy output, sampled output has the target's law.
 
     Raises:

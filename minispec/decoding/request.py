@@ -12,6 +12,7 @@ cache is made or a forward runs, with the same message in either driver.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,14 +21,14 @@ from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Round, Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import TreeShape, tree_size
-from minispec.decoding.prompt import encode_prompt, end_of_turn_ids, is_chat
+from minispec.decoding.runner import DEFAULTS
 from minispec.drafters.base import Drafter
 from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import DRAFTERS
 from minispec.drafters.trees import check_branching
 from minispec.models.llama import Llama
 
-__all__ = ["GenerationResult", "as_drafter_for", "context_limit", "make_sequence"]
+__all__ = ["GenerationResult", "as_drafter_for", "context_limit", "make_sequence", "prompt_ids"]
 
 
 @dataclass
@@ -75,14 +76,32 @@ def make_sequence(request_id: str, target: Llama, prompt: Any, sampling: Samplin
     Raises:
         ValueError: for a bad request, with the same message in either loop.
     """
-    ids = encode_prompt(prompt, tokenizer)
+    ids, end_of_turn = prompt_ids(prompt, tokenizer)
     eos = target.config.eos_token_ids if eos_token_id is None else eos_token_id   # []: no EOS
     eos = tuple(eos) if isinstance(eos, (list, tuple, set, frozenset)) else (eos,)  # one or several
-    eos += end_of_turn_ids(tokenizer) if is_chat(prompt) else ()
+    eos += end_of_turn
     return Sequence.new(request_id, ids, sampling, max_new_tokens=max_new_tokens,
                         max_seq_len=max_seq_len, vocab_size=target.config.vocab_size,
                         eos_token_ids=eos, stop_token_ids=stop_token_ids, stop=stop,
                         tokenizer=tokenizer, k=k, device=target.device)
+
+
+def prompt_ids(prompt: Any, tokenizer: Any) -> tuple[list[Any], tuple[int, ...]]:
+    """The prompt's token ids (``Sequence.new`` checks them) and the ids that end its answer
+    besides EOS: token ids as given; text and chat messages encoded by ``DEFAULTS.prompts`` (the
+    loading wing's [`minispec.loading.prompts`][minispec.loading.prompts]), which also names a
+    chat template's end-of-turn token.
+
+    Raises:
+        ValueError: text or messages with no encoder installed, or what the encoder refuses.
+    """
+    if isinstance(prompt, (list, tuple)) and not any(isinstance(t, Mapping) for t in prompt):
+        return list(prompt), ()
+    if (encoder := DEFAULTS.prompts) is None:
+        raise ValueError("a prompt of text or chat messages needs a prompt encoder "
+                         "(import minispec); pass token ids")
+    end_of_turn = encoder.end_of_turn_ids(tokenizer) if encoder.is_chat(prompt) else ()
+    return encoder.encode_prompt(prompt, tokenizer), end_of_turn
 
 
 def as_drafter_for(spec: Any, k: Any, branching: Any

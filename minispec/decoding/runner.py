@@ -15,8 +15,9 @@ runs the phases in order::
     emitted = runner.emit(seqs, proposals, verdicts)    # 4. append tokens until a stop rule fires
 
 What the round does not decide is passed in: ``forward`` (how the target runs a step; eager
-``Llama.forward`` by default), ``verify`` (the accept rule; [`verify`][minispec.core.speculative.verify]
-by default, or a student's own chain verifier) and the drafter.
+``Llama.forward`` by default), ``verify`` (the accept rule;
+[`verify`][minispec.core.speculative.verify] by default, or a student's own chain verifier) and
+the drafter.
 
 A chain of ``k`` drafts is the tree with one child per node, so every proposal is a
 [`Proposal`][minispec.core.tree.Proposal] and every rule of a round -- the verify forward,
@@ -77,18 +78,21 @@ class FixedK:
 
 @dataclass
 class Defaults:
-    """What the drivers' ``adaptive=`` and ``graphs=`` ask for. The speed wing fills both in
-    when ``minispec`` is imported (the package's ``__init__``); the core alone has neither, and
-    asking for one then raises.
+    """What the drivers' ``adaptive=`` and ``graphs=`` ask for, and how they encode a prompt of
+    text or chat messages. The wings fill them in when ``minispec`` is imported (the package's
+    ``__init__``); the core alone has none, and asking for one then raises.
 
     Attributes:
         adaptive_policy: ``k_max -> policy``, a draft-length policy that chooses each row's ``k``
             (the goodput policy).
         graph_forward: ``() -> Forward``, static-shape steps (CUDA graphs on a GPU).
+        prompts: the encoder of prompts that are not token ids (text, chat messages):
+            ``encode_prompt``, ``is_chat`` and ``end_of_turn_ids`` (the loading wing's module).
     """
 
     adaptive_policy: Callable[[int], Any] | None = None
     graph_forward: Callable[[], Forward] | None = None
+    prompts: Any = None
 
 
 #: The defaults the drivers use (module docstring of ``minispec.speed``).

@@ -90,9 +90,9 @@ class DynamicTree(TreeShape):
 def grow_dynamic(seq: Sequence, shape: DynamicTree, root: tuple[Tensor, int],
                  score: Callable[..., Tensor], storage: dict[int, int]) -> Proposal:
     """A tree expanded by confidence (EAGLE-2,
-    [`DynamicTree`][minispec.extra_drafters.dynamic.DynamicTree]): every depth scores its ``top_k`` nodes of
-    highest value in one forward, each gets its ``top_k`` likeliest children; then the nodes of
-    highest value are kept, as many as pay (``best_tree_size``). Arguments as
+    [`DynamicTree`][minispec.extra_drafters.dynamic.DynamicTree]): every depth scores its
+    ``top_k`` nodes of highest value in one forward, each gets its ``top_k`` likeliest children;
+    then the nodes of highest value are kept, as many as pay (``best_tree_size``). Arguments as
     [`grow_levels`][minispec.drafters.trees.grow_levels]."""
     logits, start = root                                    # (1, V); cache positions held
     rows = {0: logits[0]}                                   # node -> the drafter's logits (V,)

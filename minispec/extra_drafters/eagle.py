@@ -1,5 +1,5 @@
-"""[`EagleDrafter`][minispec.extra_drafters.eagle.EagleDrafter]: draft from the target's features with an
-EAGLE-style head, all rows batched.
+"""[`EagleDrafter`][minispec.extra_drafters.eagle.EagleDrafter]: draft from the target's features
+with an EAGLE-style head, all rows batched.
 
 The head ([`minispec.extra_drafters.eagle_head`][minispec.extra_drafters.eagle_head]) reads pairs
 ``(f_{t-1}, x_t)``: the target's feature at ``t - 1`` and the token at ``t``. Which features exist
@@ -7,12 +7,13 @@ when:
 
 * after the target's **prefill** of ``context[:-1]`` (positions ``0..n-2``), the runner hands the
   drafter ``f_0..f_{n-2}``
-  ([`EagleDrafter.observe_prefill`][minispec.extra_drafters.eagle.EagleDrafter.observe_prefill]); the
-  pairs ``(f_j, x_{j+1})``, ``j = 0..n-2``, are all known;
+  ([`EagleDrafter.observe_prefill`][minispec.extra_drafters.eagle.EagleDrafter.observe_prefill]);
+  the pairs ``(f_j, x_{j+1})``, ``j = 0..n-2``, are all known;
 * after a **verify** that accepted ``a`` drafts, the runner hands the features at the accepted
   positions only, ``[last, d_1..d_a]``
-  ([`EagleDrafter.observe`][minispec.extra_drafters.eagle.EagleDrafter.observe]): ``a + 1`` new pairs,
-  whose tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next round.
+  ([`EagleDrafter.observe`][minispec.extra_drafters.eagle.EagleDrafter.observe]): ``a + 1`` new
+  pairs, whose tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next
+  round.
 
 A round of chains ([`Drafter.propose`][minispec.drafters.base.Drafter.propose]) feeds
 each row's pending real pairs into the head's cache, then drafts ``k`` tokens: ``d_1`` from the
@@ -41,7 +42,8 @@ __all__ = ["EagleDrafter", "full_vocab", "load_drafter"]
 
 
 class EagleDrafter(ModelBackedDrafter):
-    """Drafts with an [`EagleHead`][minispec.extra_drafters.eagle_head.EagleHead] bound to the target.
+    """Drafts with an [`EagleHead`][minispec.extra_drafters.eagle_head.EagleHead] bound to the
+    target.
 
     The head's KV cache is the decoding loop's draft cache, exactly as for a draft model: slot
     ``seq.draft_slot``, ``seq.draft_len`` pairs held, created by the loop from ``drafter.model``
@@ -234,8 +236,8 @@ def load_drafter(name_or_path: str | Path, target: Llama, max_seq_len: int | Non
         target: the target the head drafts for (its embedding, norm and LM head are used).
         max_seq_len: longest context (default: the target's).
         fast: pack the head for oneDNN
-            ([`EagleHead.make_fast`][minispec.extra_drafters.eagle_head.EagleHead.make_fast]); default:
-            when the target runs packed (``ms.load(..., fast=True)``).
+            ([`EagleHead.make_fast`][minispec.extra_drafters.eagle_head.EagleHead.make_fast]);
+            default: when the target runs packed (``ms.load(..., fast=True)``).
 
     Raises:
         FileNotFoundError: neither a shipped head nor a directory holding one.

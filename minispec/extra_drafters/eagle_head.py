@@ -97,19 +97,19 @@ class EagleHead(nn.Module):
     EAGLE-3 (Li et al., 2025) reads more of the target than its last layer: a head with
     ``aux_layers`` ``(i, j, k)`` gets, in place of the target's ``f_{t-1}``, its residual stream
     entering three layers (low, middle, high; by default EAGLE-3's ``2, L/2, L-3``:
-    [`default_aux_layers`][minispec.extra_drafters.eagle_head.default_aux_layers]), concatenated, and
-    fuses them first, ``g = fuse([s_i; s_j; s_k])`` (``3D -> D``, no bias), then goes on with
+    [`default_aux_layers`][minispec.extra_drafters.eagle_head.default_aux_layers]), concatenated,
+    and fuses them first, ``g = fuse([s_i; s_j; s_k])`` (``3D -> D``, no bias), then goes on with
     ``g`` for ``f_{t-1}``. Later drafts read the head's own ``f'`` as before (only the pairs of
     real positions read the target's layers).
 
     ``"eagle3"`` is the layout of EAGLE-3's checkpoints in the speculators format, which vLLM
     loads (``llama_eagle3.py``; [`minispec.tools.export`][minispec.tools.export]): ``fc``
     (``3D -> D``, no bias) fuses the three layers into ``g``, one
-    [`Eagle3Block`][minispec.extra_drafters.eagle_head.Eagle3Block] reads ``[e ; g]``, and the head's
-    own final ``norm`` and ``lm_head`` (``V'`` rows, frozen; both start as the target's:
-    [`init_from_target`][minispec.extra_drafters.eagle_head.EagleHead.init_from_target]) give the logits.
-    The feature passed on to the next draft is the layer's output before that norm, as vLLM's
-    drafting loop passes it. ``aux_layers`` defaults to EAGLE-3's there.
+    [`Eagle3Block`][minispec.extra_drafters.eagle_head.Eagle3Block] reads ``[e ; g]``, and the
+    head's own final ``norm`` and ``lm_head`` (``V'`` rows, frozen; both start as the target's:
+    [`init_from_target`][minispec.extra_drafters.eagle_head.EagleHead.init_from_target]) give the
+    logits. The feature passed on to the next draft is the layer's output before that norm, as
+    vLLM's drafting loop passes it. ``aux_layers`` defaults to EAGLE-3's there.
 
     Args:
         config: the target's [`ModelConfig`][minispec.models.llama.ModelConfig]; the head uses one
@@ -277,8 +277,8 @@ class EagleHead(nn.Module):
         """Pack ``fc``, the layer and the ``V'`` rows for oneDNN
         ([`minispec.speed.packed`][minispec.speed.packed]), in place, for inference: the same
         drafts up to float rounding. Warns and stays eager where the fast path is unavailable;
-        [`bind`][minispec.extra_drafters.eagle_head.EagleHead.bind] again after it to re-pack the LM head
-        rows."""
+        [`bind`][minispec.extra_drafters.eagle_head.EagleHead.bind] again after it to re-pack the LM
+        head rows."""
         if (reason := packed.unavailable_reason(self.target)) is not None:
             warnings.warn(f"minispec.speed.packed: {reason}; the head runs eager", RuntimeWarning,
                           stacklevel=2)
@@ -335,8 +335,8 @@ def read_head(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def load_head(directory: str | Path, target: Llama) -> EagleHead:
-    """A head saved by [`save_head`][minispec.extra_drafters.eagle_head.save_head], bound to ``target`` on
-    its device and dtype.
+    """A head saved by [`save_head`][minispec.extra_drafters.eagle_head.save_head], bound to
+    ``target`` on its device and dtype.
 
     Raises:
         FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.

@@ -94,7 +94,8 @@ class HybridDrafter(Drafter):
             [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter], an instance, a
             class or a name (``"suffix"``, ``"prompt_lookup"``).
         head: the drafter used otherwise, normally an
-            [`EagleDrafter`][minispec.extra_drafters.eagle.EagleDrafter] (a ``ModelDrafter`` works too).
+            [`EagleDrafter`][minispec.extra_drafters.eagle.EagleDrafter] (a ``ModelDrafter`` works
+            too).
         min_match: shortest context match ever used.
         head_cost: a head round's extra time relative to a context round.
         decay: weight of the newest round in the running estimates.

@@ -4,8 +4,8 @@ Hu et al. 2024).
 
 Each round the drafter looks for the longest suffix of the context (at most ``max_match``
 tokens) that occurred before -- earlier in the request's own prompt and output, or in a document
-of a [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore] -- and proposes what followed it. Where
-the match occurred several times, the continuation is the most frequent one, token by token
+of a [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore] -- and proposes what followed it.
+Where the match occurred several times, the continuation is the most frequent one, token by token
 (ties: the most recent occurrence), as SuffixDecoding walks its suffix tree; the walk stops when
 the path's empirical probability falls below ``min_prob``. Drafts are deterministic, so ``q`` is
 one-hot (``Draft.probs is None``) and sampling stays exact.
@@ -21,8 +21,8 @@ model's forward; the results page).
 **Memory**: a request's own index holds its context; a store is bounded (``SuffixStore``).
 
 **Privacy**: a shared store drafts one request's text into another's (outputs stay exact, the
-*drafts* do not): read [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore]'s note, and give each
-request a ``tenant`` where requests may not see each other's text.
+*drafts* do not): read [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore]'s note, and give
+each request a ``tenant`` where requests may not see each other's text.
 """
 
 from __future__ import annotations

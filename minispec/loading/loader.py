@@ -16,6 +16,7 @@ Only safetensors are read; pickle checkpoints (``pytorch_model.bin``) can run co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -59,6 +60,26 @@ NULLABLE_KEYS = ("num_key_value_heads", "head_dim", "bos_token_id", "eos_token_i
 
 #: The check of one config value: (test, what is allowed -- said by the error message).
 Rule = tuple[Callable[[Any], bool], str]
+
+
+def config_from_hf(config: dict[str, Any]) -> ModelConfig:
+    """A [`ModelConfig`][minispec.models.llama.ModelConfig] from a Hugging Face Llama
+    ``config.json`` (already parsed into a dict).
+
+    Understands both spellings of the RoPE settings: transformers 4's top-level ``rope_theta``
+    plus ``rope_scaling``, and transformers 5's ``rope_parameters`` (which holds both).
+    """
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"only hidden_act='silu' is supported, got {config['hidden_act']!r}")
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    rope_theta = rope.pop("rope_theta", config.get("rope_theta", 10000.0))
+    if "type" in rope and "rope_type" not in rope:  # older spelling
+        rope["rope_type"] = rope.pop("type")
+    rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
+    # every other field is the config.json key of the same name (absent: the default here)
+    names = {f.name for f in dataclasses.fields(ModelConfig)} - {"rope_theta", "rope_scaling"}
+    return ModelConfig(**{name: config[name] for name in names if name in config},
+                       rope_theta=float(rope_theta), rope_scaling=rope_scaling)
 
 
 def _integer(low: int, high: int) -> Rule:
@@ -223,7 +244,7 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
     for key in ("rope_scaling", "rope_parameters"):
         check_rope(config.get(key), f"{path}: {key}")
     try:
-        c = ModelConfig.from_hf_config(config)
+        c = config_from_hf(config)
     except ValueError as error:  # hidden_act not silu, or heads not a multiple of kv heads
         raise ValueError(f"{path}: {error}") from error
     if config.get("head_dim") is None and c.hidden_size % c.num_attention_heads:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,25 +83,6 @@ class ModelConfig:
         if isinstance(self.eos_token_id, int):
             return (self.eos_token_id,)
         return tuple(self.eos_token_id or ())
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> ModelConfig:
-        """Read a Hugging Face Llama ``config.json`` (already parsed into a dict).
-
-        Understands both spellings of the RoPE settings: transformers 4's top-level ``rope_theta``
-        plus ``rope_scaling``, and transformers 5's ``rope_parameters`` (which holds both).
-        """
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"only hidden_act='silu' is supported, got {config['hidden_act']!r}")
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope_theta = rope.pop("rope_theta", config.get("rope_theta", 10000.0))
-        if "type" in rope and "rope_type" not in rope:  # older spelling
-            rope["rope_type"] = rope.pop("type")
-        rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
-        # every other field is the config.json key of the same name (absent: the default here)
-        names = {f.name for f in fields(cls)} - {"rope_theta", "rope_scaling"}
-        return cls(**{name: config[name] for name in names if name in config},
-                   rope_theta=float(rope_theta), rope_scaling=rope_scaling)
 
 
 # ---------------------------------------------------------------------------------------- RoPE

@@ -109,8 +109,8 @@ class Engine:
         tokenizer: for chat-message prompts and stop strings (optional).
         adaptive: choose each step's draft length per request (0..k) to maximise the batch's
             expected tokens per second, from each request's acceptance and the step costs the
-            engine measures (the goodput policy, [`minispec.speed.goodput`][minispec.speed.goodput]);
-            the choices are in
+            engine measures (the goodput policy,
+            [`minispec.speed.goodput`][minispec.speed.goodput]); the choices are in
             ``k_choices`` and each request's ``stats.k_per_round``. ``None`` (the default): on
             whenever a drafter drafts chains, so speculation is never chosen where it does not
             pay. ``False``: every request drafts ``k`` (shrunk only near its limits). A sampled
@@ -123,8 +123,8 @@ class Engine:
         branching: draft trees instead of chains: ``branching[t]`` children per node at depth
             ``t`` (e.g. ``(3, 2, 1, 1)``), verified in the same batched forward with tree attention
             and compacted to the accepted path (a paged cache frees the rejected nodes' blocks);
-            or a [`DynamicTree`][minispec.core.tree.DynamicTree] (a draft model or an EAGLE
-            head: shaped by its confidence, EAGLE-2).
+            or a [`DynamicTree`][minispec.extra_drafters.dynamic.DynamicTree] (a draft model or an
+            EAGLE head: shaped by its confidence, EAGLE-2).
         graphs: run the target's steps (and a draft model's chain steps) as static shapes padded
             to a batch bucket, captured as CUDA graphs on a GPU
             ([`minispec.speed.static_step`][minispec.speed.static_step]); ``None`` (the
@@ -165,27 +165,16 @@ class Engine:
                  branching: Seq[int] | None = None, graphs: bool | None = None,
                  policy: Any = None, forward: Forward | None = None,
                  verify: ChainVerifier | None = None) -> None:
-        if not isinstance(target, Llama):
-            raise TypeError(f"target must be a minispec Llama (from ms.load), got "
-                            f"{type(target).__name__}")
-        spec = _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
-                                  max_num_batched_tokens)
+        spec = _check_engine_args(target, draft, drafter, kv_cache, block_size, num_blocks,
+                                  max_batch_size, max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
         drafter, self.k, self.branching, extra = as_drafter_for(spec, k, branching)
         self.target, self.tokenizer = target, tokenizer
         self.policy = policy or policy_for(adaptive, self.k, self.branching is None)
         forward = forward or forward_for(graphs, target.device)
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
-        drafts = keeps_cache(drafter)           # a draft model's or a head's cache, from the pool
         paged = kv_cache == "paged"
-        check_kv_memory([target] + ([drafter.model] if drafts else []), paged, max_batch_size,
-                        self.max_seq_len + extra, block_size, num_blocks)
-        # the target's and a draft model's caches: one kind, one shape
-        kind = PagedKVCache if paged else ContiguousKVCache
-        settings = {"block_size": block_size, "num_blocks": num_blocks} if paged else {}
-        make = lambda m: kind.for_model(m, max_batch_size, self.max_seq_len, extra, **settings)
-        self.target_cache = make(target)
-        self.draft_cache = make(drafter.model) if drafts else None
+        self._make_caches(drafter, paged, max_batch_size, block_size, num_blocks, extra)
         self.drafter = None if drafter is None else drafter.clone()   # the engine owns a fresh one
         if self.draft_cache is not None:                # a draft model's or a head's cache
             self.drafter.attach(self.draft_cache, forward)
@@ -199,6 +188,19 @@ class Engine:
         self._owners: dict[str, deque[StepOutput]] = {}  # request -> its stream's output queue
         self._pending: list[StepOutput] = []            # outputs for the next step() call
         self._results: dict[str, GenerationResult] = {}  # finished requests a stream owns
+
+    def _make_caches(self, drafter: Any, paged: bool, max_batch_size: int, block_size: int,
+                     num_blocks: int | None, extra: int) -> None:
+        """The target's cache and a draft model's (or a head's), of one kind and one shape,
+        refused before allocation when they would not fit in memory."""
+        drafts = keeps_cache(drafter)
+        check_kv_memory([self.target] + ([drafter.model] if drafts else []), paged,
+                        max_batch_size, self.max_seq_len + extra, block_size, num_blocks)
+        kind = PagedKVCache if paged else ContiguousKVCache
+        settings = {"block_size": block_size, "num_blocks": num_blocks} if paged else {}
+        make = lambda m: kind.for_model(m, max_batch_size, self.max_seq_len, extra, **settings)
+        self.target_cache = make(self.target)
+        self.draft_cache = make(drafter.model) if drafts else None
 
     @property
     def adaptive(self) -> bool:
@@ -243,10 +245,11 @@ class Engine:
 
         Args:
             tenant: who sends it. A drafter that shares text between requests (a
-                [`SuffixDrafter`][minispec.extra_drafters.suffix.SuffixDrafter] with a store, also in a
-                ``HybridDrafter`` or a tree) writes the request into that tenant's documents and
-                drafts it only from them, so tenants never see each other's text in their drafts.
-                ``None``: the pool of requests without a tenant (as the drafter's own ``tenant``).
+                [`SuffixDrafter`][minispec.extra_drafters.suffix.SuffixDrafter] with a store, also
+                in a ``HybridDrafter`` or a tree) writes the request into that tenant's documents
+                and drafts it only from them, so tenants never see each other's text in their
+                drafts. ``None``: the pool of requests without a tenant (as the drafter's own
+                ``tenant``).
 
         Raises:
             ValueError: for a bad request (the same checks as ``speculative_generate``: ids outside
@@ -480,11 +483,15 @@ class Engine:
 # ---------------------------------------------------------------------- helpers
 
 
-def _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
+def _check_engine_args(target, draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
                        max_num_batched_tokens) -> Any:
     """``ValueError`` with a clear message for arguments that contradict each other, an
     inconsistent cache configuration or a size that is not a positive integer (``None``, where
-    allowed, asks for the default); the drafter spec to use."""
+    allowed, asks for the default), ``TypeError`` for a target that is not a model; the drafter
+    spec to use."""
+    if not isinstance(target, Llama):
+        raise TypeError(f"target must be a minispec Llama (from ms.load), got "
+                        f"{type(target).__name__}")
     if draft is not None and drafter is not None:
         raise ValueError("give either a draft model (draft=) or a drafter (drafter=), not both")
     if kv_cache not in ("paged", "contiguous"):

@@ -62,7 +62,7 @@ class StaticStep:
 
     def __init__(self, model: Llama, cache: KVCache, B: int, T: int, S: int) -> None:
         self.model, self.cache, self.S = model, cache, S
-        M = ceil_div(S, cache.block_size)        # blocks a row reads (contiguous: 1, its slot's prefix)
+        M = ceil_div(S, cache.block_size)   # blocks a row reads (contiguous: 1, its slot's prefix)
         self.expand_kv = model.device.type == "cuda"
         device, long = model.device, torch.long
         self.input_ids = torch.zeros(B, T, dtype=long, device=device)
@@ -111,7 +111,7 @@ class StaticStep:
         for layer in model.layers:             # the cache argument is this step (``update``)
             x = layer(x, cos, sin, mask, self, None)
         x = model.norm(x)                                                         # (B, T, D)
-        return model.logits(x), x                                                          # (B, T, V)
+        return model.logits(x), x                                                 # (B, T, V)
 
     def _mask(self, dtype: torch.dtype) -> Tensor:
         """The additive mask (B, 1, T, S), built once a step: 0 where a query sees a key, -inf
@@ -180,14 +180,15 @@ class StaticForward:
         """The model's step over the batch, as ``Llama.forward`` returns it (logits (b, t, V), and
         the hidden states (b, t, D) with ``hidden``): from a static bucket, or from the model
         itself where none holds the batch or other layers' features are asked for."""
-        out = None if isinstance(hidden, tuple) else self.static(input_ids, positions, slots, tree)
+        out = (None if isinstance(hidden, tuple)          # other layers' features: not static
+               else self.in_bucket(input_ids, positions, slots, tree))
         if out is None:
             return self.model(input_ids, positions, self.cache, slots, return_hidden=hidden,
                               tree=tree)
         return out if hidden else out[0]
 
-    def static(self, input_ids: Tensor, positions: Tensor, slots: list[int],
-               tree: TreeAttention | None = None) -> tuple[Tensor, Tensor] | None:
+    def in_bucket(self, input_ids: Tensor, positions: Tensor, slots: list[int],
+                  tree: TreeAttention | None = None) -> tuple[Tensor, Tensor] | None:
         """Logits (b, t, V) and hidden states (b, t, D) of the batch, or None (no bucket)."""
         b, t = input_ids.shape
         rows = bucket(b) if b <= BATCH_BUCKETS[-1] else None

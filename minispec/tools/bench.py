@@ -33,7 +33,7 @@ import torch
 
 from minispec.core import theory
 from minispec.decoding.loop import generate, speculative_generate
-from minispec.drafters.base import ModelDrafter
+from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama

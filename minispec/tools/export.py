@@ -1,6 +1,7 @@
 """Export an EAGLE head to the checkpoint layouts that vLLM (and, for EAGLE-1, SGLang) load.
 
-The head's layout ([`EagleHead`][minispec.extra_drafters.eagle_head.EagleHead]) picks the checkpoint:
+The head's layout ([`EagleHead`][minispec.extra_drafters.eagle_head.EagleHead]) picks the
+checkpoint:
 
 * ``"eagle1"``: EAGLE-1's Llama checkpoint of one decoder layer plus ``fc``, which both engines
   read (``llama_config``, ``exported_tensors``); the embedding and the LM head are the target's,

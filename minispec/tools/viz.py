@@ -219,7 +219,7 @@ class Trace:
 
 def trace(result: Any, tokenizer: Any = None) -> Trace:
     """Figure 1 of Leviathan et al. for a
-    [`GenerationResult`][minispec.decoding.loop.GenerationResult].
+    [`GenerationResult`][minispec.decoding.request.GenerationResult].
 
     Args:
         result: the output of ``speculative_generate`` (its ``rounds``).
