@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import check_probs, is_int, probs_for_rows
+from minispec.core.sampling import check_probs, is_int, non_finite, probs_for_rows
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Verdict, verify
 from minispec.core.tree import Proposal, tree_size
@@ -290,7 +290,7 @@ class SpeculativeRunner:
             logits, hidden = self._verify_forward([seqs[b] for b in live],
                                                   [proposals[b] for b in live])
             # two batched reductions instead of three small ops per row: (B, N) each
-            bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).tolist()
+            bad = non_finite(logits).tolist()
             argmax = logits.argmax(dim=-1).tolist()
             for r, b in enumerate(live):                    # logits[r]: (N_b.., V)
                 n = len(proposals[b].tree)

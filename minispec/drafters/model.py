@@ -20,13 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import SamplingParams, one_hot, probs_for_rows, sample
+from minispec.core.sampling import non_finite, probs_for_rows, sample
 from minispec.core.sequence import Sequence
-from minispec.core.speculative import Draft
 from minispec.core.tree import Proposal, TreeShape
 from minispec.drafters.base import Drafter, Shape
 from minispec.drafters.trees import grow_levels
-from minispec.models.kv_cache import ContiguousKVCache, KVCache
+from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Forward, Llama, TreeAttention, eager_forward
 
 __all__ = ["ModelBackedDrafter", "ModelDrafter", "choose_drafts"]
@@ -159,8 +158,8 @@ class ModelDrafter(ModelBackedDrafter):
     """Drafts with a small language model that shares the target's tokenizer.
 
     **Chains**, all rows batched: the draft model has its own KV cache
-    ([`attach`][minispec.drafters.model.ModelDrafter.attach]; the decoding loop makes it the same
-    kind as the target's). Row ``b`` of a draft step feeds what its cache lacks --
+    ([`attach`][minispec.drafters.model.ModelBackedDrafter.attach]; the decoding loop makes it the
+    same kind as the target's). Row ``b`` of a draft step feeds what its cache lacks --
     ``seq.context[draft_len:]``: one token normally, two after a round that accepted all ``k``
     drafts (``d_k`` was sampled but never fed: the draft lags by one), the whole context on first
     use or after a preemption (a lazy prefill, done in its own forward so short rows are not padded
@@ -188,13 +187,6 @@ class ModelDrafter(ModelBackedDrafter):
         self.model = model
         self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
                                model.config.max_position_embeddings)
-        self._probe: Sequence | None = None      # the state of ``draft``
-
-    def attach(self, cache: KVCache, forward: Forward | None = None) -> None:
-        """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``); the chain
-        steps run through ``forward`` (default: eagerly)."""
-        super().attach(cache, forward)
-        self._probe = None
 
     def clone(self) -> ModelDrafter:
         """The same draft model with no cache attached (an engine owns its own)."""
@@ -261,49 +253,6 @@ class ModelDrafter(ModelBackedDrafter):
     def release(self, seq: Sequence) -> None:
         self.trees.pop(seq.request_id, None)
 
-    # ------------------------------------------------------------------ one context, no loop
-
-    @torch.inference_mode()
-    def draft(self, context: list[int], k: int, sampling: SamplingParams,
-              generator: torch.Generator | None) -> Draft:
-        """Draft ``k`` tokens after any ``context`` (for teaching and tests, outside a loop).
-
-        The drafter keeps one sequence of its own: it rolls that cache back to the longest prefix
-        of ``context`` it already holds and feeds the rest. A greedy draft comes with its one-hot
-        ``q`` rows.
-        """
-        if not context:
-            raise ValueError("context must hold at least one token")
-        if self._probe is None:
-            if self.cache is None:
-                self.attach(ContiguousKVCache.for_model(self.model, 1, self.max_seq_len))
-            self._probe = Sequence("draft", [0], sampling, draft_slot=self.cache.allocate())
-        probe = self._probe
-        fed, common = self.fed, 0             # the longest prefix of context held (not its last)
-        while common < min(len(fed), len(context) - 1) and fed[common] == context[common]:
-            common += 1
-        self.cache.truncate_to(probe.draft_slot, common)
-        probe.prompt, probe.generated, probe.draft_len = list(context), [], common
-        probe.sampling, probe.generator = sampling, generator
-        tokens, probs = self._draft_chains([probe], [k])
-        probe.generated = tokens[0]
-        ids = torch.tensor(tokens[0], dtype=torch.long, device=self.model.device)
-        if probs[0]:
-            return Draft(ids, torch.stack(probs[0]))
-        greedy = sampling.greedy and k > 0                  # a greedy draft: one-hot q rows
-        return Draft(ids, one_hot(ids, self.model.config.vocab_size) if greedy else None)
-
-    @property
-    def fed(self) -> list[int]:
-        """Token ids whose keys and values sit in
-        [`draft`][minispec.drafters.model.ModelDrafter.draft]'s cache slot."""
-        return [] if self._probe is None else self._probe.context[: self._probe.draft_len]
-
-    @property
-    def slot(self) -> int | None:
-        """[`draft`][minispec.drafters.model.ModelDrafter.draft]'s cache slot."""
-        return None if self._probe is None else self._probe.draft_slot
-
 
 def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]]):
     """Each row's next draft token and its ``q`` (``None`` for plain greedy: the argmax).
@@ -318,9 +267,9 @@ def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]])
         penalty reshapes the distribution; sampled rows draw from ``q`` with their own generator.
     """
     argmax = logits.argmax(dim=-1).tolist()                                         # (R,)
-    for r in torch.isnan(logits).any(dim=-1).nonzero().flatten().tolist():
+    for r in non_finite(logits).nonzero().flatten().tolist():
         if not seqs[r].is_finished:                 # this request alone fails; the others go on
-            seqs[r].fail(ValueError("draft logits contain NaN"))
+            seqs[r].fail(ValueError("draft logits contain NaN or +inf"))
     slow = [r for r, s in enumerate(seqs) if not s.sampling.raw_argmax and not s.is_finished]
     contexts = [seqs[r].context + drafts[r] for r in slow]
     q = probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts) if slow else []

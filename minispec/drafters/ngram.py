@@ -74,7 +74,8 @@ class ContextDrafter(Drafter):
     def draft(self, context: list[int], k: int, sampling: SamplingParams | None = None,
               generator: torch.Generator | None = None) -> Draft:
         """Draft up to ``k`` tokens after ``context`` (one-hot ``q``: ``probs=None``; as
-        [`ModelDrafter.draft`][minispec.drafters.model.ModelDrafter.draft], which samples)."""
+        [`OneContext.draft`][minispec.check.one_context.OneContext.draft] gives a model drafter,
+        which samples)."""
         return Draft(torch.tensor(self.lookup(context, k), dtype=torch.long))
 
     def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:

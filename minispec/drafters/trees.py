@@ -33,7 +33,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import apply_repetition_penalty, is_int, probs_for_rows, sample
+from minispec.core.sampling import (
+    apply_repetition_penalty,
+    is_int,
+    non_finite,
+    probs_for_rows,
+    sample,
+)
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal, TreeShape, tree_size
 from minispec.models.llama import TreeAttention
@@ -130,8 +136,8 @@ def choose_children(seq: Sequence, logits: Tensor, path: list[int], b: int
     """``b`` children of the node at ``path`` (below the root): greedy top-b (q None; after the
     repetition penalty the target applies too, as a greedy chain drafts the penalised argmax),
     else b i.i.d. draws from q; each as ``(token, q, its path)``. NaN logits fail the request."""
-    if torch.isnan(logits).any():
-        raise ValueError("draft logits contain NaN")
+    if non_finite(logits):
+        raise ValueError("draft logits contain NaN or +inf")
     if seq.sampling.greedy:
         if not seq.sampling.raw_argmax:
             logits = apply_repetition_penalty(logits, seq.context + path,

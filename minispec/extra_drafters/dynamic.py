@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from minispec.core.sampling import is_int, is_real
+from minispec.core.sampling import is_int, is_real, non_finite
 from minispec.core.sequence import Sequence
 from minispec.core.theory import best_tree_size
 from minispec.core.tree import Proposal, TreeShape
@@ -101,8 +101,8 @@ def grow_dynamic(seq: Sequence, shape: DynamicTree, root: tuple[Tensor, int],
     for depth in range(1, shape.depth + 1):
         first = len(tokens)                     # this depth's nodes: first..; the best go on
         for node in frontier:
-            if torch.isnan(rows[node]).any():
-                raise ValueError("draft logits contain NaN")
+            if non_finite(rows[node]):
+                raise ValueError("draft logits contain NaN or +inf")
             top = torch.log_softmax(rows[node].float(), dim=-1).topk(shape.top_k)
             parents += [node] * shape.top_k                 # its top_k likeliest children
             tokens += top.indices.tolist()

@@ -21,8 +21,9 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   again now and then.
 
 The choices and their inputs are kept as [`KChoice`][minispec.speed.goodput.KChoice] records
-(``Engine.k_choices``; a single sequence's in its result's ``k_choices``). The runs that shaped
-each guard are on the results page ("The engine: goodput control, the default").
+(``Engine.k_choices``; a single sequence's in its result's ``k_choices``). The policy wraps the
+round (``round(runner, seqs, caps)``, as [`FixedK`][minispec.decoding.runner.FixedK]) and owns
+every clock: the round only marks the end of each phase.
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ class StepCosts:
     step also prefills its cache over every prompt): the second replaces it, the moving average
     starts there. A forward is never priced above a wider one of its bucket: a plain step measured
     once, cold, and never again (the engine drafts from then on) would otherwise make every plan
-    with drafts look better than it is (a cold plain step at batch size 2 once measured slower
-    than forwards of 3-5 tokens per row: the results page).
+    with drafts look better than it is.
 
     In an engine a bucket's first step is plain (it measures the plain step) and the first
     drafting step is a full-``k`` one: real steps that emit tokens, nothing is spent on
@@ -79,9 +79,9 @@ class StepCosts:
     only when the plan says it pays, instead of paying a full-``k`` step at every bucket to find
     out. A draft step's seconds leave out a lagging draft cache's catch-up (after plain rounds a
     draft model feeds every token since, once), which is kept apart in ``catch_up``
-    ([`GoodputK.learn`][minispec.speed.goodput.GoodputK.learn]): counted as draft steps,
-    catch-ups priced a draft step many times too high, and an engine at batch size 1 that had
-    paused stopped drafting for good.
+    ([`GoodputK.learn`][minispec.speed.goodput.GoodputK.learn]): counted as draft steps, a
+    catch-up would price a draft step many times too high, and an engine at batch size 1 that
+    paused would never draft again.
 
     Attributes:
         verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.
@@ -160,8 +160,7 @@ class StepCosts:
         tries measures the truth), else ``None``; never more than a wider forward of the bucket
         was measured to cost, nor than the line through two or more wider ones gives: an engine
         that drafts at every step never measures its plain step again, and a stale plain step
-        priced as high as a two-token one (it happened at batch size 16: the results page) makes
-        every one-draft plan look free."""
+        priced as high as a two-token one would make every one-draft plan look free."""
         rows = bucket(rows)
         wider = [(t, s) for (b, t), s in self.verify.items() if b == rows and t > tokens]
         estimate = self._estimate(rows, tokens)
@@ -260,27 +259,25 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     catches up on them when next asked), ``catch_up`` its measured seconds per token, and
     ``left_b`` the tokens the request may still generate: a catch-up buys drafting for the rest of
     the request, so its cost is spread over those tokens, and a step pays the share of the ``t_b``
-    tokens it expects from the row. Unpriced, a catch-up cost about a whole plain step that the
-    plan had not foreseen; charged in full to the step that catches up, the lag grew with every
-    plain step until no plan could pay it. A request that stops early (a stop token) leaves part
-    of its share unpaid.
+    tokens it expects from the row. Unpriced, a catch-up costs about a whole plain step the plan
+    did not foresee; charged in full to the step that catches up, the lag grows with every plain
+    step until no plan can pay it. A request that stops early (a stop token) leaves part of its
+    share unpaid.
 
     What drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 0.3 by default).
     Drafting costs more than the step it is planned in: requests that accept drafts run ahead of the
     others, so the batch refills through more and smaller prefill forwards (and a draft model
     catches each newcomer up), and a run ends in a tail of small steps. None of that is in the
-    step's seconds, and with a smaller margin one-draft plans that predicted a small gain per step
-    lost end to end (``benchmarks/engine.py --warm``). A batch of one request has no batch to refill
-    and no tail, so it is charged no margin: with it, the draft model at batch size 1 on the shipped
-    pair was declined in most runs where it pays. Charging the extra cost (not the whole step) keeps
-    cheap bets: a drafter that proposes nothing costs a plain step.
+    step's seconds, so a plan predicting a small gain per step can lose end to end. A batch of one
+    request has no batch to refill and no tail, so it is charged no margin (a margin there would
+    decline a draft model at batch size 1 where it pays). Charging the extra cost (not the whole
+    step) keeps cheap bets: a drafter that proposes nothing costs a plain step.
 
     A plan is run only if it predicts at least ``1 + h`` times plain decoding's goodput (``hurdle``,
     ``HURDLE`` = 0.1 by default): the estimates it is computed from (moving averages of a few steps,
     an acceptance learned from a few rounds) are not better than that, and a bet inside their error
-    is a coin toss that pays the drafter's machinery either way; plans taken with a few per cent
-    predicted lost end to end. The results page ("The engine: goodput control, the default") has the
-    runs behind each of these choices.
+    is a coin toss that pays the drafter's machinery either way. The results page measures the
+    engine with and without this policy.
 
     Args:
         alphas: acceptance estimate of each running request.
@@ -405,7 +402,7 @@ class GoodputK:
         costs at this batch size are unknown, a plain step and a full step measure them. A plain
         plan that no drafting plan beat, hurdle aside, is not searched again while its inputs
         stand: no row has drafted (the records are the same), none has come or gone and no cap
-        moved; a search is a visible share of a step (the results page, "Engines in lockstep").
+        moved; a search is a visible share of a small model's step.
         A plan kept plain by the hurdle alone is searched every step: the costs drift, and it
         may win."""
         self.steps += 1

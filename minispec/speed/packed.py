@@ -15,14 +15,13 @@ narrowest products stay on the BLAS, where timing says it is faster (``choose_bl
 [`make_fast`][minispec.speed.packed.make_fast] says what packing changes about the model.
 
 Exactness: the packed GEMM adds the same products in another order than eager's BLAS call, so
-logits differ from eager by float32 rounding only, a few 1e-6 of the logits' scale: 0 on the tiny
-test models, below 1e-4 on the shipped pair (both tested), 1.3e-4 on SmolLM2-135M-Instruct, whose
-logits reach 30 (measured). Nor is it bit-stable across shapes (a k+1-token verify and k+1
-one-token steps differ by ~1e-4 on SmolLM2), so greedy speculative decoding equals greedy decoding
-unless two logits tie within that rounding.
+logits differ from eager by float32 rounding only, a few units in the last places of the logits'
+scale (the tests bound it on the tiny models and the shipped pair). Nor is it bit-stable across
+shapes (a k+1-token verify and k+1 one-token steps round differently), so greedy speculative
+decoding equals greedy decoding unless two logits tie within that rounding.
 
-Packing buys cheap verification, not a fast step: the results page ("The fast path against the
-memory roofline") measures both paths and profiles what is left.
+Packing buys cheap verification (``r`` near 1), not a step below the roofline; the results page
+measures both paths.
 """
 
 from __future__ import annotations
