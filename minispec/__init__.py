@@ -61,13 +61,11 @@ from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
 from minispec.models.paged_cache import PagedKVCache
 from minispec.serving.engine import Engine, StepOutput
-from minispec.speed.goodput import GoodputK
-from minispec.speed.static_step import StaticForwards
+from minispec.speed.defaults import collaborators
 
 # the wings' defaults, wired here so that the core never imports a wing: the Engine's goodput k,
 # CUDA graphs on a GPU, prompts of text and chat messages, and the drafter named "suffix"
-DEFAULTS.adaptive_policy = GoodputK
-DEFAULTS.graph_forward = StaticForwards
+DEFAULTS.speed = collaborators
 DEFAULTS.prompts = prompts
 DRAFTERS["suffix"] = SuffixDrafter
 

@@ -101,9 +101,9 @@ def test_the_wings_defaults_are_wired_from_above():
     the wings', installed by the facade (the core names none of them)."""
     from minispec.decoding.runner import DEFAULTS
     from minispec.drafters.ngram import DRAFTERS
-    from minispec.speed.goodput import GoodputK
-    from minispec.speed.static_step import StaticForwards
-    assert DEFAULTS.adaptive_policy is GoodputK and DEFAULTS.graph_forward is StaticForwards
+    from minispec.loading import prompts
+    from minispec.speed.defaults import collaborators
+    assert DEFAULTS.speed is collaborators and DEFAULTS.prompts is prompts
     assert DRAFTERS["suffix"] is minispec.SuffixDrafter
 
 

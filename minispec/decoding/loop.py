@@ -32,8 +32,7 @@ from minispec.decoding.request import (
 from minispec.decoding.runner import (
     ChainVerifier,
     SpeculativeRunner,
-    forward_for,
-    policy_for,
+    collaborators,
     run_round,
 )
 from minispec.drafters.base import keeps_cache
@@ -119,8 +118,8 @@ def speculative_generate(target: Llama, drafter: Any, prompt_ids: Any, max_new_t
     """
     # every check runs before a cache is made or a forward runs
     drafter, k, branching, extra = as_drafter_for(drafter, k, branching)  # k: 0 without one
-    policy = policy or policy_for(adaptive, k, branching is None)
-    forward = forward or forward_for(graphs, target.device)
+    chosen = collaborators(adaptive, graphs, k, branching is None, target.device)
+    policy, forward = policy or chosen[0], forward or chosen[1]
     seq = make_sequence("0", target, prompt_ids, sampling, max_new_tokens=max_new_tokens,
                         max_seq_len=context_limit(target, drafter, max_seq_len), k=k,
                         tokenizer=tokenizer, stop=stop, stop_token_ids=stop_token_ids,

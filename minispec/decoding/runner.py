@@ -35,7 +35,6 @@ counters ``target_forwards`` and ``prefill_forwards`` count batched forwards, wh
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,7 +48,7 @@ from minispec.drafters.base import Drafter, Shape
 from minispec.models.llama import Forward, Llama, TreeAttention, eager_forward
 
 __all__ = ["DEFAULTS", "ChainVerifier", "Defaults", "FixedK", "SpeculativeRunner", "chain_verdict",
-           "forward_for", "policy_for", "run_round"]
+           "collaborators", "run_round"]
 
 #: A chain verifier with the graders' signature (``ms.check.verifier``): ``verify(draft_tokens
 #: [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator) -> tokens`` (1..k+1 ids).
@@ -76,66 +75,40 @@ class FixedK:
         """Nothing is kept per request."""
 
 
-@dataclass
 class Defaults:
-    """What the drivers' ``adaptive=`` and ``graphs=`` ask for, and how they encode a prompt of
-    text or chat messages. The wings fill them in when ``minispec`` is imported (the package's
-    ``__init__``); the core alone has none, and asking for one then raises.
+    """The collaborators the wings install when ``minispec`` is imported (the package's
+    ``__init__``); the core alone has none: it runs eagerly, with a fixed ``k``, on token ids.
 
     Attributes:
-        adaptive_policy: ``k_max -> policy``, a draft-length policy that chooses each row's ``k``
-            (the goodput policy).
-        graph_forward: ``() -> Forward``, static-shape steps (CUDA graphs on a GPU).
+        speed: ``speed(adaptive, graphs, k, chains, device) -> (policy, forward)``, the policy
+            and the forward the drivers' ``adaptive=`` and ``graphs=`` name (the speed wing's
+            [`collaborators`][minispec.speed.defaults.collaborators]).
         prompts: the encoder of prompts that are not token ids (text, chat messages):
             ``encode_prompt``, ``is_chat`` and ``end_of_turn_ids`` (the loading wing's module).
     """
 
-    adaptive_policy: Callable[[int], Any] | None = None
-    graph_forward: Callable[[], Forward] | None = None
+    speed: Any = None
     prompts: Any = None
 
 
-#: The defaults the drivers use (module docstring of ``minispec.speed``).
+#: The collaborators the drivers use (module docstring of ``minispec.speed``).
 DEFAULTS = Defaults()
 
 
-def policy_for(adaptive: bool | None, k: int, chains: bool) -> Any:
-    """Both drivers' draft-length policy: ``DEFAULTS.adaptive_policy(k)`` (``k`` the upper bound)
-    for chains of drafts unless ``adaptive=False``; ``FixedK`` (every round drafts ``k``) with
-    ``adaptive=False``, without a drafter (``k = 0``) or for trees, whose depth is fixed.
+def collaborators(adaptive: bool | None, graphs: bool | None, k: int, chains: bool,
+                  device: torch.device) -> tuple[Any, Forward | None]:
+    """The draft-length policy and the ``forward`` that ``adaptive=`` and ``graphs=`` name: the
+    speed wing's choice; without it, ``FixedK`` and the eager forward.
 
     Raises:
-        ValueError: ``adaptive`` is not ``True``, ``False`` or ``None``, or ``adaptive=True`` has
-            no chain length to choose, or no adaptive policy is installed.
+        ValueError: ``adaptive`` or ``graphs`` asks for what no wing provides, or for what
+            cannot be (the speed wing's checks).
     """
-    if adaptive is not None and not isinstance(adaptive, bool):
-        raise ValueError(f"adaptive must be True, False or None, got {adaptive!r}")
-    if adaptive and not (k > 0 and chains):
-        raise ValueError("adaptive=True chooses the length of a chain of drafts: it needs a "
-                         "drafter and no branching")
-    if adaptive is False or not (k > 0 and chains):
-        return FixedK()
-    if DEFAULTS.adaptive_policy is None:
-        if adaptive:
-            raise ValueError("adaptive=True needs a draft-length policy (import minispec)")
-        return FixedK()
-    return DEFAULTS.adaptive_policy(k)
-
-
-def forward_for(graphs: bool | None, device: torch.device) -> Forward | None:
-    """The target's ``forward`` for ``graphs``: static-shape steps when ``True`` (``None``: on a
-    GPU), else ``None`` (eager).
-
-    Raises:
-        ValueError: ``graphs`` is not ``True``, ``False`` or ``None``.
-    """
-    if graphs is not None and not isinstance(graphs, bool):
-        raise ValueError(f"graphs must be True, False or None, got {graphs!r}")
-    if not (device.type == "cuda" if graphs is None else graphs):
-        return None
-    if DEFAULTS.graph_forward is None:
-        raise ValueError("graphs=True needs the static-shape forward (import minispec)")
-    return DEFAULTS.graph_forward()
+    if DEFAULTS.speed is not None:
+        return DEFAULTS.speed(adaptive, graphs, k, chains, device)
+    if adaptive or graphs:
+        raise ValueError("adaptive=True and graphs=True need the speed wing (import minispec)")
+    return FixedK(), None
 
 
 def run_round(policy, runner: SpeculativeRunner, seqs: list[Sequence], k: int

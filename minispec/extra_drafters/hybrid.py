@@ -18,11 +18,11 @@ rounds, and wins them back when the other does worse.
 **The numbers** (defaults: ``PRIOR_CONTEXT``, ``PRIOR_HEAD``, ``head_cost = 0.3``,
 ``decay = 0.3``) are what ``benchmarks/suffix.py --calibrate`` measures on SmolLM2-135M-Instruct
 with the shipped head: accepted drafts per round by source and match length, and a head round's
-cost. With them a match of any length is tried first (the context wins while ``E_context[m] >= 0.04``), and the head
-drafts when there is no match, or when matches of that length keep failing (five failures in a
-row take 0.2 below 0.04). ``decay = 0.3`` weighs about the last three rounds of that source. A
-stronger head raises its own estimate as it drafts (at ``E_head = 1`` only matches of 2+ tokens
-still win) -- the rule stays.
+cost. With them a match of any length is tried first (the context wins while ``E_context[m] >=
+0.04``), and the head drafts when there is no match, or when matches of that length keep failing
+(five failures in a row take 0.2 below 0.04). ``decay = 0.3`` weighs about the last three rounds of
+that source. A stronger head raises its own estimate as it drafts (at ``E_head = 1`` only matches of
+2+ tokens still win) -- the rule stays.
 """
 
 from __future__ import annotations

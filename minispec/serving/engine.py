@@ -41,8 +41,7 @@ from minispec.decoding.runner import (
     ChainVerifier,
     FixedK,
     SpeculativeRunner,
-    forward_for,
-    policy_for,
+    collaborators,
     run_round,
 )
 from minispec.drafters.base import keeps_cache
@@ -170,8 +169,8 @@ class Engine:
         self.max_num_batched_tokens = max_num_batched_tokens
         drafter, self.k, self.branching, extra = as_drafter_for(spec, k, branching)
         self.target, self.tokenizer = target, tokenizer
-        self.policy = policy or policy_for(adaptive, self.k, self.branching is None)
-        forward = forward or forward_for(graphs, target.device)
+        chosen = collaborators(adaptive, graphs, self.k, self.branching is None, target.device)
+        self.policy, forward = policy or chosen[0], forward or chosen[1]
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
         paged = kv_cache == "paged"
         self._make_caches(drafter, paged, max_batch_size, block_size, num_blocks, extra)

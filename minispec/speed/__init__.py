@@ -1,8 +1,9 @@
 """The speed wing: collaborators that make the core run fast, handed to it, never reached for.
 
 The core runs eagerly with a fixed ``k``; this wing provides the two collaborators it can be given
-instead (``minispec``'s ``__init__`` installs them as the defaults of ``adaptive=`` and
-``graphs=``, [`DEFAULTS`][minispec.decoding.runner.DEFAULTS]):
+instead ([`defaults`][minispec.speed.defaults] names them for ``adaptive=`` and ``graphs=``, and
+``minispec``'s ``__init__`` installs it as the core's
+[`DEFAULTS`][minispec.decoding.runner.DEFAULTS]):
 
 * ``policy`` -- [`goodput`][minispec.speed.goodput]: the draft-length policy that chooses each
   round's ``k`` per request from measured step costs and running acceptance; it wraps the round
