@@ -1,8 +1,7 @@
 """minispec: an educational reference implementation of speculative decoding.
 
-Notation everywhere (code, docstrings, lessons): ``p`` the target distribution, ``q`` the draft's,
-``k`` (gamma in the papers) draft tokens per round, ``alpha`` the expected acceptance rate, ``c``
-a draft step's cost and ``r`` the cost of verifying ``k + 1`` tokens, both in target steps.
+Notation: ``p`` target, ``q`` draft, ``k`` (gamma) drafts per round, ``alpha`` acceptance, ``c``
+and ``r`` a draft step's and a ``k + 1``-token verify's cost, in target steps.
 
 **The core** -- what a student reads, and all the package needs to run: five folders, read
 bottom-up, each importing only from itself and the ones below (``tests/test_layers.py``):
@@ -24,10 +23,8 @@ hybrid, EAGLE heads, dynamic trees) and [`minispec.loading`][minispec.loading] (
 the registry of shipped and fetched models in [`minispec.zoo`][minispec.zoo]). This module wires
 the wings' defaults in (below).
 
-**Around them**: [`minispec.check`][minispec.check], graders for a student's own implementation
-(``ms.check.verifier(fn)`` ...) with a lab of real bugs they catch, and
-[`minispec.tools`][minispec.tools], benchmarks, pictures, the command line and the training
-recipes (not imported here: ``from minispec.tools import viz``).
+**Around them**: [`minispec.check`][minispec.check] (graders) and
+[`minispec.tools`][minispec.tools] (not imported here).
 
 This module re-exports the API coursework uses.
 """

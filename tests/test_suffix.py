@@ -14,7 +14,8 @@ from lawcheck import chi_square_pvalue
 from tinymodels import exact_two_token_law, tiny_llama
 
 import minispec as ms
-from minispec.extra_drafters.suffix import DRAFTERS, SuffixDrafter, SuffixStore
+from minispec.drafters.ngram import DRAFTERS
+from minispec.extra_drafters.suffix import SuffixDrafter, SuffixStore
 from minispec.serving.engine import Engine
 
 NEW = 20

@@ -103,4 +103,5 @@ class SpecStats:
         (counts only: whoever runs the decoding owns the clock)."""
         line = (f"{self.new_tokens} tokens in {self.rounds} target forwards "
                 f"({self.tokens_per_target_forward:.2f} tokens/forward), k={self.k}")
-        return line + (f", acceptance {self.acceptance_rate:.3f}" if self.tested else "")
+        return line + (f", acceptance {self.acceptance_rate:.3f}" if self.tested
+                       else ", no draft tested")

@@ -19,11 +19,6 @@ What the round does not decide is passed in: ``forward`` (how the target runs a 
 [`verify`][minispec.core.speculative.verify] by default, or a student's own chain verifier) and
 the drafter.
 
-A chain of ``k`` drafts is the tree with one child per node, so every proposal is a
-[`Proposal`][minispec.core.tree.Proposal] and every rule of a round -- the verify forward,
-the accept rule, the rollback, the stop rules -- exists once
-([`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] spells each out).
-
 A request whose logits contain NaN or +inf, or whose drafter proposes something invalid, fails alone
 (``finish_reason="error"``): it gets no verdict and no token, and the other rows go on. When a
 batched ``propose`` raises, the rows' random streams are restored, the drafter rewinds, and the

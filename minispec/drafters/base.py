@@ -4,8 +4,7 @@ Both decoding loops ([`minispec.speculative_generate`][minispec.decoding.loop.sp
 for one sequence, the [`Engine`][minispec.serving.engine.Engine] for many) talk to a drafter only
 through these calls, in this order:
 
-* ``check_target(target)`` and ``clone()`` when a loop is built, then ``attach(cache, forward)``
-  when the drafter has a ``model`` (the loop makes its KV cache, of the target's kind);
+* ``check_target``, ``clone`` and (a drafter with a ``model``) ``attach(cache, forward)``;
 * ``observe_prefill(seqs, starts, hidden)`` after the target prefilled a prompt (or a chunk);
 * ``propose(seqs, shapes) -> list[Proposal]`` -- row ``b`` guesses after ``seqs[b].context`` in
   the shape ``shapes[b]``: an ``int`` ``k`` asks for a chain of up to ``k`` drafts, a tuple

@@ -156,7 +156,8 @@ def stats_report(stats: ms.SpecStats, chose_k: bool) -> str:
         return summary
     tested = (f"acceptance {stats.acceptance_rate:.3f} on the {stats.tested} drafts tested"
               if stats.tested else "no draft tested")
-    summary = summary.replace(f"acceptance {stats.acceptance_rate:.3f}", tested, 1)
+    summary = summary.replace(f"acceptance {stats.acceptance_rate:.3f}" if stats.tested
+                              else "no draft tested", tested, 1)
     return (f"{summary}\nk chosen: 0 in {plain} of {rounds} rounds: drafting judged not to pay "
             "here; without --adaptive every round drafts k")
 
