@@ -21,8 +21,6 @@ prompt set. ``minispec bench`` (see `minispec.tools.cli`) drives both and writes
 
 from __future__ import annotations
 
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +36,7 @@ from minispec.drafters.base import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
+from minispec.tools import records
 
 __all__ = [
     "PROMPTS",
@@ -625,27 +624,15 @@ def format_costs(costs: Costs, comparison: Sequence[dict] = ()) -> str:
 # ----------------------------------------------------------------------------------- output
 
 
-def machine() -> dict:
-    """What the numbers were measured on."""
-    import os
-
-    return {"platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cuda": torch.cuda.is_available()}
-
-
 def write_outputs(out_dir: Path, results: Sequence[MethodResult], costs: Costs | None,
                   comparison: Sequence[dict], settings: dict) -> list[Path]:
-    """``bench.json`` (everything) and ``bench.png`` (tokens/s per method; speedup vs k)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": machine(), "settings": settings,
-               "results": [asdict(r) for r in results],
+    """``bench.json`` (everything, stamped by
+    [`records.write`][minispec.tools.records.write] with the machine, ``settings["clock"]``, the
+    commit, the command and the date) and ``bench.png`` (tokens/s per method; speedup vs k)."""
+    payload = {"settings": settings, "results": [asdict(r) for r in results],
                "costs": costs.as_json() if costs is not None else None,
                "cost_model_vs_measured": list(comparison)}
-    json_path = out_dir / "bench.json"
-    json_path.write_text(json.dumps(payload, indent=2, default=str))
-    paths = [json_path]
+    paths = [records.write(out_dir / "bench.json", payload, settings.get("clock", "wall"))]
     if results or comparison:
         try:
             paths.append(_plot(out_dir / "bench.png", results, comparison))

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -45,6 +44,7 @@ from minispec.decoding.goodput import StepCosts
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama, ModelConfig
 from minispec.models.packed import PackedLinear, is_fast, make_fast
+from minispec.tools import records
 from minispec.tools.argtypes import (
     MAX_THREADS,
     non_negative_int,
@@ -513,9 +513,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") 
         Path(args.out).mkdir(parents=True, exist_ok=True)
         paths.append(str(Path(args.out) / "costs.json"))
     for path in paths:
-        with open(path, "w") as f:
-            json.dump({"costs": report.as_json(), "speedups": [asdict(r) for r in rows]}, f,
-                      indent=1)
+        records.write(path, {"costs": report.as_json(), "speedups": [asdict(r) for r in rows]},
+                      args.clock)
         print(f"wrote {path}")
     return 0
 
