@@ -52,6 +52,7 @@ from minispec.tools.argtypes import (
     probability,
     thread_count,
 )
+from minispec.tools.lockstep import interleave
 
 #: Clocks for timing: wall time, or the process's CPU time, which leaves out the time other
 #: processes hold the cores (use it with ``--threads 1`` on a shared machine: with more threads
@@ -131,8 +132,9 @@ def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[
     ``per_repeat=True``: every repeat's ms instead, in order (repeat ``i`` of every mode and row
     count ran side by side, so ratios of repeat ``i`` are paired and their spread is the noise).
 
-    The skinny-GEMM effect on one matrix: a decode step is dozens of such products. Round-robin
-    (every repeat times every mode and row count once), one warm-up repeat thrown away.
+    The skinny-GEMM effect on one matrix: a decode step is dozens of such products. Interleaved
+    ([`lockstep.interleave`][minispec.tools.lockstep.interleave]: every repeat times every mode and
+    row count once), one warm-up repeat thrown away.
     The default shape is 85 MB, larger than the last-level cache of most CPUs (or one core's share
     of it), so every product reads it from memory.
 
@@ -143,15 +145,10 @@ def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[
     packed = PackedLinear(weight)
     xs = {m: torch.randn(m, in_features, generator=gen) for m in rows}
     run = {"eager": lambda x: x @ weight.T, "fast": packed}
-    tick = CLOCKS[clock]
-    times: dict[str, dict[int, list[float]]] = {mode: {m: [] for m in rows} for mode in run}
-    for rep in range(repeats + 1):
-        for mode, fn in run.items():
-            for m, x in xs.items():
-                start = tick()
-                fn(x)
-                if rep > 0:  # the first repeat is a warm-up
-                    times[mode][m].append((tick() - start) * 1e3)
+    tasks = {(mode, m): (lambda fn=fn, x=x: lambda: fn(x))
+             for mode, fn in run.items() for m, x in xs.items()}
+    timed = interleave(tasks, repeats, warmup=1, clock=CLOCKS[clock])
+    times = {mode: {m: [s * 1e3 for s in timed[mode, m].seconds] for m in rows} for mode in run}
     if per_repeat:
         return times
     return {mode: {m: statistics.median(v) for m, v in per.items()} for mode, per in times.items()}
@@ -374,7 +371,9 @@ def measure_speedups(target: str, draft: str | None = None, new_tokens: int = 64
                      repeats: int = 2, progress: bool = True, clock: str = "wall",
                      ) -> list[SpeedupRow]:
     """Time plain greedy and greedy speculative decoding (n-gram, prompt lookup, the draft model)
-    on ``SPEEDUP_PROMPTS``, eager and fast, round-robin; check every output against eager greedy.
+    on ``SPEEDUP_PROMPTS``, eager and fast, interleaved
+    ([`lockstep.interleave`][minispec.tools.lockstep.interleave]); check every output against eager
+    greedy.
     """
     import minispec as ms  # the decoding layer, imported late: this module is also a library
     from minispec.models.loader import load
@@ -398,15 +397,16 @@ def measure_speedups(target: str, draft: str | None = None, new_tokens: int = 64
                                        adaptive=False).tokens
 
     base = [run("eager", "greedy", p) for p in prompts]
-    times = {(mode, m): [] for mode in models for m in methods}
     equal = {m: True for m in methods}
-    for _ in tqdm(range(repeats), desc="speedups", disable=not progress, leave=False):
-        for (mode, method), seconds in times.items():
-            start = CLOCKS[clock]()
-            outs = [run(mode, method, p) for p in prompts]
-            seconds.append(CLOCKS[clock]() - start)
-            equal[method] &= outs == base
-    return [SpeedupRow(m, {mode: statistics.median(times[mode, m]) for mode in models}, equal[m])
+
+    def task(mode: str, method: str):
+        def timed_run() -> None:
+            equal[method] &= [run(mode, method, p) for p in prompts] == base
+        return lambda: timed_run
+
+    timed = interleave({(mode, m): task(mode, m) for mode in models for m in methods}, repeats,
+                       clock=CLOCKS[clock])
+    return [SpeedupRow(m, {mode: timed[mode, m].median for mode in models}, equal[m])
             for m in methods]
 
 
