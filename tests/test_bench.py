@@ -141,7 +141,9 @@ def test_cli_bench_quick(tiny_gqa, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "minispec draft k=2" in out and "verify ratio" in out
-    assert (tmp_path / "bench.json").exists()
+    record = json.loads((tmp_path / "bench.json").read_text())     # stamped by tools.records
+    assert {"machine", "commit", "command", "date", "settings", "results"} <= set(record)
+    assert record["machine"]["clock"] == "wall" and record["machine"]["threads"] >= 1
 
 
 def test_cli_bench_help(capsys):
