@@ -18,13 +18,9 @@ is the noise of the measurement, printed and used beside every figure:
 
 One engine serving one request runs the same round as
 [`speculative_generate`][minispec.decoding.loop.speculative_generate], so single-sequence
-comparisons use it too. ``benchmarks/lockstep.py`` drives this module over batch sizes.
-
-What cannot be stepped (a whole ``generate`` call, transformers' decoding, one forward of a given
-shape) is interleaved run by run instead: [`interleave`][minispec.tools.lockstep.interleave] runs
-every task once per repeat, the order reversed every other repeat, and times only the run (its
-set-up, a fresh engine or a warm wave, is untimed); [`ratios`][minispec.tools.lockstep.ratios]
-pairs the repeats. Every benchmark of the package measures speed through this module.
+comparisons use it too. What cannot be stepped (a ``generate`` call, transformers, one forward)
+is run whole, in turn ([`interleave`][minispec.tools.lockstep.interleave]), and paired repeat by
+repeat ([`ratios`][minispec.tools.lockstep.ratios]): the package's benchmarks time through here.
 """
 
 from __future__ import annotations
