@@ -8,6 +8,7 @@ below it).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -66,9 +67,10 @@ def _run(tmp_path: Path, python: str = sys.executable) -> dict[str, list[str]]:
     (project / "pytest.ini").write_text("[pytest]\n")
     (project / "test_it.py").write_text(textwrap.dedent(PROJECT.format(tests=str(TESTS),
                                                                        out=str(out))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not this run's
     done = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
                            "--dist", "loadgroup", "--basetemp", str(tmp_path / "base"),
-                           str(project)], cwd=project, capture_output=True, text=True,
+                           str(project)], cwd=project, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return {f.name: f.read_text().split() for f in out.iterdir()}
