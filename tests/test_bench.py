@@ -220,3 +220,19 @@ def test_workloads_run_reproduces_greedy_everywhere(chat_shakespeare):
     spec = next(r for r in results if r.name == "minispec prompt lookup k=3")
     assert spec.tokens_per_round >= 1.0 and spec.target_forwards >= 1
     assert "all outputs identical to minispec greedy (10/10" in workloads.format_results(results)
+
+
+def test_time_steps_reads_each_shape_off_the_clock(priced_pair):
+    """``costs.time_steps`` on a clock that the forwards advance by their prices: each shape's
+    median is its price, so ``r(k)`` is exact; the probe runs once per model per timed repeat."""
+    from minispec.tools import costs
+
+    target, draft, clock = priced_pair
+    probes = []
+    steps, bandwidths = costs.time_steps({"target": target, "draft": draft}, batch=1, context=8,
+                                         max_k=2, repeats=3, progress=False,
+                                         probe=lambda: probes.append(1) or 1.0, clock=clock)
+    assert steps["target"].verify == pytest.approx({(1, t): target_ms(t) for t in (1, 2, 3)})
+    assert steps["draft"].verify == pytest.approx({(1, t): DRAFT_MS for t in (1, 2, 3)})
+    assert steps["target"].r(2) == pytest.approx(target_ms(3) / target_ms(1))
+    assert len(bandwidths) == len(probes) == 2 * 3

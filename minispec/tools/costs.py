@@ -157,9 +157,8 @@ def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[
 class _Stepper:
     """One model with a cache of ``batch`` slots, each prefilled with ``context`` random tokens."""
 
-    def __init__(self, model: Llama, batch: int, context: int, max_tokens: int,
-                 clock=time.perf_counter) -> None:
-        self.model, self.context, self.clock = model, context, clock
+    def __init__(self, model: Llama, batch: int, context: int, max_tokens: int) -> None:
+        self.model, self.context = model, context
         self.cache = ContiguousKVCache.for_model(model, batch, context + max_tokens)
         self.slots = [self.cache.allocate() for _ in range(batch)]
         gen = torch.Generator().manual_seed(0)
@@ -168,43 +167,50 @@ class _Stepper:
         self.step(context, start=0)  # the prefill
 
     @torch.inference_mode()
-    def step(self, tokens: int, start: int | None = None) -> float:
-        """Seconds for one forward of ``tokens`` new tokens per row; then roll the cache back."""
+    def step(self, tokens: int, start: int | None = None) -> None:
+        """One forward of ``tokens`` new tokens per row; then the cache rolled back."""
         start = self.context if start is None else start
         B = len(self.slots)
         ids = self.ids[:, start:start + tokens]  # (B, T)
         positions = torch.arange(start, start + tokens).expand(B, tokens)  # (B, T)
-        t0 = self.clock()
         self.model(ids, positions, self.cache, self.slots)
-        elapsed = self.clock() - t0
         for slot in self.slots:
             self.cache.truncate_to(slot, self.context)
-        return elapsed
 
 
 def time_steps(models: dict[str, Llama], batch: int, context: int, max_k: int, repeats: int,
                progress: bool = True, probe: BandwidthProbe | None = None,
                clock=time.perf_counter) -> tuple[dict[str, StepCosts], list[float]]:
-    """Median seconds of a forward of 1..max_k+1 tokens per row for every model, round-robin.
+    """Median seconds of a forward of 1..max_k+1 tokens per row for every model, interleaved
+    ([`lockstep.interleave`][minispec.tools.lockstep.interleave]; one warm-up repeat).
+
+    Before a model's first shape in a repeat, untimed, ``probe`` reads the bandwidth and the model
+    takes one step (its weights are then in the caches as they are for the rest).
 
     Returns: ``({name: StepCosts}, bandwidths in GB/s probed once per model per repeat)``; each
     [`StepCosts`][minispec.decoding.goodput.StepCosts] holds ``verify[(batch, tokens)]``, so
     ``steps.r(k, batch)`` is the verify cost ``r(k)``.
     """
-    steppers = {name: _Stepper(m, batch, context, max_k + 1, clock) for name, m in models.items()}
-    times: dict[str, dict[int, list[float]]] = {n: {} for n in models}
-    bandwidths = []
-    for rep in tqdm(range(repeats + 1), desc=f"batch {batch}", disable=not progress, leave=False):
-        for name, stepper in steppers.items():
-            if probe is not None and rep > 0:
-                bandwidths.append(probe())
-            stepper.step(1)  # untimed: caches hold this model's weights as they do for the rest
-            for tokens in range(1, max_k + 2):
-                seconds = stepper.step(tokens)
-                if rep > 0:  # the first repeat is a warm-up
-                    times[name].setdefault(tokens, []).append(seconds)
-    steps = {n: StepCosts.measured({(batch, t): statistics.median(v) for t, v in per.items()})
-             for n, per in times.items()}
+    steppers = {name: _Stepper(m, batch, context, max_k + 1) for name, m in models.items()}
+    widths = range(1, max_k + 2)
+    per_repeat, bandwidths, seen, last = len(models) * len(widths), [], [0], [None]
+
+    def task(name: str, tokens: int):
+        def prepare():
+            if seen[0] % per_repeat == 0 or last[0] != name:   # the model's first in a repeat
+                if probe is not None and seen[0] >= per_repeat:  # not in the warm-up repeat
+                    bandwidths.append(probe())
+                steppers[name].step(1)
+            seen[0], last[0] = seen[0] + 1, name
+            return lambda: steppers[name].step(tokens)
+        return prepare
+
+    bar = tqdm(total=repeats + 1, desc=f"batch {batch}", disable=not progress, leave=False)
+    timed = interleave({(n, t): task(n, t) for n in models for t in widths}, repeats, warmup=1,
+                       clock=clock, log=lambda _line: bar.update())
+    bar.close()
+    steps = {n: StepCosts.measured({(batch, t): timed[n, t].median for t in widths})
+             for n in models}
     return steps, bandwidths
 
 
