@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import tempfile
@@ -55,6 +54,7 @@ from engine import NeverDrafts, load_models, make_prompts  # benchmarks/engine.p
 import minispec as ms
 from minispec.serving.engine import Engine
 from minispec.speed.packed import make_fast
+from minispec.tools import records
 from minispec.tools.lockstep import lockstep  # one step of each engine in turn, CPU time
 
 
@@ -166,9 +166,7 @@ def main(argv=None) -> None:
     print("(each engine's tokens per CPU second x the plain engine's in the same lockstep run: "
           "median [lowest-highest] over the runs; default: goodput k, mean k chosen; never: the "
           "default's machinery with a policy that never drafts)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lockstep.json").write_text(json.dumps(dict(label=label, k=args.k, rows=rows),
-                                                        indent=2))
+    records.write(args.out / "lockstep.json", dict(label=label, k=args.k, rows=rows), "cpu")
     print(f"wrote {args.out / 'lockstep.json'}")
 
 

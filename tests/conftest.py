@@ -150,6 +150,15 @@ def model():
     return Llama(config).eval()
 
 
+@pytest.fixture(scope="session")
+def once_per_run(tmp_path_factory):
+    """``once_per_run(name, make) -> folder``: ``make(folder)`` run once per test run, whichever
+    xdist workers ask (a file lock in a folder the run's workers share; see ``tests/once.py``)."""
+    from once import once_per_run as once
+
+    return lambda name, make: once(tmp_path_factory, name, make)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one thread, and the CPU is shared: don't spin a second one.

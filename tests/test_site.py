@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-# one xdist worker builds the site once and runs every check of it (``--dist loadgroup``)
+# one xdist worker runs every check of the site (``--dist loadgroup``); it is built once either way
 pytestmark = [pytest.mark.site, pytest.mark.xdist_group("site")]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,9 +117,11 @@ def _chromium() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """Build the site once into a temporary directory; return the directory.
+def site(once_per_run) -> Path:
+    """Build the site once per test run into a temporary directory; return the directory.
 
+    Every xdist worker that runs these tests gets the one build (``tests/once.py``: a file lock in
+    a folder the run's workers share), whether or not ``--dist loadgroup`` kept them together.
     ``MINISPEC_SITE=<dir>`` checks a site already built there instead (e.g. by the CI step that
     publishes it), so the lessons are not executed twice.
     """
@@ -132,24 +134,37 @@ def site(tmp_path_factory) -> Path:
         import mkdocs  # noqa: F401
     except ImportError:
         _skip_or_fail("mkdocs is not installed (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site") / "site"
+    return once_per_run("site", _build) / "site"
+
+
+def _build(folder: Path) -> None:
+    """``mkdocs build --strict`` into ``folder / "site"``; a failed build fails with its log."""
+    out = folder / "site"
     env = dict(os.environ)
     env["TQDM_DISABLE"] = "1"
     env["NO_MKDOCS_2_WARNING"] = "1"
     # Lessons run against this checkout, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    start = time.perf_counter()
+    start = time.monotonic()             # for the log only: no test asserts on a duration
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
     )
-    elapsed = time.perf_counter() - start
+    elapsed = time.monotonic() - start
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         pytest.fail(f"mkdocs build --strict failed after {elapsed:.0f} s.\n{_lesson_failure(log)}"
                     f"\n--- end of the build log ---\n{log[-6000:]}", pytrace=False)
     print(f"site built in {elapsed:.1f} s")
-    return out
+
+
+def test_the_site_is_built_once_per_run(site: Path):
+    """However the site's tests were spread over xdist workers, one of them built it."""
+    if os.environ.get("MINISPEC_SITE"):
+        pytest.skip("MINISPEC_SITE: a site built before the run")
+    from once import builds
+
+    assert len(builds(site.parent)) == 1, builds(site.parent)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
