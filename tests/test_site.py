@@ -1080,3 +1080,102 @@ def test_a_shrunk_figure_opens_full_size_on_a_phone(site: Path, server: str, bro
         page.locator(".minispec-zoom").click(position={"x": 5, "y": 5})
         assert page.locator(".minispec-zoom").count() == 0
         assert not errors, errors
+
+
+class _GzipHandler(_QuietHandler):
+    """Serves text (HTML, CSS, JS, JSON, SVG) gzip-compressed to a client that accepts it, as a
+    static host does (GitHub Pages, Netlify, nginx's gzip_static): what a student downloads."""
+
+    _TEXT = (".html", ".css", ".js", ".json", ".svg", ".map", ".txt")
+
+    def send_head(self):
+        path = self.translate_path(self.path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "index.html")
+        if (not path.endswith(self._TEXT) or not os.path.isfile(path)
+                or "gzip" not in self.headers.get("Accept-Encoding", "")):
+            return super().send_head()
+        import gzip
+        import io
+        body = gzip.compress(Path(path).read_bytes(), compresslevel=6, mtime=0)
+        self.send_response(200)
+        self.send_header("Content-Type", self.guess_type(path))
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
+
+
+# A cold visit (nothing cached) downloads at most this much, compressed as served: the home page
+# (with MathJax: it holds math) and any lesson page (MathJax, the notebook stylesheet, its
+# figures).
+HOME_BUDGET_BYTES = 1_000_000
+LESSON_BUDGET_BYTES = 1_200_000
+
+_WEIGHT_JS = """() => {
+  const entries = performance.getEntriesByType("navigation")
+    .concat(performance.getEntriesByType("resource"));
+  return entries.map((e) => [e.name, e.transferSize, e.decodedBodySize]);
+}"""
+
+
+def test_pages_are_light_on_a_cold_visit(site: Path, browser):
+    """A cold visit to the home page stays under 1 MB and to every lesson page under 1.2 MB, as a
+    compressing host serves them; no page fetches the search index until the search box is used
+    (then it does, and finds a lesson); a page without math loads no MathJax; a notebook page
+    carries no inlined copy of the notebook stylesheet."""
+    handler = functools.partial(_GzipHandler, directory=str(site))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    lessons = [p.removesuffix("index.html") for p in _lesson_pages(site)]
+    exercises = sorted(p.parent.relative_to(site).as_posix() + "/"
+                       for p in (site / "lessons" / "exercises").glob("*/index.html"))
+    pages = [("", HOME_BUDGET_BYTES)] + [(p, LESSON_BUDGET_BYTES) for p in lessons + exercises]
+    pages += [(p.removesuffix("index.html"), LESSON_BUDGET_BYTES) for p in TEACHING_PAGES]
+    heavy, index_early, weights = [], [], {}
+    try:
+        for path, budget in pages:
+            context = browser.new_context(viewport=VIEWPORT)   # a fresh cache: a cold visit
+            page = context.new_page()
+            try:
+                page.goto(base + path, wait_until="load")
+                page.wait_for_function("() => document.body.hasAttribute('data-math')",
+                                       timeout=60_000)
+                page.evaluate("() => document.fonts.ready.then(() => true)")
+                page.wait_for_load_state("networkidle")
+                entries = page.evaluate(_WEIGHT_JS)
+                wire = sum(e[1] for e in entries)
+                raw = sum(e[2] for e in entries)
+                weights[path or "home"] = wire
+                if wire > budget:
+                    big = sorted(entries, key=lambda e: -e[1])[:5]
+                    heavy.append(f"/{path}: {wire / 1e6:.2f} MB on the wire ({raw / 1e6:.2f} MB "
+                                 f"uncompressed) > {budget / 1e6:.1f} MB; largest: "
+                                 + ", ".join(f"{urlsplit(e[0]).path} {e[1] // 1000} KB"
+                                             for e in big))
+                if any("search_index" in e[0] for e in entries):
+                    index_early.append(path or "home")
+                if path == "":
+                    query = page.locator("input[data-md-component=search-query]")
+                    with page.expect_request(lambda r: "search_index.json" in r.url,
+                                             timeout=10_000):
+                        query.click()
+                    query.fill("residual")
+                    page.wait_for_selector(".md-search-result__item", timeout=20_000)
+            finally:
+                context.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    print("cold-visit weights (bytes on the wire):", weights)
+    assert not index_early, f"pages that fetch the search index before it is used: {index_early}"
+    assert not heavy, "\n".join(heavy)
+    for page in sorted(site.rglob("*.html")):
+        text = page.read_text(encoding="utf-8", errors="replace")
+        inline = sum(len(m.group(1)) for m in re.finditer(r"<style\b[^>]*>(.*?)</style>", text,
+                                                          re.DOTALL))
+        assert inline < 20_000, f"{page.relative_to(site)}: {inline} bytes of inline CSS"
+        math = 'class="arithmatex"' in text or "lessons/" in page.relative_to(site).as_posix()
+        if not math:
+            assert "tex-chtml.js" not in text, f"{page.relative_to(site)}: MathJax with no math"
