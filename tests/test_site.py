@@ -361,7 +361,10 @@ _INSPECT_JS = r"""
   const history = [];  // tests/test_no_history.py's wave, issue and goal patterns, on all text
   for (const re of [/\b(?:first|second|third|fourth|fifth|next|this) waves?\b/gi,
                     /\bwaves? of (?:work|changes)\b/gi,
-                    /\bissue \d{1,3}\b/gi, /\b\d+(?:\.\d+)?x goal\b/gi, /\bgoal set for\b/gi]) {
+                    /\bissue \d{1,3}\b/gi, /\b\d+(?:\.\d+)?x goal\b/gi, /\bgoal set for\b/gi,
+                    /\bis committed yet\b/gi, /\bno \w+ run is recorded yet\b/gi,
+                    /\ban earlier (?:head|policy|drafter|version|model)\b/gi,
+                    /\bother than the shipped (?:one|ones)\b/gi]) {
     for (const m of fullText.matchAll(re)) history.push(m[0]);
   }
   const tocTargets = [...document.querySelectorAll(".md-nav--secondary a[href^='#']")]

@@ -358,9 +358,36 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
         return f"[{label}]({rel.as_posix()})"
 
     markdown = _LESSON_LINK.sub(resolve, markdown)
+    markdown = _PENDING_RECORD.sub(lambda m: _pending_record(m, root, config), markdown)
     # A module's page is the target of cross-references to the module itself: mkdocstrings shows
     # no root heading here, so an autorefs Markdown anchor names the place.
     return _AUTODOC.sub(lambda m: f"[](){{#{m.group(1)}}}\n\n{m.group(0)}", markdown)
+
+
+_PENDING_RECORD = re.compile(r"^<!-- minispec-record: (\w+) -->[ \t]*$", re.MULTILINE)
+#: What a record of docs/data/ holds, said in its place while the file is not in the repository
+#: (docs/hooks/records.py renders the file once it is).
+PENDING_RECORDS = {
+    "gpu": (
+        "*This section's record, `docs/data/gpu.json`, holds: the one-token step at each batch "
+        "size with CUDA graphs on and off, against the memory roofline; the verify cost "
+        "\\(r(k) = t(k + 1) / t(1)\\) at batch 1; the speedups over plain greedy on the "
+        "multi-task set at batch 1; and the engine's tokens per second beside transformers' "
+        "`generate`. `bash benchmarks/gpu_session.sh` writes it on a machine with a CUDA GPU; "
+        "this site is built from a repository that holds none, so this section shows no "
+        "numbers.*"
+    ),
+}
+
+
+def _pending_record(m: re.Match, root: Path, config) -> str:
+    """A ``<!-- minispec-record: NAME -->`` whose ``docs/data/NAME.json`` is not there: what the
+    record will show, instead of a placeholder about the file."""
+    name = m.group(1)
+    data = Path(config["docs_dir"]) / "data"
+    if (data / f"{name}.json").is_file() or name not in PENDING_RECORDS:
+        return m.group(0)
+    return PENDING_RECORDS[name]
 
 
 _PRE = re.compile(r"(<pre\b.*?</pre>)", re.DOTALL)
