@@ -1182,3 +1182,40 @@ def test_pages_are_light_on_a_cold_visit(site: Path, browser):
         math = 'class="arithmatex"' in text or "lessons/" in page.relative_to(site).as_posix()
         if not math:
             assert "tex-chtml.js" not in text, f"{page.relative_to(site)}: MathJax with no math"
+
+
+def test_the_site_serves_the_source_and_says_how_to_install(site: Path):
+    """A student with only the site can run everything: the home page links the project's
+    source, ``minispec-src.tar.gz``, built with the site (the package with its models, lessons,
+    tests and the site's sources, ready for ``pip install``); every notebook page links it beside
+    its notebook; and every notebook served for download starts with a Markdown cell that says
+    how to install the package."""
+    import tarfile
+
+    archive = site / "minispec-src.tar.gz"
+    assert archive.is_file(), "the site serves no source archive"
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    top = names[0].split("/")[0]
+    assert re.fullmatch(r"minispec-[\w.]+", top), top
+    for needed in ("pyproject.toml", "README.md", "minispec/__init__.py",
+                   "minispec/zoo/shakespeare-target/model.safetensors", "lessons", "tests",
+                   "mkdocs.yml"):
+        assert any(n == f"{top}/{needed}" or n.startswith(f"{top}/{needed}/") for n in names), (
+            f"{needed} is not in the archive")
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    home = (site / "index.html").read_text(encoding="utf-8")
+    assert 'href="minispec-src.tar.gz"' in home, "the home page does not link the source archive"
+    for page in sorted((site / "lessons").glob("**/index.html")):
+        text = page.read_text(encoding="utf-8")
+        found = re.search(r'<p class="ms-download">.*?</p>', text, re.DOTALL)
+        assert found and "minispec-src.tar.gz" in found.group(0), f"{page}: no archive link"
+        href = re.search(r'href="([^"]*minispec-src\.tar\.gz)"', found.group(0)).group(1)
+        assert (page.parent / href).resolve() == archive.resolve(), f"{page}: {href}"
+    served = sorted((site / "lessons").rglob("*.ipynb"))
+    assert len(served) >= 12
+    for notebook in served:
+        first = json.loads(notebook.read_text(encoding="utf-8"))["cells"][0]
+        text = "".join(first["source"])
+        assert first["cell_type"] == "markdown" and "pip install" in text, notebook
+        assert "minispec-src.tar.gz" in text and "venv" in text, notebook

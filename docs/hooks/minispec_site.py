@@ -49,13 +49,17 @@ class, a module outside the API reference) is plain inline code.
 from __future__ import annotations
 
 import fnmatch
+import gzip
 import hashlib
 import html
+import io
 import json
 import logging
 import os
 import posixpath
 import re
+import subprocess
+import tarfile
 from pathlib import Path, PurePosixPath
 
 from mkdocs.exceptions import PluginError
@@ -191,6 +195,7 @@ def on_post_build(config) -> None:
     """Search previews show math as plain text (``β = Σ_x min(p, q)``), not as raw TeX; the
     notebook pages' shared stylesheets are written, pruned to what those pages use."""
     _write_notebook_css(Path(config["site_dir"]))
+    _served_notebooks_say_how_to_install(Path(config["site_dir"]), config)
     index = Path(config["site_dir"]) / "search" / "search_index.json"
     if not index.is_file():
         return
@@ -329,6 +334,8 @@ def on_files(files: Files, config) -> Files:
             )
         files.append(File.generated(config, value, content=f"# `{module}`\n\n::: {module}\n"))
 
+    files.append(File.generated(config, SOURCE_ARCHIVE, content=source_archive(root)))
+
     for page, (source, what) in MODEL_CARDS.items():
         if files.get_file_from_path(page) is not None:
             continue
@@ -337,6 +344,73 @@ def on_files(files: Files, config) -> Files:
         for site_path, path in assets.items():
             files.append(File.generated(config, site_path, abs_src_path=str(path)))
     return files
+
+
+#: The project's source, served with the site: the package, its lessons, tests, benchmarks and
+#: this site's sources, so that a student with only the site can install and run everything.
+SOURCE_ARCHIVE = "minispec-src.tar.gz"
+_ARCHIVE_PARTS = ("pyproject.toml", "README.md", "mkdocs.yml", "minispec", "lessons", "tests",
+                  "benchmarks", "docs")
+_ARCHIVE_SKIP = re.compile(r"(?:^|/)(?:__pycache__|\.ipynb_checkpoints|\.pytest_cache|"
+                           r"[^/]*\.egg-info|\.cache)(?:/|$)|\.pyc$")
+
+
+def _archive_files(root: Path) -> list[str]:
+    """The files of the archive, as paths from the repository root: those git tracks when the
+    build runs in a git checkout (so nothing local leaks in), else every file of the parts."""
+    try:
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", *_ARCHIVE_PARTS],
+                                capture_output=True, check=True, timeout=60).stdout
+        names = [n for n in listed.decode("utf-8", "replace").split("\0") if n]
+    except (OSError, subprocess.SubprocessError):
+        names = []
+    if not names:
+        names = [p.relative_to(root).as_posix() for part in _ARCHIVE_PARTS
+                 for p in ([root / part] if (root / part).is_file()
+                           else sorted((root / part).rglob("*"))) if p.is_file()]
+    return [n for n in names if (root / n).is_file() and not _ARCHIVE_SKIP.search(n)]
+
+
+def _version(root: Path) -> str:
+    m = re.search(r'^version\s*=\s*"([^"]+)"', (root / "pyproject.toml").read_text("utf-8"),
+                  re.MULTILINE)
+    return m.group(1) if m else "0"
+
+
+def source_archive(root: Path) -> bytes:
+    """``minispec-src.tar.gz``: the repository's files under ``minispec-<version>/``, a source
+    distribution pip installs as it is (``python3 -m pip install ./minispec-src.tar.gz``).
+    Reproducible: sorted names, no owners, a fixed time."""
+    top = f"minispec-{_version(root)}"
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(_archive_files(root)):
+            info = tar.gettarinfo(str(root / name), arcname=f"{top}/{name}")
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            info.mode = 0o644
+            with open(root / name, "rb") as fh:
+                tar.addfile(info, fh)
+    return buf.getvalue()
+
+
+def install_note(archive_href: str | None = None) -> str:
+    """How to get the package a downloaded notebook imports (the first cell of every served
+    notebook, and the line under each notebook page's download link)."""
+    where = (f"[`{SOURCE_ARCHIVE}`]({archive_href})" if archive_href else
+             f"`{SOURCE_ARCHIVE}` (linked from the home page of the site this notebook came from)")
+    return (f"**To run this notebook** you need the `minispec` package. Download {where}, the "
+            "project's source, then in a terminal (Python 3.10 or newer):\n\n"
+            "```bash\n"
+            f"tar xzf {SOURCE_ARCHIVE} && cd minispec-*/\n"
+            "python3 -m venv .venv && . .venv/bin/activate\n"
+            "python3 -m pip install torch==2.13.0 -e . jupyterlab matplotlib\n"
+            "jupyter lab lessons/\n"
+            "```\n\n"
+            "The lessons and exercises are in `lessons/` and `lessons/exercises/` there; this "
+            "notebook runs the same anywhere once the package is installed.")
 
 
 _AUTODOC = re.compile(r"^::: ([A-Za-z_][\w.]*)\s*$", re.MULTILINE)
@@ -437,8 +511,12 @@ def on_page_content(html_text: str, page, config, files: Files) -> str:
     (``include_source`` serves it beside the page)."""
     if page.file.src_uri.endswith(".ipynb"):
         name = Path(page.file.src_uri).name
+        archive = posixpath.relpath(SOURCE_ARCHIVE, posixpath.dirname(page.file.dest_uri) or ".")
         return (f'<p class="ms-download"><a href="{name}" download>Download this notebook '
-                f"({name})</a> to run it yourself</p>\n" + html_text)
+                f"({name})</a> to run it yourself, with the package it imports: "
+                f'<a href="{archive}" download>{SOURCE_ARCHIVE}</a>, the project\'s source '
+                f"(<code>python3 -m pip install torch==2.13.0 ./{SOURCE_ARCHIVE}</code>; the "
+                "notebook's first cell says more)</p>\n" + html_text)
     api = page.file.src_uri.startswith("api/")
 
     def code(m: re.Match) -> str:
@@ -731,3 +809,25 @@ def on_post_template(output: str, template_name: str, config) -> str:
         return output
     output = _search_on_demand(output)
     return output if _has_math(output) else _without_mathjax(output)
+
+
+
+def _served_notebooks_say_how_to_install(site: Path, config) -> None:
+    """Each notebook served for download (``include_source``) starts with a Markdown cell that
+    says how to install the package it imports; the notebooks in the repository are unchanged."""
+    base = (config.get("site_url") or "").rstrip("/")
+    href = f"{base}/{SOURCE_ARCHIVE}" if base else None
+    for path in sorted((site / "lessons").rglob("*.ipynb")):
+        try:
+            nb = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        note = install_note(href)
+        cells = nb.setdefault("cells", [])
+        if cells and "".join(cells[0].get("source", "")).startswith(note[:30]):
+            continue
+        cell = {"cell_type": "markdown", "metadata": {}, "source": note.splitlines(keepends=True)}
+        if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
+            cell["id"] = "minispec-install"      # cell ids exist from nbformat 4.5 on
+        cells.insert(0, cell)
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
