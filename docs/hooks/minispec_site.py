@@ -406,7 +406,7 @@ def install_note(archive_href: str | None = None) -> str:
             "```bash\n"
             f"tar xzf {SOURCE_ARCHIVE} && cd minispec-*/\n"
             "python3 -m venv .venv && . .venv/bin/activate\n"
-            "python3 -m pip install torch==2.13.0 -e . jupyterlab matplotlib\n"
+            "python3 -m pip install torch==2.13.0 -e '.[real]' jupyterlab matplotlib scipy\n"
             "jupyter lab lessons/\n"
             "```\n\n"
             "The lessons and exercises are in `lessons/` and `lessons/exercises/` there; this "
