@@ -81,8 +81,6 @@ def call(fn: Callable[..., Any], *args: Any, inputs: dict[str, Any] | None = Non
     watch["calls"] = watch.get("calls", 0) + 1
     try:
         return fn(*args)
-    except _Abandoned:                      # a call nested in this one found its case over
-        raise
     except BaseException as error:  # the student's bug (or exit), reported with its inputs
         raise StudentError(error, inputs or {}) from error
 
@@ -100,13 +98,9 @@ def _verdict(name: str, run: Callable[[], str]) -> tuple[Case, str]:
         return _raised(name, err.error, err.inputs, "the function raised"), ""
     except Failure as failure:
         return Case(name, False, failure.note, failure.counterexample), ""
-    except Exception as error:  # a result of a form no check foresaw
+    except BaseException as error:  # a result of a form no check foresaw (its SystemExit too)
         return _raised(name, error, {}, "the check cannot read the function's result (if it "
                        "looks right, this is a bug of the check):"), ""
-    except _Abandoned:
-        raise
-    except BaseException as error:  # SystemExit & co. from the student's code reading a result
-        return _raised(name, error, {}, "reading the function's result raised"), ""
 
 
 def _watched(name: str, run: Callable[[], str], timeout: float, deadline: float,
@@ -130,9 +124,8 @@ def _watched(name: str, run: Callable[[], str], timeout: float, deadline: float,
 
     def job() -> None:
         _case.watch = watch
-        with contextlib.suppress(_Abandoned), torch.inference_mode(inference), \
-                torch.set_grad_enabled(grad):
-            outcome.append(_verdict(name, run))
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            outcome.append(_verdict(name, run))     # abandoned: a verdict nobody reads
 
     thread, started = threading.Thread(target=job, daemon=True), time.monotonic()
     thread.start()
@@ -301,14 +294,6 @@ def run_table(check: str, compare: Callable[..., None], fn: Callable,
     return run_cases(check, [(name, case(group)) for name, group in groups], 0.0, timeout, budget)
 
 
-def check_limits(timeout: Any, budget: Any) -> None:
-    """``ValueError`` unless ``timeout`` and ``budget`` are numbers > 0 (``math.inf``: none)."""
-    for name, value in (("timeout", timeout), ("budget", budget)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a number > 0 (seconds; math.inf for no limit), "
-                             f"got {value!r}")
-
-
 def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], str]]],
               false_alarm_rate: float, timeout: float = TIMEOUT,
               budget: float = GRADE_BUDGET) -> CheckReport:
@@ -328,7 +313,9 @@ def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], str]]],
             included (each case runs on its own thread, watched: see ``_watched``).
         budget: seconds the whole check may take.
     """
-    check_limits(timeout, budget)
+    for limit, value in (("timeout", timeout), ("budget", budget)):     # math.inf: no limit
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{limit} must be a number > 0 (seconds), got {value!r}")
     done: list[Case] = []
     deadline = time.monotonic() + budget
     for name, run in cases:
