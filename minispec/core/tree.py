@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -139,6 +140,13 @@ def tree_size(branching: Sequence[int] | DynamicTree) -> int:
     return sum(math.prod(branching[:t]) for t in range(len(branching) + 1))
 
 
+def _id(t: object) -> object:
+    """A draft id as an ``int`` if it is a true integer (numpy's, a one-element integer tensor),
+    else as it is: ``1.9`` and ``True`` are no token ids, and truncating them would hide it."""
+    t = t.item() if isinstance(t, Tensor) and t.numel() == 1 else t
+    return int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t
+
+
 @dataclass
 class Proposal:
     """A draft tree and how it was drawn: what a drafter proposes in one round.
@@ -190,11 +198,13 @@ class Proposal:
         """The chain ``root -> tokens[0] -> tokens[1] ...`` (Algorithm 1's drafts).
 
         Args:
-            tokens: ``[k]`` the drafts ``d_1..d_k``.
+            tokens: ``[k]`` the drafts ``d_1..d_k``: integers (numpy's and one-element tensors
+                become ``int``); anything else (``1.9``, ``True``) is kept as it is, so the
+                round refuses the proposal and fails its request alone.
             probs: ``[k, V]`` row ``i`` is the ``q`` that ``d_{i+1}`` was drawn from, or ``None``
                 for a deterministic drafter (one-hot ``q``).
         """
-        tokens = tokens.tolist() if isinstance(tokens, Tensor) else [int(t) for t in tokens]
+        tokens = tokens.tolist() if isinstance(tokens, Tensor) else [_id(t) for t in tokens]
         k = len(tokens)
         if probs is not None:
             if probs.ndim != 2 or probs.shape[0] != k:

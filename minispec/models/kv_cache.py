@@ -28,8 +28,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from minispec.core.sampling import check_args, is_int
+from minispec.models.block_manager import ram
 
 # ---------------------------------------------------------------------------- bookkeeping
 
@@ -138,6 +142,15 @@ class ForwardPlan:
     src: torch.Tensor | None = None
 
 
+def check_sizes(owner: str, dtype: Any, **sizes: Any) -> None:
+    """``ValueError`` naming ``owner``'s first argument of ``sizes`` that is not a positive integer
+    (a bool is not), or a ``dtype`` that is not a floating-point ``torch.dtype``."""
+    check_args(owner, [(name, v, is_int(v) and v >= 1, "a positive integer")
+                       for name, v in sizes.items()] + [
+        ("dtype", dtype, isinstance(dtype, torch.dtype) and dtype.is_floating_point,
+         "a floating-point torch.dtype")])
+
+
 class KVCache(ABC):
     """Interface shared by every KV cache (contiguous slots now, paged blocks later).
 
@@ -239,8 +252,11 @@ class KVCache(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot move positions")
 
     def _allocate_stores(self, rows: int, positions: int, num_kv_heads: int, head_dim: int,
-                         device: torch.device | str | None, dtype: torch.dtype) -> None:
-        """``self.k``, ``self.v``: per layer, (rows + 1, positions, n_kv, hd), left uninitialised.
+                         device: torch.device | str | None, dtype: torch.dtype,
+                         per_row: int = 0) -> None:
+        """``self.k``, ``self.v``: per layer, (rows + 1, positions, n_kv, hd), left uninitialised;
+        first a ``ValueError`` when they, and ``per_row`` bytes of bookkeeping a row, would need
+        more than the device's memory (a GPU's total, else the machine's RAM).
 
         The last row is scratch, owned by nobody: a static-shape step
         ([`minispec.models.static_step`][minispec.models.static_step]) writes its padding tokens
@@ -252,7 +268,18 @@ class KVCache(ABC):
         written: a default ``Engine`` on SmolLM2-135M reserves 3 GB (8 slots x 8,192 positions)
         but holds only what its requests use.
         """
-        shape = (rows + 1, positions, num_kv_heads, head_dim)
+        shape, where = (rows + 1, positions, num_kv_heads, head_dim), torch.device(device or "cpu")
+        per_position = 2 * self.num_layers * num_kv_heads * head_dim * dtype.itemsize
+        need = shape[0] * positions * per_position + rows * per_row
+        have = (torch.cuda.get_device_properties(where).total_memory if where.type == "cuda"
+                else ram())
+        if need > have:
+            raise ValueError(
+                f"{type(self).__name__}: the cache would need {need / 2**30:,.1f} GiB "
+                f"({shape[0] * positions:,} positions x {per_position:,} bytes of keys and values"
+                f"{f', and {per_row} bytes per block' if per_row else ''}), more than the "
+                f"{have / 2**30:,.1f} GiB of memory on {where}: lower num_slots, "
+                "max_seq_len or num_blocks")
         self.scratch = rows * positions                   # flat index of the scratch row
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
@@ -376,6 +403,8 @@ class ContiguousKVCache(KVCache):
     def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int,
                  head_dim: int, device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32) -> None:
+        check_sizes("ContiguousKVCache", dtype, num_layers=num_layers, num_slots=num_slots,
+                    max_seq_len=max_seq_len, num_kv_heads=num_kv_heads, head_dim=head_dim)
         self.table = SequenceTable(num_slots, max_seq_len)
         self.num_layers = num_layers
         # a block of KV memory is here a whole slot
