@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -144,7 +143,7 @@ def _id(t: object) -> object:
     """A draft id as an ``int`` if it is a true integer (numpy's, a one-element integer tensor),
     else as it is: ``1.9`` and ``True`` are no token ids, and truncating them would hide it."""
     t = t.item() if isinstance(t, Tensor) and t.numel() == 1 else t
-    return int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t
+    return int(t) if hasattr(t, "__index__") and not isinstance(t, bool) else t   # no float has
 
 
 @dataclass

@@ -18,17 +18,8 @@ it.
 from __future__ import annotations
 
 import heapq
-import os
 
-__all__ = ["BlockManager", "ram"]
-
-
-def ram() -> int:
-    """Bytes of physical memory of this machine (``2**63`` where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):       # no sysconf (Windows): no known limit
-        return 2**63
+__all__ = ["BlockManager"]
 
 
 class BlockManager:
@@ -44,18 +35,10 @@ class BlockManager:
     1 for a used block and 0 for a free one. A block returns to the pool when its count hits 0.
     """
 
-    #: Bytes of Python bookkeeping a block takes: its free-list entry and its reference count.
-    BYTES_PER_BLOCK = 48
-
     def __init__(self, num_blocks: int, block_size: int) -> None:
         for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"BlockManager: {name} must be a positive integer, got {v!r}")
-        if (need := num_blocks * self.BYTES_PER_BLOCK) > (have := ram()):
-            raise ValueError(f"BlockManager: num_blocks={num_blocks:,} would need "
-                             f"{need / 2**30:,.1f} GiB of bookkeeping ({self.BYTES_PER_BLOCK} "
-                             f"bytes per block), more than the {have / 2**30:,.1f} GiB of memory "
-                             "of this machine")
         self.num_blocks, self.block_size = num_blocks, block_size
         self._free: list[int] = list(range(num_blocks))  # a min-heap: the lowest free id first
         self.ref_count: list[int] = [0] * num_blocks  # block id -> number of tables holding it

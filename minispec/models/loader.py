@@ -54,10 +54,6 @@ MAX_POSITIONS = 2**22
 #: for more is refused, with the size it would need, before anything is allocated.
 MAX_ROPE_BYTES = 2**30
 
-#: The longest name ``load`` takes (Linux's ``PATH_MAX``), and the longest part of it between two
-#: slashes (``NAME_MAX``): a longer one is no path (nor hub id, at most 96 characters a part).
-MAX_NAME, MAX_PART = 4096, 255
-
 #: The dtypes a model runs in, CPU and GPU alike (a forward adds and multiplies in them); the
 #: float8 and float4 types only store numbers (``"add_stub" not implemented for 'Float8_e4m3fn'``).
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -133,14 +129,13 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
 
     Raises:
         FileNotFoundError: the name is neither registered, a directory, nor a reachable hub id.
-        ValueError: a name longer than a path may be (``check_name``), a ``dtype`` no model
-            runs in (not one of ``DTYPES``: float8 only stores numbers), an unsupported
-            architecture, a config without a required key or with a value outside what is allowed
-            (``build_config``), pickle-only or unreadable (truncated, corrupt) weights, a missing,
-            extra, misshapen or integer-typed tensor (named), an index without ``weight_map`` or
-            with a shard outside the checkpoint folder, an unusable ``device`` -- each message
-            names the file, field or tensor. All of it is checked before any weight is read or
-            any table computed.
+        ValueError: a name longer than a path may be, a ``dtype`` no model runs in (not one of
+            ``DTYPES``: float8 only stores numbers), an unsupported architecture, a config without a
+            required key or with a value outside what is allowed (``build_config``), pickle-only or
+            unreadable (truncated, corrupt) weights, a missing, extra, misshapen or integer-typed
+            tensor (named), an index without ``weight_map`` or with a shard outside the checkpoint
+            folder, an unusable ``device`` -- each message names the file, field or tensor. All of
+            it is checked before any weight is read or any table computed.
     """
     directory = resolve(name_or_path, local_files_only=local_files_only)
     config_dict = read_json_object(directory / "config.json")
@@ -175,13 +170,18 @@ def resolve(name_or_path: str | Path, local_files_only: bool = False) -> Path:
 
     Raises:
         FileNotFoundError: nothing found (the message says what to do instead).
+        ValueError: a file, not a directory; a name longer than a path may be.
     """
     name = str(name_or_path)
-    check_name(name)
     if name in REGISTERED:
         return Path(zoo_path(name))  # shipped, or fetched once and cached; clear errors either way
     local = Path(name).expanduser()
-    if local.exists():
+    try:
+        exists = local.exists()
+    except OSError as error:  # ENAMETOOLONG: no path, and no hub id either
+        raise ValueError(f"name_or_path is {len(name):,} characters long: no path this system "
+                         f"can look up ({error.strerror}), nor a hub id") from None
+    if exists:
         if local.is_file():
             raise ValueError(f"{local} is a file; pass the checkpoint directory instead")
         if not (local / "config.json").is_file():
@@ -190,17 +190,6 @@ def resolve(name_or_path: str | Path, local_files_only: bool = False) -> Path:
     # HF_HUB_OFFLINE=1 forbids hub downloads, as it does in huggingface_hub
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     return from_hub(name, local_files_only=local_files_only or offline)
-
-
-def check_name(name: str) -> None:
-    """``ValueError`` for a name longer than a path may be (``MAX_NAME`` characters, a part
-    between slashes ``MAX_PART``), before the file system or the hub is asked."""
-    part = max(name.replace(os.sep, "/").split("/"), key=len)
-    for what, n, most in (("name_or_path", len(name), MAX_NAME),
-                          ("a part of name_or_path between two slashes", len(part), MAX_PART)):
-        if n > most:
-            raise ValueError(f"{what} is {n} characters long, more than the {most} a path or "
-                             "hub id may have")
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

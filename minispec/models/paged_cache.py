@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from minispec.models.block_manager import BlockManager
-from minispec.models.kv_cache import ForwardPlan, KVCache, SequenceTable, check_sizes
+from minispec.models.kv_cache import ForwardPlan, KVCache
 
 __all__ = ["PagedKVCache", "PagedPlan"]
 
@@ -67,17 +67,9 @@ class PagedKVCache(KVCache):
                  head_dim: int, block_size: int = 16, num_blocks: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
                  ) -> None:
-        check_sizes("PagedKVCache", dtype, num_layers=num_layers, num_slots=num_slots,
-                    max_seq_len=max_seq_len, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                    block_size=block_size, num_blocks=1 if num_blocks is None else num_blocks)
-        self.table = SequenceTable(num_slots, max_seq_len)
-        if num_blocks is None:  # enough for every slot to be full at once
-            num_blocks = num_slots * -(-max_seq_len // block_size)
-        self.block_size, self.num_blocks = block_size, num_blocks  # positions a block, blocks
-        self.num_layers = num_layers
-        self._allocate_stores(num_blocks, block_size, num_kv_heads, head_dim, device, dtype,
-                              BlockManager.BYTES_PER_BLOCK)         # memory checked, then taken
-        self.blocks = BlockManager(num_blocks, block_size)  # keyed by slot
+        self._setup(num_layers, num_slots, max_seq_len, num_kv_heads, head_dim, device, dtype,
+                    block_size, num_blocks)                # sizes and memory checked first
+        self.blocks = BlockManager(self.num_blocks, block_size)  # keyed by slot
 
     # ------------------------------------------------------------------ bookkeeping
 
