@@ -437,8 +437,8 @@ def _pick_dtype(dtype: torch.dtype | str | None, config: dict[str, Any], device:
         dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
     picked = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else dtype
     if picked not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one a model runs in: use float32, float64, "
-                         "float16 or bfloat16")                                   # DTYPES
+        raise ValueError(f"dtype {dtype!r} is not a floating-point dtype a model runs in: use "
+                         "float32, float64, float16 or bfloat16")                 # DTYPES
     return picked
 
 
