@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from minispec.check import harness
-from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, run_cases
+from minispec.check.harness import GRADE_BUDGET, TIMEOUT, Failure, as_tokens, call, run_cases
 from minispec.check.models import tiny_llama
 from minispec.check.one_context import OneContext
 from minispec.check.report import CheckReport, Counterexample, fmt
@@ -177,7 +177,7 @@ def _parity_case(d: Drafter, target: Llama, vocab: int, seed: int) -> str:
 
 
 def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool = False,
-            seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+            seed: int = 0, timeout: float = TIMEOUT, budget: float = GRADE_BUDGET) -> CheckReport:
     """Check a drafter: well-formed proposals that agree with the declared ``q``, and parity.
 
     Cases, in order:
@@ -209,6 +209,8 @@ def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool =
         seed: seeds contexts, prompts and generators.
         timeout: seconds each call of the drafter (each ``draft``, and each whole decoding of
             the parity case) may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -229,4 +231,4 @@ def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool =
         cases.append(("continues a repeated pattern", lambda: _pattern_case(draft, vocab)))
     cases.append(("greedy decoding with it equals plain greedy decoding",
                   lambda: _parity_case(loop, target, vocab, seed + 3)))
-    return run_cases("drafter", cases, BUDGET, timeout)
+    return run_cases("drafter", cases, BUDGET, timeout, budget)

@@ -123,6 +123,13 @@ def tree_size(branching: Sequence[int] | TreeShape) -> int:
     return sum(math.prod(branching[:t]) for t in range(len(branching) + 1))
 
 
+def _id(t: object) -> object:
+    """A draft id as an ``int`` if it is a true integer (numpy's, a one-element integer tensor),
+    else as it is: ``1.9`` and ``True`` are no token ids, and truncating them would hide it."""
+    t = t.item() if isinstance(t, Tensor) and t.numel() == 1 else t
+    return int(t) if hasattr(t, "__index__") and not isinstance(t, bool) else t   # no float has
+
+
 @dataclass
 class Proposal:
     """A draft tree and how it was drawn: what a drafter proposes in one round.
@@ -175,13 +182,15 @@ class Proposal:
         """The chain ``root -> tokens[0] -> tokens[1] ...`` (Algorithm 1's drafts).
 
         Args:
-            tokens: ``[k]`` the drafts ``d_1..d_k``.
+            tokens: ``[k]`` the drafts ``d_1..d_k``: integers (numpy's and one-element tensors
+                become ``int``); anything else (``1.9``, ``True``) is kept as it is, so the
+                round refuses the proposal and fails its request alone.
             probs: ``[k, V]`` row ``i`` is the ``q`` that ``d_{i+1}`` was drawn from, or ``None``
                 for a deterministic drafter (one-hot ``q``).
             check: check that each ``q`` row is a distribution (``False``: a batched drafter
                 leaves it to the round, which fails a bad row alone).
         """
-        tokens = tokens.tolist() if isinstance(tokens, Tensor) else [int(t) for t in tokens]
+        tokens = tokens.tolist() if isinstance(tokens, Tensor) else [_id(t) for t in tokens]
         k = len(tokens)
         if probs is not None:
             if probs.ndim != 2 or probs.shape[0] != k:

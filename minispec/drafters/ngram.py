@@ -21,7 +21,7 @@ from itertools import islice
 
 import torch
 
-from minispec.core.sampling import SamplingParams
+from minispec.core.sampling import SamplingParams, check_args, is_int
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
 from minispec.core.tree import Proposal
@@ -129,9 +129,10 @@ class NGramDrafter(ContextDrafter):
     """
 
     def __init__(self, max_order: int = 4, window: int = 512) -> None:
-        if max_order < 2 or window < max_order:
-            raise ValueError(f"need max_order >= 2 and window >= max_order, got {max_order}, "
-                             f"{window}")
+        check_args("NGramDrafter", [
+            ("max_order", max_order, is_int(max_order) and max_order >= 2, "an integer >= 2"),
+            ("window", window, is_int(window) and (not is_int(max_order) or window >= max_order),
+             f"an integer >= max_order ({max_order!r})")])
         self.max_order, self.window = max_order, window
         super().__init__()
 
@@ -221,8 +222,11 @@ class PromptLookupDrafter(ContextDrafter):
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        check_args("PromptLookupDrafter", [
+            ("max_ngram", max_ngram, is_int(max_ngram) and max_ngram >= 1, "an integer >= 1"),
+            ("min_ngram", min_ngram, is_int(min_ngram) and 1 <= min_ngram
+             and (not is_int(max_ngram) or min_ngram <= max_ngram),
+             f"an integer in [1, max_ngram ({max_ngram!r})]")])
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         super().__init__()
 

@@ -55,6 +55,10 @@ MAX_POSITIONS = 2**22
 #: for more is refused, with the size it would need, before anything is allocated.
 MAX_ROPE_BYTES = 2**30
 
+#: The dtypes a model runs in, CPU and GPU alike (a forward adds and multiplies in them); the
+#: float8 and float4 types only store numbers (``"add_stub" not implemented for 'Float8_e4m3fn'``).
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
 #: Optional keys whose ``null`` means "derive it" or "none"; no other key may be ``null``.
 NULLABLE_KEYS = ("num_key_value_heads", "head_dim", "bos_token_id", "eos_token_id")
 
@@ -146,12 +150,13 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
 
     Raises:
         FileNotFoundError: the name is neither registered, a directory, nor a reachable hub id.
-        ValueError: an unsupported architecture, a config without a required key or with a
-            value outside what is allowed (``build_config``), pickle-only or unreadable
-            (truncated, corrupt) weights, a missing, extra, misshapen or integer-typed tensor
-            (named), an index without ``weight_map`` or with a shard outside the checkpoint folder,
-            an unusable ``device`` -- each message names the file, field or tensor. All of it is
-            checked before any weight is read or any table computed.
+        ValueError: a name longer than a path may be, a ``dtype`` no model runs in (not one of
+            ``DTYPES``: float8 only stores numbers), an unsupported architecture, a config without a
+            required key or with a value outside what is allowed (``build_config``), pickle-only or
+            unreadable (truncated, corrupt) weights, a missing, extra, misshapen or integer-typed
+            tensor (named), an index without ``weight_map`` or with a shard outside the checkpoint
+            folder, an unusable ``device`` -- each message names the file, field or tensor. All of
+            it is checked before any weight is read or any table computed.
     """
     directory = resolve(name_or_path, local_files_only=local_files_only)
     config_dict = read_json_object(directory / "config.json")
@@ -186,12 +191,18 @@ def resolve(name_or_path: str | Path, local_files_only: bool = False) -> Path:
 
     Raises:
         FileNotFoundError: nothing found (the message says what to do instead).
+        ValueError: a file, not a directory; a name longer than a path may be.
     """
     name = str(name_or_path)
     if name in REGISTERED:
         return Path(zoo_path(name))  # shipped, or fetched once and cached; clear errors either way
     local = Path(name).expanduser()
-    if local.exists():
+    try:
+        exists = local.exists()
+    except OSError as error:  # ENAMETOOLONG: no path, and no hub id either
+        raise ValueError(f"name_or_path is {len(name):,} characters long: no path this system "
+                         f"can look up ({error.strerror}), nor a hub id") from None
+    if exists:
         if local.is_file():
             raise ValueError(f"{local} is a file; pass the checkpoint directory instead")
         if not (local / "config.json").is_file():
@@ -445,11 +456,11 @@ def _pick_dtype(dtype: torch.dtype | str | None, config: dict[str, Any], device:
         if device.type == "cpu":
             return torch.float32
         dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"not a floating-point torch dtype: {dtype!r}")
-    return dtype
+    picked = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else dtype
+    if picked not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not a floating-point dtype a model runs in: use "
+                         "float32, float64, float16 or bfloat16")                 # DTYPES
+    return picked
 
 
 def from_hub(name: str, local_files_only: bool = False) -> Path:

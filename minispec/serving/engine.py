@@ -46,16 +46,12 @@ from minispec.decoding.runner import (
 )
 from minispec.drafters.base import keeps_cache
 from minispec.models.block_manager import ceil_div
-from minispec.models.kv_cache import ContiguousKVCache
+from minispec.models.kv_cache import BLOCK_BOOKKEEPING, ContiguousKVCache, device_memory
 from minispec.models.llama import Forward, Llama
 from minispec.models.paged_cache import PagedKVCache
 from minispec.serving.scheduler import KVCacheSpace, Scheduler
 
-__all__ = ["BLOCK_BOOKKEEPING", "Engine", "StepOutput", "check_kv_memory", "device_memory"]
-
-#: Bytes of Python bookkeeping per block of a paged pool (the block manager's free list and
-#: reference counts), counted with the tensors when the engine checks its memory.
-BLOCK_BOOKKEEPING = 48
+__all__ = ["Engine", "StepOutput", "check_kv_memory"]
 
 
 @dataclass(frozen=True)
@@ -516,20 +512,10 @@ def _per_prompt(value: Any, prompts: Seq[Any], what: str) -> list[Any]:
     return values
 
 
-def device_memory(device: torch.device) -> int:
-    """Bytes of memory on ``device``: a GPU's total, else the machine's physical RAM."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):       # no sysconf (Windows): no known limit
-        return 2**63
-
-
 def check_kv_memory(models: list[Llama], paged: bool, num_slots: int, seq_len: int,
                     block_size: int, num_blocks: int | None) -> None:
     """``ValueError``, before anything is allocated, when the KV caches of ``models`` would need
-    more than [`device_memory`][minispec.serving.engine.device_memory]: keys and values of every
+    more than [`device_memory`][minispec.models.kv_cache.device_memory]: keys and values of every
     layer at every position (``num_slots * seq_len`` positions, or a paged pool of ``num_blocks *
     block_size``, by default room for every slot to be full), plus
     ``BLOCK_BOOKKEEPING`` bytes per block."""

@@ -19,6 +19,7 @@ from minispec.tools.argtypes import (
     non_negative_int,
     positive_int,
     positive_int_list,
+    sample_count,
     thread_count,
 )
 
@@ -434,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Show speculative sampling on explicit distributions: the "
                                       "output law equals the target's, the acceptance rate equals "
                                       "sum min(p, q).")
-    demo.add_argument("--samples", type=int, default=20_000,
+    demo.add_argument("--samples", type=sample_count, default=20_000,
                       help="number of draws (default 20000, a few seconds)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument("-k", type=int, default=4, help="drafts per round (default 4)")
