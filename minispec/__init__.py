@@ -6,14 +6,10 @@ and ``r`` a draft step's and a ``k + 1``-token verify's cost, in target steps.
 **The core** -- what a student reads, and all the package needs to run: five folders, read
 bottom-up, each importing only from itself and the ones below (``tests/test_layers.py``):
 
-1. [`minispec.core`][minispec.core] -- the maths: sampling, the accept rule, trees, theory,
-   statistics, one request's bookkeeping. Tensors in, tensors out; no model, no cache.
-2. [`minispec.models`][minispec.models] -- a minimal Llama and its KV caches (contiguous and
-   paged, with the ``BlockManager``).
-3. [`minispec.drafters`][minispec.drafters] -- the ``Drafter`` interface, a draft model on the
-   machinery of any drafter with its own model and cache, n-gram tables and prompt lookup.
-4. [`minispec.decoding`][minispec.decoding] -- the one speculative round, request building, the
-   single-sequence loop (``generate``, ``speculative_generate``).
+1. [`minispec.core`][minispec.core] -- the maths: sampling, the accept walk, trees, theory.
+2. [`minispec.models`][minispec.models] -- a minimal Llama and its KV caches.
+3. [`minispec.drafters`][minispec.drafters] -- the ``Drafter`` interface, the draft model, n-grams.
+4. [`minispec.decoding`][minispec.decoding] -- the one round, requests, ``speculative_generate``.
 5. [`minispec.serving`][minispec.serving] -- continuous batching: scheduler, ``Engine``.
 
 **The wings** -- folders that import the core and are handed to it, never imported by it:

@@ -12,7 +12,7 @@ import time
 import numpy
 import pytest
 import torch
-from minispec.models.loader import load
+from minispec.loading.loader import load
 from tinymodels import VOCAB, hf_checkpoint, tiny_llama
 from tinymodels import load_refused as refused
 from tinymodels import write_checkpoint as write
@@ -169,7 +169,7 @@ def test_a_name_too_long_for_a_path_is_refused_before_the_hub_is_asked(monkeypat
     def no_lookup(*args, **kwargs):
         raise AssertionError("the hub was asked")
 
-    monkeypatch.setattr("minispec.models.loader.from_hub", no_lookup)
+    monkeypatch.setattr("minispec.loading.loader.from_hub", no_lookup)
     with pytest.raises(ValueError, match=rf"name_or_path is {len(name):,} characters long: no "
                                          r"path this system can look up \(File name too long\), "
                                          "nor a hub id"):
@@ -184,7 +184,7 @@ def test_a_dtype_the_model_cannot_run_in_is_refused_at_load(model, tmp_path, dty
     def nothing_read(*args, **kwargs):
         raise AssertionError("weights read before the dtype was checked")
 
-    monkeypatch.setattr("minispec.models.loader.read_weights_file", nothing_read)
+    monkeypatch.setattr("minispec.loading.loader.read_weights_file", nothing_read)
     refused(path, "dtype", repr(dtype), "float32, float64, float16 or bfloat16", dtype=dtype)
 
 

@@ -169,6 +169,11 @@ class Sequence:
             raise ValueError(f"sampling must be a SamplingParams or None, got {sampling!r}")
         if not is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not isinstance(stop, (str, list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+            raise TypeError(f"tokenizer must have a decode method (a Hugging Face tokenizer), "
+                            f"got {type(tokenizer).__name__}")
         stops = (stop,) if isinstance(stop, str) else tuple(stop)
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError(f"stop strings must be non-empty strings, got {stops!r}")

@@ -14,10 +14,8 @@ runs the phases in order::
     runner.rollback(seqs, proposals, verdicts, hidden)  # 3. keep the accepted path in both caches
     emitted = runner.emit(seqs, proposals, verdicts)    # 4. append tokens until a stop rule fires
 
-What the round does not decide is passed in: ``forward`` (how the target runs a step; eager
-``Llama.forward`` by default), ``verify`` (the accept rule;
-[`verify`][minispec.core.speculative.verify] by default, or a student's own chain verifier) and
-the drafter.
+What the round does not decide is passed in: ``forward`` (eager ``Llama.forward`` by default),
+``verify`` ([`verify`][minispec.core.speculative.verify], or a student's chain verifier), the drafter.
 
 A request whose logits contain NaN or +inf, or whose drafter proposes something invalid, fails alone
 (``finish_reason="error"``): it gets no verdict and no token, and the other rows go on. When a

@@ -16,14 +16,10 @@ request's acceptance, so nothing here is hard-coded; everything is measured:
   every ``R``, the plan "the ``R`` requests with the highest acceptance draft ``K`` tokens, the
   others none" with the most expected tokens per second. ``K = 0`` is plain decoding, so the
   choice never predicts less than the plain engine; a drafting plan must beat it by a hurdle;
-* [`GoodputK`][minispec.speed.goodput.GoodputK] holds the policy for a driver: it chooses each
-  round's ``k``, times the round from outside, learns from it, and lets a declined request try
-  again now and then.
-
-The choices and their inputs are kept as [`KChoice`][minispec.speed.goodput.KChoice] records
-(``Engine.k_choices``; a single sequence's in its result's ``k_choices``). The policy wraps the
-round (``round(runner, seqs, caps)``, as [`FixedK`][minispec.decoding.runner.FixedK]) and owns
-every clock: the round only marks the end of each phase.
+* [`GoodputK`][minispec.speed.goodput.GoodputK], the policy: it wraps the round (as
+  [`FixedK`][minispec.decoding.runner.FixedK] does), chooses each row's ``k``, owns every clock
+  (the round only marks its phases) and keeps its choices as
+  [`KChoice`][minispec.speed.goodput.KChoice] records (``Engine.k_choices``).
 """
 
 from __future__ import annotations

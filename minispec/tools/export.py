@@ -15,8 +15,7 @@ checkpoint:
 
 Positions: the engines number the pair ``(f_{t-1}, x_t)`` their way, minispec by the pair index
 ``t - 1``. RoPE sees only differences of positions, so the head computes the same either way
-(tests/test_export.py and tests/test_export_eagle3.py rebuild the engines' forward from the
-files and check it).
+(the export tests rebuild the engines' forward from the files and check it).
 
 The shipped head's ``"minispec"`` layout (a bias, the input norm, the target's final norm and a
 reduced vocabulary) is computed by neither engine, so it is refused rather than exported into a

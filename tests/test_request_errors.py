@@ -3,8 +3,7 @@ failure stays with its request", item 7): ``stop=5`` and a tokenizer without ``d
 error naming the argument, its value and what is allowed, before any forward, never a
 ``TypeError: 'int' object is not iterable`` or an ``AttributeError`` from deep in decoding.
 
-Request building belongs to the decoding loop and the engine: these tests state the behaviour the
-lead's restructuring of request building is to give, and fail until then.
+Both drivers build requests through ``Sequence.new``, where these checks live.
 """
 
 from __future__ import annotations
