@@ -12,13 +12,13 @@ import time
 import numpy
 import pytest
 import torch
-from minispec.loading.loader import load
 from tinymodels import VOCAB, hf_checkpoint, tiny_llama
 from tinymodels import load_refused as refused
 from tinymodels import write_checkpoint as write
 
 import minispec as ms
 from minispec.drafters.trees import MAX_TREE_NODES
+from minispec.loading.loader import load
 from minispec.models.block_manager import BlockManager
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.paged_cache import PagedKVCache

@@ -22,8 +22,7 @@ parameter: a slower implementation fails, the report saying how many cases ran),
 student's code under a deadline ([`harness`][minispec.check.harness]: it never crashes, exits or
 hangs on it, nor on the reading of a result) and fails a correct implementation with probability at
 most ``1e-3`` (a deterministic one: never; each docstring justifies its sample sizes). Any exact
-rule passes. [`bugs`][minispec.check.bugs] is the lab of real engine bugs, each caught by its
-check.
+rule passes; [`bugs`][minispec.check.bugs] is the lab of real engine bugs.
 """
 
 from minispec.check import bugs

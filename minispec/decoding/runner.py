@@ -15,7 +15,7 @@ runs the phases in order::
     emitted = runner.emit(seqs, proposals, verdicts)    # 4. append tokens until a stop rule fires
 
 What the round does not decide is passed in: ``forward`` (eager ``Llama.forward`` by default),
-``verify`` ([`verify`][minispec.core.speculative.verify], or a student's chain verifier), the drafter.
+``verify`` ([`verify`][minispec.core.speculative.verify], or a student's chain verifier), drafter.
 
 A request whose logits contain NaN or +inf, or whose drafter proposes something invalid, fails alone
 (``finish_reason="error"``): it gets no verdict and no token, and the other rows go on. When a
