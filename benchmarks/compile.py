@@ -1,7 +1,7 @@
 """Does compiling the target pay? Inductor against the fast (packed) forward, start-up included.
 
 ``torch.compile`` (inductor) can fuse a step's ~1,300 small operations and, with
-``freezing=True``, pack the weights as ``minispec.models.packed`` does. This script measures
+``freezing=True``, pack the weights as ``minispec.speed.packed`` does. This script measures
 what it costs to get there and what it buys, for one model (default: SmolLM2-135M-Instruct):
 
 1. **start-up**, cold and warm: ``--starts`` fresh processes in turn compile the whole forward
@@ -49,7 +49,7 @@ def one_start(target: str, max_k: int, repeats: int, clock: str) -> dict:
     """Compile the forward, run the first forwards; with ``repeats``, time the steps too."""
     from torch._dynamo.utils import compile_times
 
-    from minispec.models.packed import make_fast
+    from minispec.speed.packed import make_fast
     from minispec.tools import costs
 
     compiled = costs.get_model(target)

@@ -5,19 +5,19 @@ For each batch size it runs the same greedy prompts through
 * ``minispec.Engine`` without speculation, and with each drafter (the draft model, n-gram
   drafting, an EAGLE head with ``--eagle``) twice: with a fixed ``k`` (``adaptive=False``) and as a
   user gets it by default (goodput control: ``k`` per request and step from the measured costs,
-  see ``minispec.decoding.goodput``);
+  see ``minispec.speed.goodput``);
 * transformers' continuous batching (``model.generate_batch``) and static batched ``generate``
   (left-padded; every request runs to ``max_new_tokens``, EOS ignored, so the work is equal);
 
 and reports generated tokens per second, mean tokens per target forward (per request, and per
 batched target forward of the engine), and whether the greedy tokens equal plain single-request
-``minispec.generate``. Every mode runs ``--repeats`` times, interleaved (every other repeat in
-reverse order), and keeps its best time (the machine is shared: the best of a few runs is the least
-disturbed), or with ``--statistic median`` its median run (steadier for comparing policies: a
-best-of-2 moved by 5-10 % between runs of the same code on the 2-core VM). A mode's speed as a
-multiple of the plain engine's is the median, over the repeats, of its tokens/s over the plain
-engine's in the same repeat, printed with the lowest and highest of those ratios; for differences
-of a few per cent, ``benchmarks/lockstep.py`` runs the engines step by step in turn instead.
+``minispec.generate``. Every mode runs ``--repeats`` times through ``minispec.tools.lockstep``'s
+``interleave`` (every other repeat in reverse order; a fresh engine and its warm wave untimed) and
+reports its median speed on the ``--clock`` (wall by default; ``cpu``: this process's CPU time,
+with ``--threads 1`` on a shared machine). A mode's speed as a multiple of the plain engine's is
+the median of ``lockstep.ratios``: its tokens/s over the plain engine's in the same repeat, printed
+with the lowest and highest of those ratios; for differences of a few per cent,
+``benchmarks/lockstep.py`` runs the engines step by step in turn instead.
 ``--controls`` adds, per drafter, the default engine with a
 policy that never drafts: what the drafter's machinery costs without speculation, so that a loss
 of the default can be told apart from it. ``--warm`` first serves every engine (and transformers)
@@ -34,7 +34,7 @@ Examples::
     python benchmarks/engine.py --threads 2          # the full table on the shipped pair
     python benchmarks/engine.py --model smollm2-135m-instruct --eagle --batch-sizes 1 4 16 --skip-hf
     python benchmarks/engine.py --threads 1 --clock cpu --batch-sizes 16 32 --skip-hf \
-        --repeats 3 --statistic median --controls      # is the default's loss the policy's?
+        --repeats 3 --controls                         # is the default's loss the policy's?
 
 Not a test: timings depend on the machine and its load.
 """
@@ -43,19 +43,21 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 import minispec as ms
-from minispec.decoding.goodput import GoodputK
 from minispec.serving.engine import Engine
+from minispec.speed.goodput import GoodputK
+from minispec.tools import records
+from minispec.tools.lockstep import interleave, ratios
 
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
 #: The shipped pair's shapes (notes/tiny-models.md), for random stand-ins when it is not built.
@@ -91,8 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--drafters", nargs="+", default=["draft", "ngram"],
                         choices=["draft", "ngram"], help="which other drafters to run")
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved")
-    parser.add_argument("--statistic", choices=["best", "median"], default="best",
-                        help="which of a mode's runs is kept (median: the middle by tokens/s)")
+    parser.add_argument("--statistic", choices=["best", "median"], default="median",
+                        help="accepted for the recorded commands; a mode reports the median of "
+                             "its interleaved repeats (minispec.tools.lockstep)")
     parser.add_argument("--warm", action="store_true",
                         help="time a second wave: every engine first serves other prompts, untimed")
     parser.add_argument("--hurdle", type=float, default=None,
@@ -173,7 +176,9 @@ class NeverDrafts(GoodputK):
         return [0] * len(caps)
 
 
-def run_engine(target, prompts, batch, args, control: bool = False, warm=None, **kwargs) -> dict:
+def prepare_engine(target, prompts, batch, args, control: bool = False, warm=None, **kwargs):
+    """A task for ``lockstep.interleave``: a fresh engine (after the untimed ``warm`` wave) and its
+    timed run over ``prompts``, which returns its tokens, choices and outputs."""
     engine = Engine(target, k=args.k, max_batch_size=batch, kv_cache=args.kv_cache, **kwargs)
     if control:
         engine.policy = NeverDrafts(args.k)
@@ -182,24 +187,25 @@ def run_engine(target, prompts, batch, args, control: bool = False, warm=None, *
     if warm:
         engine.generate(warm, progress=False, max_new_tokens=args.max_new_tokens, eos_token_id=[])
     choices_before, forwards_before = len(engine.k_choices), engine.target_forwards  # warm wave
-    clock = CLOCK[args.clock]
-    start = clock()
-    results = engine.generate(prompts, progress=False, max_new_tokens=args.max_new_tokens,
-                              eos_token_id=[])
-    seconds = clock() - start
-    tokens = sum(len(r.tokens) for r in results)
-    chosen = [k for choice in list(engine.k_choices)[choices_before:] for k in choice.ks]
-    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
-                mean_k=sum(chosen) / len(chosen) if chosen else None,
-                tokens_per_target_forward=sum(r.stats.tokens_per_target_forward
-                                              for r in results) / len(results),
-                tokens_per_batched_forward=tokens / max(1, engine.target_forwards
-                                                       - forwards_before),
-                acceptance=_mean([r.stats.acceptance_rate for r in results]),
-                outputs=[r.tokens for r in results])
+
+    def run() -> dict:
+        results = engine.generate(prompts, progress=False, max_new_tokens=args.max_new_tokens,
+                                  eos_token_id=[])
+        tokens = sum(len(r.tokens) for r in results)
+        chosen = [k for choice in list(engine.k_choices)[choices_before:] for k in choice.ks]
+        return dict(tokens=tokens, mean_k=sum(chosen) / len(chosen) if chosen else None,
+                    tokens_per_target_forward=sum(r.stats.tokens_per_target_forward
+                                                  for r in results) / len(results),
+                    tokens_per_batched_forward=tokens / max(1, engine.target_forwards
+                                                           - forwards_before),
+                    acceptance=_mean([r.stats.acceptance_rate for r in results]),
+                    outputs=[r.tokens for r in results])
+
+    return run
 
 
 def run_hf_continuous(hf, prompts, batch, args, eos) -> dict:
+    """transformers' continuous batching (``generate_batch``) over ``prompts``, greedy."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -209,21 +215,16 @@ def run_hf_continuous(hf, prompts, batch, args, eos) -> dict:
     per_request = -(-(max(map(len, prompts)) + args.max_new_tokens) // 16)
     cb = ContinuousBatchingConfig(max_requests_per_batch=batch, page_size=16,
                                   num_blocks=len(prompts) * per_request + 16)
-    clock = CLOCK[args.clock]
-    start = clock()
     out = hf.generate_batch(inputs=prompts, generation_config=config, progress_bar=False,
                             continuous_batching_config=cb)
-    seconds = clock() - start
     by_prompt = sorted(out.values(), key=lambda o: int(str(o.request_id).rsplit("_", 1)[-1]))
     outputs = [list(o.generated_tokens) for o in by_prompt]
-    tokens = sum(len(o) for o in outputs)
-    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, outputs=outputs)
+    return dict(tokens=sum(len(o) for o in outputs), outputs=outputs)
 
 
 def run_hf_static(hf, prompts, batch, args, eos) -> dict:
     """Static batches of ``batch`` left-padded prompts through ``generate`` (greedy)."""
-    clock = CLOCK[args.clock]
-    outputs, start = [], clock()
+    outputs = []
     pad = eos if eos is not None else 0
     for i in range(0, len(prompts), batch):
         group = prompts[i:i + batch]
@@ -233,16 +234,14 @@ def run_hf_static(hf, prompts, batch, args, eos) -> dict:
         out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
                           min_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
         outputs += out[:, width:].tolist()
-    seconds = clock() - start
-    tokens = sum(len(o) for o in outputs)
-    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, outputs=outputs)
+    return dict(tokens=sum(len(o) for o in outputs), outputs=outputs)
 
 
-def kept(results: list[dict], statistic: str) -> dict:
-    """The run a mode reports: its fastest, or its median by tokens per second (the lower middle
-    of an even count)."""
-    ordered = sorted(results, key=lambda r: r["tokens_per_s"])
-    return ordered[-1] if statistic == "best" else ordered[(len(ordered) - 1) // 2]
+def prepare_hf(run, hf, prompts, batch, args, eos, warm=None):
+    """A task for ``lockstep.interleave``: transformers' ``run``, after its untimed warm wave."""
+    if warm:
+        run(hf, warm, batch, args, eos)
+    return lambda: run(hf, prompts, batch, args, eos)
 
 
 def _mean(values) -> float:
@@ -263,7 +262,7 @@ def main(argv=None) -> None:
             from transformers import AutoModelForCausalLM
             hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     if args.fast:
-        from minispec.models.packed import make_fast
+        from minispec.speed.packed import make_fast
         target, draft = make_fast(target), draft and make_fast(draft)
         label += ", packed CPU path"
     drafters = {name: spec for name, spec in (("draft", draft), ("ngram", "ngram"))
@@ -275,7 +274,7 @@ def main(argv=None) -> None:
     eos = target.config.eos_token_ids[0] if target.config.eos_token_ids else None
     print(f"{label}; {torch.get_num_threads()} threads; k={args.k}; "
           f"{args.max_new_tokens} new tokens; {args.clock} clock, "
-          f"{args.statistic} of {args.repeats}"
+          f"median of {args.repeats} interleaved repeats"
           f"{'; warm engines (second wave timed)' if args.warm else '; fresh engines'}")
 
     rows = []
@@ -293,36 +292,38 @@ def main(argv=None) -> None:
             runs[f"{name} default"] = dict(drafter=spec)
             if args.controls:
                 runs[f"{name} never"] = dict(drafter=spec, control=True)
-        results: dict[str, list[dict]] = {}
-        for repeat in range(args.repeats):   # interleaved, so a disturbance hits every mode alike,
-            order = list(runs.items())       # and every other repeat in reverse order, so that
-            for name, kwargs in order if repeat % 2 == 0 else order[::-1]:  # no mode runs first
-                results.setdefault(name, []).append(
-                    run_engine(target, prompts, batch, args, warm=warm, **kwargs))
-            if hf is not None:
-                for name, run in (("hf-continuous", run_hf_continuous),
-                                  ("hf-static", run_hf_static)):
-                    if warm:
-                        run(hf, warm, batch, args, eos)
-                    results.setdefault(name, []).append(run(hf, prompts, batch, args, eos))
-        modes = {name: kept(rs, args.statistic) for name, rs in results.items()}
-        plain = results["engine"]
+        tasks = {name: partial(prepare_engine, target, prompts, batch, args, warm=warm, **kwargs)
+                 for name, kwargs in runs.items()}
+        if hf is not None:
+            for name, run in (("hf-continuous", run_hf_continuous), ("hf-static", run_hf_static)):
+                tasks[name] = partial(prepare_hf, run, hf, prompts, batch, args, eos, warm)
+        timed = interleave(tasks, args.repeats, clock=CLOCK[args.clock])
+        modes = {name: summary(t, reference) for name, t in timed.items()}
+        paired_ = ratios({name: t.seconds for name, t in timed.items()}, "engine",
+                         {name: t.output["tokens"] for name, t in timed.items()})
         for name, result in modes.items():   # each repeat's tokens/s over the plain engine's
-            result["paired"] = sorted(r["tokens_per_s"] / e["tokens_per_s"]
-                                      for r, e in zip(results[name], plain, strict=True))
-        for result in modes.values():
-            outputs = result.pop("outputs")
-            result["same_as_generate"] = sum(o == r for o, r in
-                                             zip(outputs, reference, strict=True)) / len(prompts)
+            result["paired"] = paired_[name]
         rows.append(dict(batch_size=batch, requests=len(prompts), modes=modes))
         print_row(batch, modes)
     print_table(rows, list(drafters), args.k)
 
     report = dict(label=label, threads=torch.get_num_threads(), k=args.k,
                   max_new_tokens=args.max_new_tokens, kv_cache=args.kv_cache, rows=rows)
-    (args.out / "engine.json").write_text(json.dumps(report, indent=2))
+    records.write(args.out / "engine.json", report, args.clock)
     plot(rows, args.out / "engine.png", label)
     print(f"wrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
+
+
+def summary(timed, reference: list[list[int]]) -> dict:
+    """A mode's report from its interleaved runs: the median speed over the repeats, the speeds
+    themselves, and the share of its outputs equal to ``ms.generate``'s."""
+    result = dict(timed.output)
+    outputs = result.pop("outputs")
+    speeds = sorted(result["tokens"] / max(s, 1e-9) for s in timed.seconds)
+    result.update(seconds=timed.median, tokens_per_s=statistics.median(speeds), speeds=speeds,
+                  same_as_generate=sum(o == r for o, r in zip(outputs, reference, strict=True))
+                  / len(reference))
+    return result
 
 
 def paired(result: dict) -> float:

@@ -1,10 +1,11 @@
 """SmolLM2-135M-Instruct on a CUDA GPU: the static step with and without CUDA graphs, the record.
 
-Writes ``docs/data/gpu.json`` (``--record``), the one GPU record the results page and the lessons
-render. Run on a machine with a CUDA device (CI has none; ``benchmarks/gpu_session.sh`` is the
-whole device run)::
+Writes ``minispec/tools/measured/gpu.json`` (``--record``), the one GPU record the results page
+and the lessons render (read by ``minispec.tools.records``). Run on a machine with a CUDA device
+(CI has none; ``benchmarks/gpu_session.sh`` is the whole device run)::
 
-    python benchmarks/gpu.py --record docs/data/gpu.json --commit "$(git rev-parse HEAD)"
+    python benchmarks/gpu.py --record minispec/tools/measured/gpu.json \
+        --commit "$(git rev-parse HEAD)"
 
 ``--device cpu --model shakespeare-target`` runs every section on the CPU with the shipped tiny
 model (graphs are CUDA-only, so "on" and "off" time the static step and the dynamic path there):
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 import traceback
@@ -41,7 +41,8 @@ from pathlib import Path
 import torch
 
 import minispec as ms
-from minispec.models.static_step import BATCH_BUCKETS, StaticForward
+from minispec.speed.static_step import BATCH_BUCKETS, StaticForward
+from minispec.tools import records
 from minispec.tools.workloads import multitask
 
 MODEL = "smollm2-135m-instruct"
@@ -165,7 +166,7 @@ def hf_tokens_per_s(target, tokenizer, name: str, prompts: list, new_tokens: int
     """transformers' ``generate`` with its static cache, the batch left-padded, greedy."""
     from transformers import AutoModelForCausalLM
 
-    from minispec.models.loader import resolve
+    from minispec.loading.loader import resolve
 
     hf = AutoModelForCausalLM.from_pretrained(resolve(name), dtype=target.dtype,
                                               trust_remote_code=False).to(target.device)
@@ -228,17 +229,9 @@ def bf16(name: str, device: str, per_category: int, new_tokens: int, k: int) -> 
             "outputs": len(prompts)}
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--record", type=Path, default=Path("docs/data/gpu.json"))
+    parser.add_argument("--record", type=Path, default=Path("minispec/tools/measured/gpu.json"))
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default=MODEL)
@@ -251,12 +244,9 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device (use --device cpu --model shakespeare-target to dry-run)")
     target, tokenizer = ms.load(args.model, device=args.device, dtype=torch.float32)
-    cuda = args.device == "cuda"
-    record = {"machine": {"device": torch.cuda.get_device_name() if cuda else "cpu",
-                          "torch": torch.__version__, "cuda": torch.version.cuda},
-              "commit": args.commit or git_commit(), "model": args.model, "dtype": "float32",
-              "command": " ".join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
-              "identical_tokens": True, "seconds": {}}
+    record = records.stamp("wall", " ".join(["python", "benchmarks/gpu.py", *sys.argv[1:]]))
+    record["commit"] = args.commit or record["commit"] or "unknown"
+    record |= {"model": args.model, "dtype": "float32", "identical_tokens": True, "seconds": {}}
     jobs = {
         "costs": lambda: costs(target, args.batch_sizes, args.k),
         "speedups": lambda: speedup_section(target, tokenizer, args),

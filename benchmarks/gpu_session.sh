@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole GPU run, on the device machine: the CUDA tests, then docs/data/gpu.json's figures.
+# The whole GPU run, on the device machine: the CUDA tests, then the GPU record's figures
+# (minispec/tools/measured/gpu.json).
 # Prepared and timed on the CPU first (DEVICE=cpu below); on a GPU it must end within 8 minutes.
 #
 # From the developer's machine, after `bash benchmarks/gpu_prepare.sh`, three device calls in a
@@ -8,7 +9,8 @@
 #   2. carry [".gpu/smol.gguf.xz.part-ab"]                   command: ls -l .gpu
 #   3. carry [".gpu/smol.gguf.xz.part-ac", ".gpu/gguf-0.19.0-py3-none-any.whl"]
 #      command: COMMIT=<the commit measured> bash benchmarks/gpu_session.sh      (timeout 540)
-# It writes $OUT/gpu.json (copy it to docs/data/gpu.json), $OUT/cuda-tests.log, $OUT/gpu.log.
+# It writes $OUT/gpu.json (copy it to minispec/tools/measured/gpu.json), $OUT/cuda-tests.log and
+# $OUT/gpu.log.
 #
 # DEVICE=cpu MODEL=shakespeare-target bash benchmarks/gpu_session.sh   # the dry run on a CPU
 set -uo pipefail

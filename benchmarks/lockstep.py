@@ -11,7 +11,7 @@ For every batch size ``B`` and drafter it serves ``2 x B`` requests, at least 4 
 each, EOS ignored, so the work is equal), through
 
 * the plain engine (no drafter);
-* the engine with the drafter as a user gets it: goodput ``k`` (``minispec.decoding.goodput``);
+* the engine with the drafter as a user gets it: goodput ``k`` (``minispec.speed.goodput``);
 * a control: the same engine with a policy that never drafts, which does the plain engine's work
   plus the drafter's bookkeeping and the policy's, so its ratio is the price of that machinery,
   and its spread over repeats is the measurement's;
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import tempfile
@@ -53,8 +52,9 @@ import torch
 from engine import NeverDrafts, load_models, make_prompts  # benchmarks/engine.py
 
 import minispec as ms
-from minispec.models.packed import make_fast
 from minispec.serving.engine import Engine
+from minispec.speed.packed import make_fast
+from minispec.tools import records
 from minispec.tools.lockstep import lockstep  # one step of each engine in turn, CPU time
 
 
@@ -72,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         choices=["draft", "ngram", "eagle"],
                         help="draft: the shipped draft model; eagle: <model>-eagle (needs --model)")
     parser.add_argument("--fast", action="store_true",
-                        help="the target on the packed CPU path (minispec.models.packed.make_fast)")
+                        help="the target on the packed CPU path (minispec.speed.packed.make_fast)")
     parser.add_argument("--fixed", action="store_true", help="also each drafter at a fixed k")
     parser.add_argument("--cold", action="store_true", help="time fresh engines (no first wave)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -166,9 +166,7 @@ def main(argv=None) -> None:
     print("(each engine's tokens per CPU second x the plain engine's in the same lockstep run: "
           "median [lowest-highest] over the runs; default: goodput k, mean k chosen; never: the "
           "default's machinery with a policy that never drafts)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lockstep.json").write_text(json.dumps(dict(label=label, k=args.k, rows=rows),
-                                                        indent=2))
+    records.write(args.out / "lockstep.json", dict(label=label, k=args.k, rows=rows), "cpu")
     print(f"wrote {args.out / 'lockstep.json'}")
 
 

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from engine import load_models, make_prompts  # benchmarks/engine.py
 
-from minispec.models import packed
 from minispec.serving.engine import Engine
+from minispec.speed import packed
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -18,9 +18,9 @@ CPU time (``time.process_time``; with one thread it leaves out the time other jo
 away, so it is the steadier number on a shared machine). One run, not a median: tokens per
 forward are exact, the ratios are noisy.
 
-``--calibrate`` prints what the hybrid's rule is built on (``minispec.drafters.hybrid``): drafts
-accepted per round by the suffix drafter after a match of 1..6+ tokens, by the head, and a head
-round's draft time relative to its verify time.
+``--calibrate`` prints what the hybrid's rule is built on (``minispec.extra_drafters.hybrid``):
+drafts accepted per round by the suffix drafter after a match of 1..6+ tokens, by the head, and a
+head round's draft time relative to its verify time.
 
 Examples::
 
@@ -42,9 +42,10 @@ from typing import Any
 import torch
 
 import minispec as ms
-from minispec.drafters.hybrid import HybridDrafter
 from minispec.drafters.ngram import PromptLookupDrafter
-from minispec.drafters.suffix import SuffixDrafter, SuffixStore
+from minispec.extra_drafters.hybrid import HybridDrafter
+from minispec.extra_drafters.suffix import SuffixDrafter, SuffixStore
+from minispec.speed.timing import TimedRounds
 from minispec.tools import workloads
 
 
@@ -174,12 +175,13 @@ def calibrate(target, head, prompts: dict[str, list[int]], args) -> str:
                                      strict=True) if d > 0]
         for m, a in zip(matches, drafted, strict=True):
             by_match[min(m, 6)].append(a)
+        clock = TimedRounds()
         out = ms.speculative_generate(target, head, ids, args.max_new_tokens, k=args.k,
-                                      adaptive=False)
+                                      policy=clock)
         head_accepted += [a for d, a in zip(out.stats.drafted_per_round,
                                             out.stats.accepted_per_round, strict=True) if d > 0]
-        draft_time, verify_time = (draft_time + out.stats.draft_time,
-                                   verify_time + out.stats.verify_time)
+        draft_time, verify_time = (draft_time + clock.seconds["draft"],
+                                   verify_time + clock.seconds["score"])
     lines = [f"suffix k={args.k}: drafts accepted per round by match length (rounds)"]
     for m in sorted(by_match):
         lines.append(f"  match {m}{'+' if m == 6 else ' '}  "

@@ -12,10 +12,11 @@ n-gram table drafts, since there is no draft model):
   through the tree machinery.
 
 and prints, side by side: tokens per target forward, draft forwards per token, seconds per token
-(process CPU time, the median over ``--repeats`` interleaved runs: the machine is shared) and the
-speedup over plain decoding; every output is checked token-equal to plain greedy. Then r(N): the
-median time of one target forward that scores a tree of N nodes after a context of ``--context``
-tokens, divided by the time of one token. A tree pays only while r(N) stays low.
+(process CPU time, the median over ``--repeats`` runs interleaved by ``minispec.tools.lockstep``:
+the machine is shared) and the speedup over plain decoding; every output is checked token-equal
+to plain greedy. Then r(N): the median time of one target forward that scores a tree of N nodes
+after a context of ``--context`` tokens, divided by the time of one token. A tree pays only while
+r(N) stays low.
 
 Examples::
 
@@ -44,16 +45,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 import minispec as ms
-from minispec.decoding.loop import GenerationResult
+from minispec.decoding.request import GenerationResult
 from minispec.drafters.trees import check_branching
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import TreeAttention
 from minispec.tools import workloads
+from minispec.tools.lockstep import interleave
 
 SNIPPET = Path(__file__).resolve().parents[1] / "tests" / "data" / "heldout_snippet.txt"
 
@@ -153,13 +156,10 @@ def modes(target, draft, args) -> dict:
 
 def compare(target, draft, prompts, args, head=None) -> None:
     runs = modes(target, draft, args) if head is None else eagle_modes(target, head, args)
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    results: dict[str, list[GenerationResult]] = {}
-    for _ in range(args.repeats):                  # interleaved: every mode sees the same load
-        for name, run in runs.items():
-            t0 = time.process_time()
-            results[name] = [run(p) for p in prompts]
-            times[name].append(time.process_time() - t0)
+    timed = interleave({name: (lambda run=run: lambda: [run(p) for p in prompts])
+                        for name, run in runs.items()}, args.repeats, clock=time.process_time)
+    times = {name: t.seconds for name, t in timed.items()}
+    results: dict[str, list[GenerationResult]] = {name: t.output for name, t in timed.items()}
     base = [r.tokens for r in results["plain"]]
     base_time = statistics.median(times["plain"]) / sum(len(t) for t in base)
     width = max(24, *(len(name) for name in runs))
@@ -185,7 +185,9 @@ def r_of_n(target, context: list[int], nodes: list[int], repeats: int = 30) -> N
     target(torch.tensor([context[:-1]]), torch.arange(n - 1)[None], cache, [slot])
     g = torch.Generator().manual_seed(0)
 
-    def step(size: int) -> float:
+    def step(size: int):
+        """A task for ``interleave``: a random tree of ``size`` nodes (untimed), then its forward
+        and the cache rolled back."""
         parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, size)]
         tree = ms.DraftTree(list(torch.randint(0, target.config.vocab_size, (size,),
                                                generator=g).tolist()),
@@ -196,19 +198,11 @@ def r_of_n(target, context: list[int], nodes: list[int], repeats: int = 30) -> N
         ids = torch.tensor([[context[-1]] + tree.tokens[1:]])
         pos = torch.tensor([[n - 1 + d for d in depth]])
         attn = TreeAttention.for_nodes(tree.ancestor_mask(), start=n - 1)
-        t0 = time.process_time()
-        target(ids, pos, cache, [slot], tree=attn)
-        elapsed = time.process_time() - t0
-        cache.truncate_to(slot, n - 1)
-        return elapsed
+        return lambda: (target(ids, pos, cache, [slot], tree=attn), cache.truncate_to(slot, n - 1))
 
-    for size in nodes:                                     # one untimed step per shape
-        step(size)
-    samples: dict[int, list[float]] = {size: [] for size in nodes}
-    for _ in range(repeats):
-        for size in nodes:
-            samples[size].append(step(size))
-    median = {size: statistics.median(s) for size, s in samples.items()}
+    timed = interleave({size: partial(step, size) for size in nodes}, repeats, warmup=1,
+                       clock=time.process_time)                # one untimed repeat per shape
+    median = {size: t.median for size, t in timed.items()}
     print(f"\nr(N) after {n} context tokens (median of {repeats}, process CPU time)")
     print(f"{'N':>4} {'ms':>8} {'r(N)':>6}")
     for size in nodes:

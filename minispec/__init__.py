@@ -1,28 +1,26 @@
 """minispec: an educational reference implementation of speculative decoding.
 
-Notation everywhere (code, docstrings, lessons): ``p`` the target distribution, ``q`` the draft's,
-``k`` (gamma in the papers) draft tokens per round, ``alpha`` the expected acceptance rate, ``c``
-a draft step's cost and ``r`` the cost of verifying ``k + 1`` tokens, both in target steps.
+Notation: ``p`` target, ``q`` draft, ``k`` (gamma) drafts per round, ``alpha`` acceptance, ``c``
+and ``r`` a draft step's and a ``k + 1``-token verify's cost, in target steps.
 
-Layers, one folder each, read bottom-up; a module imports only from its own folder or the ones
-below it (``tests/test_layers.py`` checks it):
+**The core** -- what a student reads, and all the package needs to run: five folders, read
+bottom-up, each importing only from itself and the ones below (``tests/test_layers.py``):
 
-1. [`minispec.core`][minispec.core] -- the maths: sampling, the accept rule, trees, theory,
-   statistics, one request's bookkeeping. Tensors in, tensors out; no model, no cache.
-2. [`minispec.zoo`][minispec.zoo] -- the registry of shipped and fetched models (names to folders).
-3. [`minispec.models`][minispec.models] -- a minimal Llama, KV caches (contiguous and paged), the
-   loader, chat templates, the EAGLE head, the packed CPU path.
-4. [`minispec.drafters`][minispec.drafters] -- who proposes drafts: the ``Drafter`` base class,
-   a draft model, n-gram tables and prompt lookup, an EAGLE head, and their tree forms.
-5. [`minispec.decoding`][minispec.decoding] -- the one speculative round, the single-sequence loop
-   (``generate``, ``speculative_generate``), request validation, the draft-length policy.
-6. [`minispec.serving`][minispec.serving] -- continuous batching: scheduler, ``Engine``.
-7. [`minispec.check`][minispec.check] -- graders for a student's own implementation of the pieces
-   above (``ms.check.verifier(fn)`` ...), and a lab of real bugs they catch.
-8. [`minispec.tools`][minispec.tools] -- benchmarks, cost reports, workloads, pictures, the command
-   line, the training recipes; not imported here: ``from minispec.tools import viz``.
+1. [`minispec.core`][minispec.core] -- the maths: sampling, the accept walk, trees, theory.
+2. [`minispec.models`][minispec.models] -- a minimal Llama and its KV caches.
+3. [`minispec.drafters`][minispec.drafters] -- the ``Drafter`` interface, the draft model, n-grams.
+4. [`minispec.decoding`][minispec.decoding] -- the one round, requests, ``speculative_generate``.
+5. [`minispec.serving`][minispec.serving] -- continuous batching: scheduler, ``Engine``.
 
-Re-exports the coursework API; registers the wing [`minispec.grammar`][minispec.grammar].
+**The wings** -- folders that import the core and are handed to it, never imported by it:
+[`minispec.speed`][minispec.speed] (the packed CPU path, static steps and CUDA graphs, the
+goodput draft-length policy), [`minispec.extra_drafters`][minispec.extra_drafters] (suffix,
+hybrid, EAGLE heads, dynamic trees), [`minispec.loading`][minispec.loading] (``load``, the
+[`minispec.zoo`][minispec.zoo]) and [`minispec.grammar`][minispec.grammar] (a grammar on a
+request). This module wires the wings' defaults in (below).
+
+**Around them**: [`minispec.check`][minispec.check] (graders) and
+[`minispec.tools`][minispec.tools] (not imported here).
 """
 
 from minispec import check, grammar
@@ -31,6 +29,7 @@ from minispec.core.constraint import FACTORIES
 from minispec.core.sampling import SamplingParams, probs_from_logits, sample
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import (
+    Draft,
     Verdict,
     iterative_speculative_sample,
     residual,
@@ -38,19 +37,29 @@ from minispec.core.speculative import (
     verify,
 )
 from minispec.core.stats import SpecStats
-from minispec.core.tree import DraftTree, DynamicTree, Proposal
+from minispec.core.tree import DraftTree, Proposal
 from minispec.decoding.loop import GenerationResult, generate, speculative_generate
-from minispec.drafters.base import Draft, Drafter, ModelDrafter
-from minispec.drafters.eagle import EagleDrafter, load_drafter
-from minispec.drafters.hybrid import HybridDrafter
-from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
-from minispec.drafters.suffix import SuffixDrafter
+from minispec.decoding.runner import DEFAULTS
+from minispec.drafters.base import Drafter
+from minispec.drafters.model import ModelDrafter
+from minispec.drafters.ngram import DRAFTERS, NGramDrafter, PromptLookupDrafter
+from minispec.extra_drafters.dynamic import DynamicTree
+from minispec.extra_drafters.eagle import EagleDrafter, load_drafter
+from minispec.extra_drafters.hybrid import HybridDrafter
+from minispec.extra_drafters.suffix import SuffixDrafter
+from minispec.loading import prompts
+from minispec.loading.loader import load
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
-from minispec.models.loader import load
 from minispec.models.paged_cache import PagedKVCache
 from minispec.serving.engine import Engine, StepOutput
+from minispec.speed.defaults import collaborators
 
+# the wings' defaults, wired here so that the core never imports a wing: the Engine's goodput k,
+# CUDA graphs on a GPU, prompts of text and chat messages, the drafter named "suffix", grammars
+DEFAULTS.speed = collaborators
+DEFAULTS.prompts = prompts
+DRAFTERS["suffix"] = SuffixDrafter
 FACTORIES.append(grammar.constraint_for)     # requests with a json_schema or regex get a grammar
 
 __version__ = "0.1.0"

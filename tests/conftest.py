@@ -103,7 +103,7 @@ def hf_model_factory():
 @pytest.fixture(scope="session", params=list(TINY_CONFIGS))
 def tiny(request, tmp_path_factory) -> TinyCheckpoint:
     """Each tiny config in turn: saved to disk and loaded by ``minispec.load`` (fp32, CPU)."""
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     name = request.param
     hf = make_hf_model(name)
@@ -115,7 +115,7 @@ def tiny(request, tmp_path_factory) -> TinyCheckpoint:
 @pytest.fixture(scope="session")
 def tiny_gqa(tmp_path_factory) -> TinyCheckpoint:
     """The GQA / Llama-3 RoPE / tied-embedding checkpoint alone (for tests that need one model)."""
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     hf = make_hf_model("gqa-llama3-tied")
     path = save_hf_model(hf, tmp_path_factory.mktemp("gqa-single"))
@@ -148,6 +148,15 @@ def model():
         },
     )
     return Llama(config).eval()
+
+
+@pytest.fixture(scope="session")
+def once_per_run(tmp_path_factory):
+    """``once_per_run(name, make) -> folder``: ``make(folder)`` run once per test run, whichever
+    xdist workers ask (a file lock in a folder the run's workers share; see ``tests/once.py``)."""
+    from once import once_per_run as once
+
+    return lambda name, make: once(tmp_path_factory, name, make)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import torch
 from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
-from minispec.decoding.goodput import GoodputK
 from minispec.drafters.ngram import ContextDrafter
+from minispec.speed.goodput import GoodputK
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +112,18 @@ def test_k_means_k_in_the_loop_and_the_policy_is_asked_for(target):
 
 
 def test_the_loop_and_the_engine_use_one_policy():
-    """Both drivers take their policy from one function (a ``GoodputK`` by default for chains);
-    no second policy exists."""
+    """Both drivers take their policy from one function (a ``GoodputK`` by default for chains,
+    installed from above; ``FixedK`` otherwise); no second policy exists."""
     import minispec.decoding as decoding
-    from minispec.decoding import goodput, loop
+    from minispec.decoding import loop, runner
     from minispec.serving import engine
-    assert loop.policy_for is goodput.policy_for is engine.policy_for
-    assert isinstance(goodput.policy_for(None, 4, chains=True), goodput.GoodputK)
-    assert goodput.policy_for(None, 4, chains=False) is goodput.policy_for(False, 4, True) is None
-    assert goodput.policy_for(None, 0, chains=True) is None               # no drafter
+    from minispec.speed import defaults, goodput
+    assert loop.collaborators is runner.collaborators is engine.collaborators
+    assert runner.DEFAULTS.speed is defaults.collaborators
+    assert isinstance(defaults.policy_for(None, 4, chains=True), goodput.GoodputK)
+    for fixed in (defaults.policy_for(None, 4, chains=False), defaults.policy_for(False, 4, True),
+                  defaults.policy_for(None, 0, chains=True)):            # trees, off, no drafter
+        assert type(fixed) is runner.FixedK
     assert not hasattr(ms, "AdaptiveK") and not hasattr(decoding, "adaptive")
 
 

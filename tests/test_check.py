@@ -30,8 +30,9 @@ from minispec.check.statistics import (
 )
 
 #: The code lines ``minispec/check`` may hold: a ratchet (see its test below); the issue's goal is
-#: 900.
-CHECK_CODE_LINES = 1_297
+#: 900. Raised from 1,233 by issue 53 (a whole grade's budget, a student's BaseException as a
+#: failed case, the deadline over the reading of a result): 24 lines.
+CHECK_CODE_LINES = 1_257
 
 # ---------------------------------------------------------------- the alternative lossless scheme
 

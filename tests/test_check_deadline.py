@@ -17,7 +17,7 @@ import torch
 
 import minispec as ms
 from minispec import check
-from minispec.check.harness import TIMEOUT
+from minispec.check.harness import GRADE_BUDGET, TIMEOUT
 from minispec.core.speculative import Draft
 
 GRADERS = {"sampler": check.sampler, "residual": check.residual, "verifier": check.verifier,
@@ -182,3 +182,97 @@ def test_a_verifier_that_never_emits_the_bonus_token_passes_with_a_hint():
 def test_a_verifier_with_the_bonus_token_gets_no_hint():
     report = check.verifier(_verify_argmax, sampled=False)
     assert report.passed and report.hint == "" and "hint" not in str(report), str(report)
+
+
+# --------------------------------------------------- issue 53: every failure stays with its request
+
+
+class _Escape(BaseException):
+    """An exception outside ``Exception``, as a student may raise."""
+
+
+def _raising(error: BaseException):
+    def fn(*args):
+        raise error
+
+    return fn
+
+
+@pytest.mark.parametrize("error, name", [(SystemExit(3), "SystemExit"),
+                                         (KeyboardInterrupt(), "KeyboardInterrupt"),
+                                         (_Escape("out"), "_Escape")])
+@pytest.mark.parametrize("kind", ["verifier", "sampler", "residual", "drafter", "rollback"])
+def test_a_student_system_exit_or_interrupt_is_a_failure_of_its_case(kind, error, name):
+    report = GRADERS[kind](_raising(error), timeout=5)
+    text = _failed(report, f"the function raised {name}")
+    assert report.summary == f"failed: {report.cases[-1].name}", text
+
+
+def test_a_base_exception_raised_while_reading_the_result_is_a_failure():
+    class ExitsWhenRead:
+        def __index__(self):
+            raise SystemExit(4)
+
+    _failed(check.verifier(lambda d, q, p, g: [ExitsWhenRead()]), "SystemExit")
+
+
+class _BlocksWhenRead:
+    """A token id whose ``__index__`` never returns."""
+
+    def __index__(self):
+        threading.Event().wait()
+
+
+class _TokensBlock:
+    """A result whose ``.tokens`` never returns; as a drafter, its draft."""
+
+    @property
+    def tokens(self):
+        threading.Event().wait()
+
+    def draft(self, context, k, sampling=None, generator=None):
+        return self
+
+
+@pytest.mark.parametrize("grade, fn", [
+    (check.verifier, lambda d, q, p, g: [_BlocksWhenRead()]),
+    (check.verifier, lambda d, q, p, g: _TokensBlock()),
+    (check.tree_verifier, lambda t, p, q, g: [_BlocksWhenRead()]),
+    (check.drafter, _TokensBlock()),
+    (check.reservation, lambda held, needs, size, free: [_BlocksWhenRead()]),
+    (check.reservation, lambda held, needs, size, free: _TokensBlock()),
+    (check.sampler, lambda p, q, g: (_BlocksWhenRead(), True)),
+], ids=["verifier-index", "verifier-tokens", "tree-index", "drafter-tokens", "reservation-index",
+        "reservation-tokens", "sampler-index"])
+def test_reading_a_result_runs_under_the_deadline(grade, fn):
+    start = time.monotonic()
+    _failed(grade(fn, timeout=0.5), "did not return within 0.5 s")
+    assert time.monotonic() - start < 15
+
+
+def test_a_grade_that_runs_out_of_its_budget_fails_saying_how_far_it_got():
+    def slow(draft_tokens, draft_probs, target_probs, generator):
+        time.sleep(0.02)
+        return ms.verify(ms.Proposal.chain(draft_tokens, draft_probs), target_probs, generator)
+
+    start = time.monotonic()
+    report = check.verifier(slow, budget=1.0)
+    assert time.monotonic() - start < 10
+    text = _failed(report, "ran 0 of 7 cases in 1 s")
+    assert "budget" in report.counterexample.what and "calls" in report.counterexample.what
+    assert report.summary.startswith("failed: ran 0 of 7 cases in 1 s"), text
+
+
+def test_every_grader_takes_the_same_budget_parameter():
+    graders = [*GRADERS.values(), check.kv_cache, check.reservation, check.acceptance,
+               check.adjustment, check.speedup]
+    for grade in graders:
+        assert inspect.signature(grade).parameters["budget"].default == GRADE_BUDGET
+    assert 10 <= GRADE_BUDGET <= 600
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.nan, "5", True])
+@pytest.mark.parametrize("name", ["timeout", "budget"])
+def test_a_limit_that_is_not_a_positive_number_is_refused(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be a number > 0"):
+        check.residual(ms.residual, **{name: value})

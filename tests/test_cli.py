@@ -28,7 +28,10 @@ def test_demo_measures_acceptance_near_theory(capsys):
 
 
 def test_demo_rejects_bad_arguments(capsys):
-    assert main(["demo", "--samples", "0"]) == 2
+    with pytest.raises(SystemExit) as info:             # argparse's one line: --samples' bounds
+        main(["demo", "--samples", "0"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--samples: must be an integer from 1" in err
     with pytest.raises(SystemExit):
         main(["nonsense"])
 

@@ -16,7 +16,7 @@ import torch
 from lawcheck import chi_square_pvalue
 
 import minispec as ms
-from minispec.models.loader import load
+from minispec.loading.loader import load
 from tests.conftest import make_hf_model, save_hf_model
 
 pytestmark = [pytest.mark.cuda,
@@ -86,9 +86,9 @@ def test_engine_on_cuda_equals_single_requests(pair, kv_cache):
         results = engine.generate(ps, max_new_tokens=20, progress=False)
         assert [r.tokens for r in results] == singles, kwargs
         if "draft" in kwargs:              # the draft model's steps were captured, in one pool
-            graphs = engine.runner.static.graphs
-            assert engine.drafter.static.graphs is graphs
-            assert set(engine.drafter.static.steps.values()) & set(graphs.graphs)
+            graphs = engine.runner.step.graphs
+            assert engine.drafter.step.graphs is graphs
+            assert set(engine.drafter.step.steps.values()) & set(graphs.graphs)
 
 
 def test_sampled_requests_do_not_depend_on_their_neighbours_on_cuda(pair):
@@ -125,7 +125,7 @@ def test_speculative_sampling_law_on_cuda():
 def test_eagle_head_drafts_exactly_on_cuda(pair):
     """A random EAGLE-style head on the GPU: its drafts are mostly wrong, and the tokens are still
     plain greedy's, in the loop and in the engine."""
-    from minispec.models.eagle_head import EagleHead
+    from minispec.extra_drafters.eagle_head import EagleHead
 
     target, _, _ = pair
     vocab = torch.arange(0, target.config.vocab_size, 2)            # a draft vocabulary V'
@@ -145,7 +145,7 @@ def _both(target, cache_kind: str, batch: int, tree: bool = False):
     """A prefill and a step of ``batch`` rows through the dynamic path and through captured
     graphs, on two equal caches; the step's two logits (the real tokens only)."""
     from minispec.models.llama import TreeAttention
-    from minispec.models.static_step import StaticForward
+    from minispec.speed.static_step import StaticForward
 
     make = {"paged": lambda: ms.PagedKVCache.for_model(target, batch, 64, block_size=8),
             "contiguous": lambda: ms.ContiguousKVCache.for_model(target, batch, 64)}[cache_kind]
@@ -170,10 +170,10 @@ def _both(target, cache_kind: str, batch: int, tree: bool = False):
         else:
             spec, step_pos = None, start[:, None] + torch.arange(3).cuda()
         expected = target(step, step_pos, dynamic, slots, tree=spec)
-        got, _ = static(step, step_pos, slots, spec)             # captured, then replayed
+        got, _ = static.in_bucket(step, step_pos, slots, spec)             # captured, then replayed
         for slot, n in zip(slots, lengths, strict=True):          # roll back; replay again
             graphed.truncate_to(slot, n)
-        again, _ = static(step, step_pos, slots, spec)
+        again, _ = static.in_bucket(step, step_pos, slots, spec)
         assert torch.equal(again, got)
         return expected, got, static
 
@@ -197,13 +197,15 @@ def test_a_captured_tree_verify_equals_the_eager_one(pair, batch):
 def test_the_engine_with_graphs_equals_single_requests_with_preemption_and_refill(pair):
     """Ten requests through a batch of four and a pool too small for them all (preemption and
     refills); draft chains and trees; every output equals plain decoding without graphs."""
+    from minispec.speed.static_step import StaticForward
+
     target, draft, _ = pair
     ps = prompts(target.config.vocab_size, 10)
     expected = [ms.generate(target, p, 24, graphs=False).tokens for p in ps]
     for branching in (None, (2, 1, 1)):
         engine = ms.Engine(target, draft=draft, k=3, max_batch_size=4, block_size=8,
                            num_blocks=40, branching=branching, adaptive=False)
-        assert engine.runner.static is not None                    # on by default on CUDA
+        assert isinstance(engine.runner.step, StaticForward)        # on by default on CUDA
         results = engine.generate(ps, max_new_tokens=24, progress=False)
         assert [r.tokens for r in results] == expected
         assert engine.target_cache.num_used_blocks == 0

@@ -9,7 +9,7 @@ from tinymodels import VOCAB, exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
 from minispec.decoding.loop import generate, speculative_generate
-from minispec.drafters.base import ModelDrafter
+from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 
 

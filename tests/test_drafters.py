@@ -5,7 +5,8 @@ import torch
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.drafters.base import ModelDrafter
+from minispec.check.one_context import OneContext
+from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 
 
@@ -85,32 +86,34 @@ def full_context_probs(model, context, params):
 def test_model_drafter_syncs_cache_with_the_accepted_context():
     model = tiny_llama(seed=5)
     drafter = ModelDrafter(model)
+    one = OneContext(drafter)            # the drafter with one request of its own
     params = ms.SamplingParams(temperature=1.0, repetition_penalty=1.2)
     g = torch.Generator().manual_seed(0)
     context = [3, 4, 5, 6]
-    draft = drafter.draft(context, 3, params, g)
+    draft = one.draft(context, 3, params, g)
     # the lazy prefill of the prompt is its own forward (as in a batch), then 3 draft steps
     assert drafter.forwards == 4
-    assert drafter.fed == context + draft.tokens[:2].tolist()   # d_3 was drawn but never fed
+    assert one.fed == context + draft.tokens[:2].tolist()   # d_3 was drawn but never fed
     # Each q row is the distribution given the context plus earlier drafts (penalty included).
     for i in range(3):
         expected = full_context_probs(model, context + draft.tokens[:i].tolist(), params)
         assert torch.allclose(draft.probs[i], expected, atol=1e-5)
     # All 3 accepted + a bonus token: the drafter must feed d_3 and the bonus (the lag of one).
     context = context + draft.tokens.tolist() + [7]
-    draft2 = drafter.draft(context, 2, params, g)
-    assert drafter.fed[: len(context)] == context
+    draft2 = one.draft(context, 2, params, g)
+    assert one.fed[: len(context)] == context
     assert torch.allclose(draft2.probs[0], full_context_probs(model, context, params), atol=1e-5)
     # Rollback: only d_1 accepted, then a correction token 9.
     context = context + [draft2.tokens[0].item(), 9]
-    draft3 = drafter.draft(context, 1, params, g)
-    assert drafter.cache.length(drafter.slot) == len(context)
+    draft3 = one.draft(context, 1, params, g)
+    assert drafter.cache.length(one.slot) == len(context)
     assert torch.allclose(draft3.probs[0], full_context_probs(model, context, params), atol=1e-5)
 
 
 def test_model_drafter_greedy_is_argmax():
     model = tiny_llama(seed=6)
-    draft = ModelDrafter(model).draft([1, 2, 3], 4, ms.SamplingParams(temperature=0), None)
+    draft = OneContext(ModelDrafter(model)).draft([1, 2, 3], 4, ms.SamplingParams(temperature=0),
+                                                 None)
     assert torch.equal(draft.probs.argmax(-1), draft.tokens)
     assert torch.equal(draft.probs.max(-1).values, torch.ones(4))
 

@@ -22,9 +22,9 @@ from tinymodels import noisy_copy, tiny_llama
 
 import minispec as ms
 from minispec.core.theory import best_tree_size
-from minispec.drafters import base
-from minispec.drafters.eagle import EagleDrafter
-from minispec.drafters.trees import grow_dynamic
+from minispec.extra_drafters import dynamic
+from minispec.extra_drafters.dynamic import grow_dynamic
+from minispec.extra_drafters.eagle import EagleDrafter
 
 NEW = 24
 PROMPTS = [[1], [3, 4, 5], [10, 11] * 6, list(range(20, 40)), [7, 7, 7, 7]]
@@ -112,7 +112,7 @@ def test_a_costly_verify_keeps_fewer_nodes(pair, monkeypatch):
         sizes.append(len(proposal.tree) - 1)
         return proposal
 
-    monkeypatch.setattr(base, "grow_dynamic", spied)
+    monkeypatch.setattr(dynamic, "grow_dynamic", spied)
     means = {}
     for name, cost in [("flat", (1.0,) * 40), ("steep", tuple(1 + 0.5 * t for t in range(40)))]:
         sizes.clear()

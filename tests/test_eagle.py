@@ -3,7 +3,8 @@ target's law.
 
 The tests use tiny random targets (tests/tinymodels.py). Three kinds of head:
 
-* a randomly initialised :class:`~minispec.models.eagle_head.EagleHead` (full vocabulary, or every
+* a randomly initialised :class:`~minispec.extra_drafters.eagle_head.EagleHead` (full vocabulary, or
+every
   other id): few drafts accepted, but every draft is still judged by the target, so greedy output
   must be the target's and sampled output must have the target's law;
 * a *self-copy* head on a one-layer target: ``fc`` passes the token's embedding through and the
@@ -28,8 +29,8 @@ from lawcheck import chi_square_pvalue
 from tinymodels import exact_two_token_law, tiny_llama
 
 import minispec as ms
-from minispec.drafters.eagle import EagleDrafter, load_drafter
-from minispec.models.eagle_head import EagleHead, load_head, save_head
+from minispec.extra_drafters.eagle import EagleDrafter, load_drafter
+from minispec.extra_drafters.eagle_head import EagleHead, load_head, save_head
 from minispec.serving.engine import Engine
 
 NEW = 20
@@ -171,7 +172,7 @@ def test_a_head_that_knows_the_target_gets_drafts_accepted(vocab):
 def test_a_packed_head_drafts_as_the_eager_one(tmp_path):
     """``make_fast`` (oneDNN-packed fc, layer and V' rows) changes float rounding only: on a
     target whose drafts get accepted, the packed head's rounds equal the eager head's."""
-    from minispec.models import packed
+    from minispec.speed import packed
 
     target = tiny_llama(seed=0, layers=1)
     if packed.unavailable_reason(target) is not None:

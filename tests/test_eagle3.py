@@ -15,8 +15,8 @@ from test_eagle import PROMPTS, every_other, random_head, self_copy_head, spied_
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.drafters.eagle import EagleDrafter
-from minispec.models.eagle_head import EagleHead, default_aux_layers, load_head, save_head
+from minispec.extra_drafters.eagle import EagleDrafter
+from minispec.extra_drafters.eagle_head import EagleHead, default_aux_layers, load_head, save_head
 from minispec.serving.engine import Engine
 
 NEW = 20

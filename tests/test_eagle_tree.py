@@ -1,4 +1,4 @@
-"""Draft trees from an EAGLE head (:class:`minispec.drafters.eagle.EagleDrafter`).
+"""Draft trees from an EAGLE head (:class:`minispec.extra_drafters.eagle.EagleDrafter`).
 
 The tiny random targets and heads are those of tests/test_eagle.py; the law check is the sampled
 tree test's of tests/test_tree_attention.py, with the head as the drafter. Three properties:
@@ -24,7 +24,7 @@ from tinymodels import tiny_llama
 import minispec as ms
 from minispec.core.tree import Proposal
 from minispec.decoding import runner
-from minispec.drafters.eagle import EagleDrafter
+from minispec.extra_drafters.eagle import EagleDrafter
 
 NEW = 24
 PROMPTS = [[1], [1, 2], [5, 6, 5, 6, 5], list(range(10, 22)), list(range(20, 44))]

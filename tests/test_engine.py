@@ -21,7 +21,7 @@ from lawcheck import chi_square_pvalue
 from tinymodels import exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.drafters.base import ModelDrafter
+from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.models.llama import Llama
 from minispec.serving.engine import Engine, StepOutput

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from tinymodels import tiny_llama
 from torch import nn
 
-from minispec.models.eagle_head import EagleHead, save_head
+from minispec.extra_drafters.eagle_head import EagleHead, save_head
 from minispec.tools import export
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -23,9 +23,9 @@ from test_eagle import PROMPTS, spied_rounds
 from torch import nn
 
 import minispec as ms
-from minispec.drafters.eagle import EagleDrafter, full_vocab
-from minispec.models.eagle_head import EagleHead, load_head, save_head
-from minispec.models.loader import load
+from minispec.extra_drafters.eagle import EagleDrafter, full_vocab
+from minispec.extra_drafters.eagle_head import EagleHead, load_head, save_head
+from minispec.loading.loader import load
 from minispec.tools import export
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""The packed fast path (minispec.models.packed): same logits as eager, same greedy tokens,
+"""The packed fast path (minispec.speed.packed): same logits as eager, same greedy tokens,
 undoable, and an eager fallback with one warning where it cannot pack.
 
 Float tolerance: the packed GEMM sums the same products in another order, so logits may differ from
@@ -14,10 +14,10 @@ import torch
 from tinymodels import noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.models import packed
 from minispec.models.kv_cache import ContiguousKVCache
-from minispec.models.packed import PackedLinear, is_fast, make_eager, make_fast, packed_bytes
 from minispec.models.paged_cache import PagedKVCache
+from minispec.speed import packed
+from minispec.speed.packed import PackedLinear, is_fast, make_eager, make_fast, packed_bytes
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                                 reason="this torch build has no oneDNN")

@@ -12,7 +12,7 @@ from tinymodels import tiny_llama
 
 import minispec as ms
 from minispec.core.theory import expected_tokens
-from minispec.decoding.goodput import (
+from minispec.speed.goodput import (
     HURDLE,
     GoodputK,
     StepCosts,
@@ -132,7 +132,7 @@ def test_a_plain_plan_is_reused_until_its_inputs_change_or_a_recheck_is_due(monk
     drafted and none has come or gone, a plain plan stands (the search costs about 1.5 % of a
     step at batch size 16 on the shipped pair) until the re-check is due, which one row makes:
     the one likeliest to accept, with one draft (a draft model then catches one row up, not B)."""
-    import minispec.decoding.goodput as goodput
+    import minispec.speed.goodput as goodput
 
     searches = []
     monkeypatch.setattr(goodput, "choose_ks", lambda *a, **kw: searches.append(1)
@@ -157,7 +157,7 @@ def test_a_plain_plan_is_reused_until_its_inputs_change_or_a_recheck_is_due(monk
 def test_a_plan_kept_plain_by_the_hurdle_alone_is_searched_every_step(monkeypatch):
     """Drafting predicted to gain 3 % (margin included): the hurdle declines it, but the costs
     drift and it may win the next step, so the search runs every step."""
-    import minispec.decoding.goodput as goodput
+    import minispec.speed.goodput as goodput
 
     searches = []
     monkeypatch.setattr(goodput, "choose_ks", lambda *a, **kw: searches.append(1)

@@ -175,8 +175,15 @@ def test_a_tokenizer_or_a_draft_that_cannot_serve_a_grammar_is_refused(pair):
     sp = ms.SamplingParams(regex=REGEX)
     with pytest.raises(ValueError, match="tokenizer: a grammar"):
         ms.generate(target, tok.encode(PROMPT), 8, sp)
-    with pytest.raises(ValueError, match="tokenizer: llguidance cannot read"):
+    with pytest.raises(TypeError, match="tokenizer must have a decode"):   # refused first
         ms.generate(target, tok.encode(PROMPT), 8, sp, tokenizer=object())
+
+    class DecodeOnly:
+        def decode(self, ids, **kwargs):
+            return ""
+
+    with pytest.raises(ValueError, match="tokenizer: llguidance cannot read"):
+        ms.generate(target, tok.encode(PROMPT), 8, sp, tokenizer=DecodeOnly())
     other = tiny_llama(vocab=48)                                  # another vocabulary
     with pytest.raises(ValueError, match="vocab_size"):
         ms.speculative_generate(target, other, PROMPT, 8, sampling=sp, tokenizer=tok)

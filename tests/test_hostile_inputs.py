@@ -21,7 +21,7 @@ import minispec as ms
 from minispec.core.sampling import MIN_TEMPERATURE, SamplingParams, probs_from_logits
 from minispec.core.sequence import Sequence
 from minispec.drafters.trees import MAX_TREE_NODES, check_branching
-from minispec.models.loader import MAX_POSITIONS, load
+from minispec.loading.loader import MAX_POSITIONS, load
 from minispec.tools import cli, train_eagle
 
 
@@ -130,9 +130,9 @@ def test_a_giant_max_position_embeddings_is_refused_before_allocating(good, tmp_
     def nothing_built(*args, **kwargs):
         raise AssertionError("the model was built or its weights read before the config check")
 
-    monkeypatch.setattr("minispec.models.loader.rope_tables", no_tables)
+    monkeypatch.setattr("minispec.loading.loader.rope_tables", no_tables)
     for step in ("read_headers", "checked_meta_model", "read_weights_file"):
-        monkeypatch.setattr(f"minispec.models.loader.{step}", nothing_built)
+        monkeypatch.setattr(f"minispec.loading.loader.{step}", nothing_built)
     config, weights = good
     refused(write(tmp_path, config | {"max_position_embeddings": 2**40}, weights),
             "max_position_embeddings", str(MAX_POSITIONS))

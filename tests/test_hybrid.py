@@ -1,7 +1,7 @@
-"""The hybrid drafter (minispec/drafters/hybrid.py): its rule without tensors, then, on tiny random
-targets with EAGLE heads (tests/test_eagle.py), greedy parity in both loops, the head's drafts
-equal to an uncached reference in every round it drafts (so the rounds the context drafted kept
-its feature bookkeeping intact), and the target's law under sampling."""
+"""The hybrid drafter (minispec/extra_drafters/hybrid.py): its rule without tensors, then, on tiny
+random targets with EAGLE heads (tests/test_eagle.py), greedy parity in both loops, the head's
+drafts equal to an uncached reference in every round it drafts (so the rounds the context drafted
+kept its feature bookkeeping intact), and the target's law under sampling."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from test_eagle import random_head, reference_drafts, self_copy_head
 from tinymodels import exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.drafters.eagle import EagleDrafter
-from minispec.drafters.hybrid import PRIOR_CONTEXT, PRIOR_HEAD, HybridDrafter, Tally
 from minispec.drafters.ngram import PromptLookupDrafter
-from minispec.drafters.suffix import SuffixDrafter, SuffixStore
+from minispec.extra_drafters.eagle import EagleDrafter
+from minispec.extra_drafters.hybrid import PRIOR_CONTEXT, PRIOR_HEAD, HybridDrafter, Tally
+from minispec.extra_drafters.suffix import SuffixDrafter, SuffixStore
 from minispec.serving.engine import Engine
 
 NEW = 20

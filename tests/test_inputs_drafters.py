@@ -14,9 +14,9 @@ from tinymodels import tiny_llama
 
 import minispec as ms
 from minispec.drafters.base import Drafter
-from minispec.drafters.eagle import EagleDrafter
-from minispec.drafters.hybrid import HybridDrafter
-from minispec.drafters.suffix import SuffixDrafter, SuffixStore
+from minispec.extra_drafters.eagle import EagleDrafter
+from minispec.extra_drafters.hybrid import HybridDrafter
+from minispec.extra_drafters.suffix import SuffixDrafter, SuffixStore
 from minispec.serving.engine import Engine
 from minispec.serving.scheduler import Scheduler
 

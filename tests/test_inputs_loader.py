@@ -16,7 +16,7 @@ from tinymodels import VOCAB, hf_checkpoint, tiny_llama
 from tinymodels import load_refused as refused
 from tinymodels import write_checkpoint as write
 
-from minispec.models.loader import MAX_SIZE, build_config, load
+from minispec.loading.loader import MAX_SIZE, build_config, load
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def nothing_built(monkeypatch):
         raise AssertionError("allocated or read before the config was checked")
 
     for step in ("rope_tables", "read_headers", "checked_meta_model", "read_weights_file"):
-        monkeypatch.setattr(f"minispec.models.loader.{step}", forbidden)
+        monkeypatch.setattr(f"minispec.loading.loader.{step}", forbidden)
 
 
 # ------------------------------------------------------------------- bounds that follow from memory

@@ -28,7 +28,7 @@ import torch
 from tinymodels import tiny_llama
 
 import minispec as ms
-from minispec.models.eagle_head import EagleHead, save_head
+from minispec.extra_drafters.eagle_head import EagleHead, save_head
 from minispec.tools import argtypes, cli, costs, data, export, train, train_eagle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,9 +214,9 @@ def test_thread_counts_in_range_are_accepted():
     ("bench", "--cost-repeats", "0", "an integer >= 1"),    # was "no median for empty data"
     ("bench", "--k-eagle", "0", "an integer >= 1"),
     ("bench", "--k-ngram", "zero", "an integer >= 1"),
-    ("bench", "--ks", "a-b", "integers >= 1 as a range or a list"),   # was "invalid literal"
-    ("bench", "--ks", "0,2", "integers >= 1 as a range or a list"),
-    ("bench", "--hf-ks", "8-1", "integers >= 1 as a range or a list"),
+    ("bench", "--ks", "a-b", "integers from 1 to 1023 as a range or a list"),
+    ("bench", "--ks", "0,2", "integers from 1 to 1023 as a range or a list"),
+    ("bench", "--hf-ks", "8-1", "integers from 1 to 1023 as a range or a list"),
     ("costs", "--batch", "0", "an integer >= 1"),
     ("costs", "--context", "-5", "an integer >= 1"),
     ("costs", "--max-k", "-1", "an integer >= 0"),
@@ -366,7 +366,7 @@ def test_generate_says_when_the_policy_mostly_chose_not_to_draft(stream, capsys,
                                                                  one_thread):
     """The policy forced to draft one round in 16 (as a policy that judged drafting not to pay
     does): both drivers' output says so."""
-    from minispec.decoding.goodput import GoodputK
+    from minispec.speed.goodput import GoodputK
 
     def seldom(self, requests, caps, fixed=None, lags=None):
         self.steps += 1

@@ -16,9 +16,9 @@ import torch
 from tinymodels import VOCAB, tiny_llama
 
 import minispec as ms
-from minispec.models import packed
-from minispec.models.eagle_head import EagleHead
+from minispec.extra_drafters.eagle_head import EagleHead
 from minispec.models.llama import Llama, TreeAttention
+from minispec.speed import packed
 
 NAN = float("nan")
 CACHES = {

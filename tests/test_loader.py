@@ -1,4 +1,4 @@
-"""minispec.models.loader: local directories (single and sharded safetensors), the hub cache,
+"""minispec.loading.loader: local directories (single and sharded safetensors), the hub cache,
 shipped names, and the clear errors for what is not supported."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minispec import zoo
-from minispec.models.loader import load
+from minispec.loading.loader import load
 
 
 def reference_logits(hf, ids: torch.Tensor) -> torch.Tensor:

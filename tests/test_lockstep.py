@@ -9,7 +9,7 @@ import pytest
 from tinymodels import noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.tools.lockstep import Paired, race
+from minispec.tools.lockstep import Paired, interleave, race, ratios
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
 
@@ -59,3 +59,29 @@ def test_race_pairs_every_repeat_and_checks_the_tokens():
 def test_one_repeat_has_no_spread():
     with pytest.raises(ValueError, match="at least 2"):
         race(dict, PROMPTS, 4, repeats=1)
+
+
+def test_interleave_times_only_the_runs_in_alternating_order():
+    """On a clock that only the runs advance (by each task's price), every repeat's seconds are the
+    price, the set-up is untimed, the warm-up is thrown away and the order flips every repeat."""
+    now, order = [0.0], []
+
+    def task(name, price):
+        def prepare():
+            now[0] += 100.0                                   # set-up: not timed
+            return lambda: (order.append(name), now.__setitem__(0, now[0] + price), name)[-1]
+        return prepare
+
+    timed = interleave({"a": task("a", 2.0), "b": task("b", 1.0)}, repeats=3, warmup=1,
+                       clock=lambda: now[0])
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert timed["a"].seconds == [2.0] * 3 and timed["b"].seconds == [1.0] * 3
+    assert timed["a"].median == 2.0 and timed["b"].output == "b"
+
+
+def test_ratios_pair_the_repeats_and_weigh_the_work():
+    seconds = {"base": [1.0, 2.0, 1.0], "fast": [0.5, 1.0, 0.8], "more": [1.0, 2.0, 1.0]}
+    paired_ = ratios(seconds, "base", work={"more": 2.0})
+    assert paired_["base"] == [1.0, 1.0, 1.0]
+    assert paired_["fast"] == pytest.approx([1.25, 2.0, 2.0])   # repeat by repeat, sorted
+    assert paired_["more"] == [2.0, 2.0, 2.0]                   # twice the work in the same time

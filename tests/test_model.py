@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from minispec.loading.loader import config_from_hf
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama, ModelConfig, attention_mask, rope_inv_freq
 
@@ -49,7 +50,7 @@ def test_from_hf_config_reads_llama3_fields(tiny):
 
 
 def test_from_hf_config_transformers4_spelling():
-    config = ModelConfig.from_hf_config(
+    config = config_from_hf(
         {
             "vocab_size": 10,
             "hidden_size": 8,
@@ -77,7 +78,7 @@ def test_unsupported_rope_type_and_activation():
     with pytest.raises(NotImplementedError, match="llama3"):
         rope_inv_freq(config)
     with pytest.raises(ValueError, match="silu"):
-        ModelConfig.from_hf_config(
+        config_from_hf(
             dict(
                 vocab_size=8,
                 hidden_size=8,
@@ -243,7 +244,7 @@ def test_bf16_forward_close_to_fp32(tiny_gqa):
 def test_cuda_matches_cpu(tiny_gqa):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     model, _ = load(tiny_gqa.path, device="cuda", dtype=torch.float32)
     ids = random_ids(model.config.vocab_size, 16, seed=9)

@@ -1,7 +1,7 @@
 """One accept walk: ``ms.verify`` is what both drivers run, for every live row of every round.
 
 ``minispec.decoding.runner.verify`` (the name the runner calls) is replaced by a recorder that
-delegates to the real function; ``SpeculativeRunner.verify`` (the round's verify phase) is wrapped
+delegates to the real function; ``SpeculativeRunner.score`` (the round's scoring phase) is wrapped
 to tie each recorded call to its row. Then ``speculative_generate`` and the ``Engine`` run chains
 and trees, greedy (the argmaxes alone, or one-hot rows under a repetition penalty) and sampled,
 and the test asserts that:
@@ -68,13 +68,13 @@ class Call:
 
 class Recorder:
     """Stands in for ``runner.verify``: records every call, then delegates to the real walk. The
-    wrapped ``SpeculativeRunner.verify`` files each round's calls under their rows."""
+    wrapped ``SpeculativeRunner.score`` files each round's calls under their rows."""
 
     def __init__(self, monkeypatch):
         self.calls: list[Call] = []
         self.rounds: list[int] = []                   # live rows of every verify phase
         self.by_row: dict[int, list[Call]] = {}       # id(seq.stats) -> that row's calls
-        real, phase = speculative.verify, SpeculativeRunner.verify
+        real, phase = speculative.verify, SpeculativeRunner.score
         assert runner.verify is real                  # the runner calls the one walk
 
         def verify(proposal, target, generator=None, **kwargs):
@@ -103,7 +103,7 @@ class Recorder:
             return verdicts, hidden
 
         monkeypatch.setattr(runner, "verify", verify)
-        monkeypatch.setattr(SpeculativeRunner, "verify", verify_phase)
+        monkeypatch.setattr(SpeculativeRunner, "score", verify_phase)
 
     def check(self, result: ms.GenerationResult, argmaxes: bool, tree: bool) -> list[Call]:
         """A request's calls are its rounds, with their depths and accepted counts."""

@@ -18,7 +18,7 @@ import torch
 
 import minispec as ms
 from minispec import zoo
-from minispec.models import chat
+from minispec.loading import prompts
 from minispec.zoo import smollm2
 
 NAME = "smollm2-135m-instruct"
@@ -56,7 +56,7 @@ def smol():
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
-    return chat.encode_prompt([{"role": "user", "content": text}], tokenizer)
+    return prompts.encode_prompt([{"role": "user", "content": text}], tokenizer)
 
 
 def test_checkpoint_is_an_ordinary_hf_directory(smol):
@@ -67,7 +67,7 @@ def test_checkpoint_is_an_ordinary_hf_directory(smol):
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
     assert (config.num_attention_heads, config.num_key_value_heads) == (9, 3)
     assert config.tie_word_embeddings and model.lm_head is None
-    assert chat.end_of_turn_ids(tokenizer) == (2,)
+    assert prompts.end_of_turn_ids(tokenizer) == (2,)
     assert tokenizer.convert_ids_to_tokens(2) == "<|im_end|>"
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in hf.parameters())
 

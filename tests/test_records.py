@@ -1,12 +1,18 @@
-"""Measured figures come from the records in ``docs/data/`` (``gpu.json``, ``cpu.json``): the
-Results page's tables, the glance table, the README's headline and the explorer's presets are
-rendered from them, and no teaching page types a measured number by hand."""
+"""Measured figures come from the records the package ships (``minispec/tools/measured/``: the
+``cpu`` and ``gpu`` records), read by one reader, ``minispec.tools.records``: the Results page's
+tables, the glance table, the README's headline, the explorer's presets and the lessons' recorded
+runs are rendered from them, and no teaching page types a measured number by hand."""
 
 import importlib.util
+import json
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+
+import minispec
+from minispec.tools import records as reader
 
 ROOT = Path(__file__).parent.parent
 spec = importlib.util.spec_from_file_location("records", ROOT / "docs" / "hooks" / "records.py")
@@ -33,18 +39,65 @@ def test_every_figure_of_the_record_reaches_the_page():
         assert text in page, text
 
 
-def test_the_marker_becomes_the_record_or_a_note(tmp_path):
-    config = {"docs_dir": str(tmp_path)}
+def test_the_marker_becomes_the_record_or_a_note(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "FOLDER", tmp_path)          # a package with no GPU record yet
+    config = {"docs_dir": str(ROOT / "docs")}
     page = records.on_page_markdown("a\n<!-- minispec-record: gpu -->\nb", None, config, None)
-    assert "No `docs/data/gpu.json` is committed yet" in page and "gpu_session.sh" in page
-    (tmp_path / "data").mkdir()
-    import json
-    (tmp_path / "data" / "gpu.json").write_text(json.dumps(RECORD))
+    assert "No `minispec/tools/measured/gpu.json` is committed yet" in page
+    assert "gpu_session.sh" in page
+    (tmp_path / "gpu.json").write_text(json.dumps(RECORD))
     page = records.on_page_markdown("a\n<!-- minispec-record: gpu -->\nb", None, config, None)
     assert "| 1 | 1.234 | 19.300 |" in page and "<!--" not in page
 
 
-# --- one recorded source: docs/data/cpu.json ------------------------------------------------
+# --- one reader, one writer: minispec.tools.records ---------------------------------------------
+
+LESSONS = ROOT / "lessons"
+
+
+def test_the_records_ship_in_the_package():
+    """The reader reads the package's own files, and pyproject ships every one of them, so a plain
+    ``pip install .`` reads what a checkout does."""
+    tomllib = pytest.importorskip("tomllib")                     # Python 3.11+
+    package = Path(minispec.__file__).parent
+    assert reader.path("cpu").is_relative_to(package) and reader.path("cpu").is_file()
+    assert all(reader.path(name).is_relative_to(package) for name in ("gpu", "card", "eagle"))
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["minispec"]
+    for file in [*reader.FOLDER.glob("*"), reader.path("card"), reader.path("eagle")]:
+        relative = file.relative_to(package).as_posix()
+        assert any(fnmatch(relative, glob) for glob in globs), relative
+    assert not (ROOT / "docs" / "data" / "cpu.json").exists()    # one copy: the package's
+    assert reader.load("cpu") == records.load("cpu")             # the site reads it the same way
+
+
+def test_no_lesson_reads_a_record_from_a_checkout_path():
+    """Lessons read records with ``minispec.tools.records.load``, never a path beside the package
+    (``Path(ms.__file__).parents[1] / "docs/..."`` fails on an installed wheel)."""
+    code = {lesson.name: "".join("".join(cell["source"]) for cell in
+                                 json.loads(lesson.read_text())["cells"]
+                                 if cell["cell_type"] == "code")
+            for lesson in sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))}
+    for name, text in code.items():
+        assert "parents[1]" not in text and "cpu.json" not in text, name
+    for name in ("09_many_drafts_and_trees.ipynb", "11_drafting_from_features.ipynb"):
+        assert 'records.load("cpu")' in code[name], name
+
+
+def test_a_record_is_stamped_with_its_machine_clock_commit_command_and_date(tmp_path):
+    written = reader.write(tmp_path / "out" / "run.json", {"ratio": 1.5}, clock="cpu",
+                           command="python benchmarks/lockstep.py --quick")
+    run = json.loads(written.read_text())
+    assert run["ratio"] == 1.5 and run["command"] == "python benchmarks/lockstep.py --quick"
+    machine = run["machine"]
+    assert machine["clock"] == "cpu" and machine["cores"] >= 1 and machine["threads"] >= 1
+    assert machine["device"] and machine["torch"]
+    assert run["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", run["commit"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", run["date"])
+    assert reader.stamp("wall")["command"]                       # default: this command line
+
+
+# --- one recorded source: the cpu record ----------------------------------------------------
 
 DOCS = ROOT / "docs"
 #: teaching pages: every page but Results, whose sections report the runs themselves
@@ -142,7 +195,7 @@ def test_no_teaching_page_types_a_measured_number():
     for (page, literal), (source, path, spec) in FROM_CARD.items():
         assert _quotes(literal, source, path, spec), (page, literal, path)
     typed = [t for t in typed if t not in ALLOWED and t not in FROM_CARD]
-    assert typed == [], "read these from docs/data/cpu.json"
+    assert typed == [], "read these from the cpu record (minispec/tools/measured/cpu.json)"
 
 
 def test_every_placeholder_names_a_value_of_the_record():
@@ -178,7 +231,8 @@ def test_no_page_types_a_measured_figure_outside_a_record():
     typed += _typed("README.md", records.HEADLINE.sub("", readme))
     for (page, literal), (source, path, spec) in FROM_CARD.items():
         assert _quotes(literal, source, path, spec), (page, literal, path)
-    assert typed == [], "move these into docs/data/cpu.json and read them with {{ cpu/... }}"
+    assert typed == [], ("move these into minispec/tools/measured/cpu.json and read them with "
+                         "{{ cpu/... }}")
 
 
 def test_the_wide_pattern_knows_a_measured_figure():
@@ -229,8 +283,6 @@ def test_the_model_cards_are_their_records(tmp_path):
     """The shipped pair's card (the package's MODEL_CARD.md, the models' READMEs and so the site's
     page, which shows that file) is model_card.json rendered; the EAGLE head's card is
     eagle_config.json rendered. Neither types a figure of its own."""
-    import json
-
     from minispec.tools import evaluate, train_eagle
     zoo = ROOT / "minispec" / "zoo"
     card = evaluate.render_markdown(records.load("card"))

@@ -17,7 +17,7 @@ import torch
 from tinymodels import VOCAB, noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.drafters.base import ModelDrafter
+from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.models.llama import Llama
 from minispec.serving.engine import Engine

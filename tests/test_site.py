@@ -23,9 +23,15 @@ is checked too, so that these cannot come back:
   project's own history ("third wave", "issue 12", "the 1.8x goal").
 
 Every page except the API reference is opened a second time in a 390 px wide window (a phone):
-the page itself must not scroll sideways there either; wide code and math scroll inside their own
-box (no inline formula runs past the column's edge), and no table hides a column past the edge (a
-wide one is stacked, docs/javascripts/tables.js).
+the page itself must not scroll sideways there either; wide code, tables and math scroll inside
+their own box (no inline formula runs past the column's edge, no display equation past the page's,
+and a wide table keeps its rows and columns in a box that scrolls, docs/javascripts/tables.js),
+and every figure shown smaller than drawn says under it how to see it full size (zoom.js). A
+window narrowed to 390 px and widened again leaves every table styled as before (no ``class=""``
+that drops material's borders); a tapped figure opens at its natural width on a phone.
+
+Every text colour in the widgets, in every state a student steps them through (buttons hovered
+and focused included), reads at 4.5:1 or more against what it is drawn on (WCAG AA).
 
 The two interactive figures are driven like a student would: the round widget advances on "Next"
 and then shows exactly the drafts, verdicts and tokens of ``assets/data/rounds.json``; moving the
@@ -68,7 +74,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-# one xdist worker builds the site once and runs every check of it (``--dist loadgroup``)
+# one xdist worker runs every check of the site (``--dist loadgroup``); it is built once either way
 pytestmark = [pytest.mark.site, pytest.mark.xdist_group("site")]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,9 +123,11 @@ def _chromium() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """Build the site once into a temporary directory; return the directory.
+def site(once_per_run) -> Path:
+    """Build the site once per test run into a temporary directory; return the directory.
 
+    Every xdist worker that runs these tests gets the one build (``tests/once.py``: a file lock in
+    a folder the run's workers share), whether or not ``--dist loadgroup`` kept them together.
     ``MINISPEC_SITE=<dir>`` checks a site already built there instead (e.g. by the CI step that
     publishes it), so the lessons are not executed twice.
     """
@@ -132,24 +140,37 @@ def site(tmp_path_factory) -> Path:
         import mkdocs  # noqa: F401
     except ImportError:
         _skip_or_fail("mkdocs is not installed (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site") / "site"
+    return once_per_run("site", _build) / "site"
+
+
+def _build(folder: Path) -> None:
+    """``mkdocs build --strict`` into ``folder / "site"``; a failed build fails with its log."""
+    out = folder / "site"
     env = dict(os.environ)
     env["TQDM_DISABLE"] = "1"
     env["NO_MKDOCS_2_WARNING"] = "1"
     # Lessons run against this checkout, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    start = time.perf_counter()
+    start = time.monotonic()             # for the log only: no test asserts on a duration
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
     )
-    elapsed = time.perf_counter() - start
+    elapsed = time.monotonic() - start
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         pytest.fail(f"mkdocs build --strict failed after {elapsed:.0f} s.\n{_lesson_failure(log)}"
                     f"\n--- end of the build log ---\n{log[-6000:]}", pytrace=False)
     print(f"site built in {elapsed:.1f} s")
-    return out
+
+
+def test_the_site_is_built_once_per_run(site: Path):
+    """However the site's tests were spread over xdist workers, one of them built it."""
+    if os.environ.get("MINISPEC_SITE"):
+        pytest.skip("MINISPEC_SITE: a site built before the run")
+    from once import builds
+
+    assert len(builds(site.parent)) == 1, builds(site.parent)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -284,6 +305,25 @@ _INSPECT_JS = r"""
   const wideTables = [...article.querySelectorAll("table")]
     .filter((t) => t.getBoundingClientRect().right > right + 1 || t.scrollWidth > t.clientWidth + 1)
     .map(describe);
+  // A table wider than the column must sit in a box that scrolls (a phone: tables.js).
+  const unscrolledTables = [...article.querySelectorAll("table")]
+    .filter((t) => t.getBoundingClientRect().right > right + 1 && !inScrollBox(t))
+    .map(describe);
+  // Display math: inside the column, and scrolling in its own box where it is wider.
+  const vw = document.documentElement.clientWidth;
+  const displayOut = [...article.querySelectorAll("mjx-container[display='true']")]
+    .filter((m) => m.getBoundingClientRect().right > Math.min(right, vw) + 1 ||
+      (m.scrollWidth > m.clientWidth + 1 && !scrolls(m)))
+    .map((m) => (m.getAttribute("aria-label") || describe(m)).slice(0, 60));
+  // A figure shown smaller than drawn says, under it, that a tap or click shows it full size.
+  const hintless = [...article.querySelectorAll("img.minispec-zoomable")]
+    .filter((img) => img.naturalWidth > 0 &&
+      img.getBoundingClientRect().width < img.naturalWidth - 1)
+    .filter((img) => {
+      const next = img.nextElementSibling;
+      return !(next && next.classList.contains("minispec-zoom-hint") &&
+               next.getBoundingClientRect().height > 0 && /full size/.test(next.textContent));
+    }).map((img) => (img.getAttribute("alt") || "").slice(0, 50));
   // Inline math past the column's edge, not in a box that scrolls: the formula's end is lost.
   const mathOut = [...article.querySelectorAll("mjx-container:not([display='true'])")]
     .filter((m) => m.getBoundingClientRect().right > right + 1 && !inScrollBox(m))
@@ -336,7 +376,10 @@ _INSPECT_JS = r"""
   const history = [];  // tests/test_no_history.py's wave, issue and goal patterns, on all text
   for (const re of [/\b(?:first|second|third|fourth|fifth|next|this) waves?\b/gi,
                     /\bwaves? of (?:work|changes)\b/gi,
-                    /\bissue \d{1,3}\b/gi, /\b\d+(?:\.\d+)?x goal\b/gi, /\bgoal set for\b/gi]) {
+                    /\bissue \d{1,3}\b/gi, /\b\d+(?:\.\d+)?x goal\b/gi, /\bgoal set for\b/gi,
+                    /\bis committed yet\b/gi, /\bno \w+ run is recorded yet\b/gi,
+                    /\ban earlier (?:head|policy|drafter|version|model)\b/gi,
+                    /\bother than the shipped (?:one|ones)\b/gi]) {
     for (const m of fullText.matchAll(re)) history.push(m[0]);
   }
   const tocTargets = [...document.querySelectorAll(".md-nav--secondary a[href^='#']")]
@@ -345,6 +388,9 @@ _INSPECT_JS = r"""
   return {
     clipped: clipped.slice(0, 10),
     wideTables: wideTables.slice(0, 10),
+    unscrolledTables: unscrolledTables.slice(0, 10),
+    displayOut: displayOut.slice(0, 10),
+    hintless: hintless.slice(0, 10),
     mathOut: mathOut.slice(0, 10),
     pageScroll: pageScroll,
     codeCells: codeCells.length,
@@ -465,6 +511,10 @@ def _check_student_view(report: dict, where: str) -> None:
     assert not report["wideTables"], (
         f"{where}: tables wider than the column: {report['wideTables']}"
     )
+    assert not report["displayOut"], f"{where}: equations overflow: {report['displayOut']}"
+    assert not report["hintless"], (
+        f"{where}: shrunk figures without a 'full size' hint: {report['hintless']}"
+    )
     assert report["pageScroll"] <= 1, (
         f"{where}: the page scrolls sideways by {report['pageScroll']} px"
     )
@@ -552,9 +602,15 @@ def test_site_in_browser(site: Path, server: str, browser, screenshot_dir: Path)
         if phone["pageScroll"] > 1:
             failures.append(f"{name} page /{url_path}: at 390 px the page scrolls sideways by "
                             f"{phone['pageScroll']} px")
-        if phone["wideTables"]:     # every column in sight: a wide table is stacked (tables.js)
-            failures.append(f"{name} page /{url_path}: at 390 px these tables hide columns past "
-                            f"the edge: {phone['wideTables']}")
+        if phone["unscrolledTables"]:   # a wide table scrolls inside its box (tables.js)
+            failures.append(f"{name} page /{url_path}: at 390 px these tables run past the edge "
+                            f"with no box to scroll them in: {phone['unscrolledTables']}")
+        if phone["displayOut"]:         # display math scrolls in its box, inside the column
+            failures.append(f"{name} page /{url_path}: at 390 px these equations overflow the "
+                            f"page: {phone['displayOut']}")
+        if phone["hintless"]:           # a phone has no tooltip: the hint is written under it
+            failures.append(f"{name} page /{url_path}: at 390 px these shrunk figures do not say "
+                            f"how to see them full size: {phone['hintless']}")
         if phone["mathOut"]:        # an inline formula wider than the column scrolls in its box
             failures.append(f"{name} page /{url_path}: at 390 px these inline formulas run past "
                             f"the edge: {phone['mathOut']}")
@@ -699,6 +755,70 @@ def test_api_pages_have_no_stray_marks(site: Path):
     assert not problems, "\n".join(problems[:30])
 
 
+# Every element of the widgets with text of its own: its colour against what it is drawn on (the
+# backgrounds of its ancestors, blended, over white), opacity included, as WCAG 2 computes
+# contrast. Disabled buttons are exempt (WCAG's own exception); SVG labels are left to the
+# figure's own palette check (tests/test_viz.py).
+_CONTRAST_JS = r"""
+() => {
+  const parse = (c) => {
+    const m = c.match(/rgba?\(([^)]+)\)/);
+    if (!m) return null;
+    const v = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number);
+    return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1];
+  };
+  const over = (fg, bg) => [0, 1, 2].map((i) => fg[3] * fg[i] + (1 - fg[3]) * bg[i]).concat([1]);
+  const background = (el) => {
+    const layers = [];
+    for (let n = el; n; n = n.parentElement) {
+      const c = parse(getComputedStyle(n).backgroundColor);
+      if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+    }
+    let bg = [255, 255, 255, 1];
+    for (let i = layers.length - 1; i >= 0; i--) bg = over(layers[i], bg);
+    return bg;
+  };
+  const lum = (c) => {
+    const [r, g, b] = c.slice(0, 3).map((x) => {
+      x /= 255; return x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4);
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const ratio = (a, b) => {
+    const [hi, lo] = [lum(a), lum(b)].sort((x, y) => y - x);
+    return (hi + 0.05) / (lo + 0.05);
+  };
+  const low = [];
+  let checked = 0;
+  document.querySelectorAll(".ms-widget *").forEach((el) => {
+    const own = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (!own || el.closest("svg") || el.disabled) return;
+    const style = getComputedStyle(el);
+    if (style.visibility === "hidden" || style.display === "none") return;
+    const bg = background(el);
+    const fg = over(parse(style.color), bg);
+    let opacity = 1;
+    for (let n = el; n; n = n.parentElement) opacity *= +getComputedStyle(n).opacity;
+    const shown = over([fg[0], fg[1], fg[2], opacity], bg);
+    checked += 1;
+    const r = ratio(shown, bg);
+    if (r < 4.5) {
+      low.push(`${el.className || el.tagName} "${el.textContent.trim().slice(0, 20)}": ` +
+               `${r.toFixed(2)}`);
+    }
+  });
+  return {checked, low: [...new Set(low)].slice(0, 20)};
+}
+"""
+
+
+def _assert_contrast(page, where: str) -> int:
+    """Every widget text on ``page`` reads at 4.5:1 or more (WCAG AA); returns how many checked."""
+    found = page.evaluate(_CONTRAST_JS)
+    assert not found["low"], f"{where}: widget text below 4.5:1 contrast: {found['low']}"
+    return found["checked"]
+
+
 def _show(text: str) -> str:
     """A token as the round widget labels it (docs/javascripts/round.js, show())."""
     return text.replace("\n", "\u23ce").replace(" ", "\u2423") or "\u2205"
@@ -774,6 +894,8 @@ def _drive_round_widget(browser, server: str, viewport: dict, rounds: list, k: i
             end["drawn"][0].endswith("\u2026") and label.startswith(end["drawn"][0][:-1]))), (
             where, end["drawn"], label)
         assert (end["tokens"], end["forwards"]) == (len(rounds[0]["emitted"]), 1), (where, end)
+        nxt.hover()                         # Next is focused (just clicked) and hovered
+        assert _assert_contrast(page, f"round widget at {where}, end of round 1") > 20
         nxt.click()
         later = widget.evaluate(_STATE_JS)
         assert (later["round"], later["step"]) == (2, "draft"), (where, later)
@@ -848,6 +970,12 @@ def test_race_replays_both_runs_at_their_recorded_times(site: Path, server: str,
         spec = race["runs"]["speculative"]
         assert 0 < end["drafted"] <= n - spec["target_forwards"] + 1, end  # one own token a forward
         assert end["plainDrafted"] == 0, end
+        _assert_contrast(page, "the race, finished")
+        # the text boxes show whole lines: scrolled to the newest, no line is cut at the top
+        for box in widget.locator(".ms-race__text").all():
+            lines = box.evaluate("(el) => { const s = getComputedStyle(el); return "
+                                 "[el.scrollTop, parseFloat(s.lineHeight)]; }")
+            assert abs(lines[0] / lines[1] - round(lines[0] / lines[1])) < 0.05, lines
         widget.screenshot(path=str(screenshot_dir / "widget-race-1400.png"))
         page.wait_for_selector(".ms-round[data-source=smollm2][data-ready='true']",
                                timeout=30_000)
@@ -888,6 +1016,8 @@ def test_speedup_explorer_follows_its_sliders(site: Path, server: str, browser,
         assert "below 1" in notes, notes                     # r below 1 is explained, not hidden
         value("alpha", 0.9)
         assert float(widget.get_attribute("data-speedup")) > after
+        assert "faster" in readout.inner_text()      # the word, not only the green
+        _assert_contrast(page, f"speedup explorer at {tag} px")
         widget.screenshot(path=str(screenshot_dir / f"widget-speedup-{tag}.png"))
         points = json.loads((site / "assets/data/speedup.json").read_text(encoding="utf-8"))
         assert points["points"], "the Results page's measured points did not reach the explorer"
@@ -908,3 +1038,199 @@ def test_every_notebook_page_links_its_notebook_for_download(site: Path):
         assert (page.parent / found.group(1)).is_file(), f"{page}: {found.group(1)} not served"
     home = (site / "index.html").read_text(encoding="utf-8")
     assert "Run it yourself" in home and "mkdocs serve" in home
+
+
+_TABLE_STATE_JS = """() => [...document.querySelectorAll("article table")].map((t) => {
+  const s = getComputedStyle(t);
+  return [t.getAttribute("class"), s.borderTopWidth, s.borderTopStyle, s.display];
+})"""
+
+
+def test_tables_keep_their_style_across_resizes(site: Path, server: str, browser):
+    """A window narrowed to a phone's 390 px and widened again shows every table as it was first
+    drawn (material styles exactly the tables without a class attribute: ``class=""`` drops
+    their borders); at 390 px the Results page's tables scroll inside their own boxes, so the page
+    never scrolls sideways and no table is stacked into one card per row."""
+    with _offline_page(browser, server, VIEWPORT) as (page, errors):
+        page.goto(server + "results/", wait_until="load")
+        page.wait_for_function("() => document.body.hasAttribute('data-math')", timeout=60_000)
+        first = page.evaluate(_TABLE_STATE_JS)
+        assert len(first) >= 5, f"the Results page shows {len(first)} tables"
+        assert all(state[0] is None for state in first), first
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(300)
+        phone = page.evaluate("""() => ({
+          scroll: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+          tables: [...document.querySelectorAll("article table")].map((t) => [
+            getComputedStyle(t.querySelector("tr")).display, getComputedStyle(t).overflowX,
+            t.scrollWidth > t.clientWidth + 1, t.hasAttribute("data-ms-scrolls")])})""")
+        assert phone["scroll"] <= 1, f"at 390 px the Results page scrolls sideways: {phone}"
+        assert all(t[0] == "table-row" for t in phone["tables"]), phone["tables"]  # not stacked
+        assert all(t[1] == "auto" for t in phone["tables"]), phone["tables"]
+        assert all(t[2] == t[3] for t in phone["tables"]), phone["tables"]   # scroll marked
+        assert any(t[2] for t in phone["tables"]), "no Results table is wider than a phone"
+        page.set_viewport_size(VIEWPORT)
+        page.wait_for_timeout(300)
+        again = page.evaluate(_TABLE_STATE_JS)
+        assert again == first, f"tables changed after 1400 -> 390 -> 1400 px: {again} != {first}"
+        assert not errors, errors
+
+
+def test_a_shrunk_figure_opens_full_size_on_a_phone(site: Path, server: str, browser):
+    """At 390 px a lesson's figures are shown smaller than drawn; a tap opens one at its natural
+    width (the overlay scrolls it) and a second tap closes it."""
+    lessons = _lesson_pages(site)
+    with_plots = [p for p in lessons if "data:image/png" in (site / p).read_text(encoding="utf-8")]
+    assert with_plots, "no lesson page has a plot"
+    with _offline_page(browser, server, PHONE) as (page, errors):
+        page.goto(server + with_plots[0].removesuffix("index.html"), wait_until="load")
+        img = page.locator("img.minispec-zoomable").first
+        img.wait_for(timeout=30_000)
+        natural = img.evaluate("(el) => el.naturalWidth")
+        assert img.bounding_box()["width"] < natural, "the figure is not shrunk at 390 px"
+        hint = img.locator("xpath=following-sibling::*[1]")
+        assert "Tap the figure to see it full size" in hint.inner_text()
+        img.scroll_into_view_if_needed()
+        img.click()
+        big = page.locator(".minispec-zoom img")
+        big.wait_for(timeout=5_000)
+        assert big.evaluate("(el) => el.getBoundingClientRect().width") >= natural - 1
+        page.locator(".minispec-zoom").click(position={"x": 5, "y": 5})
+        assert page.locator(".minispec-zoom").count() == 0
+        assert not errors, errors
+
+
+class _GzipHandler(_QuietHandler):
+    """Serves text (HTML, CSS, JS, JSON, SVG) gzip-compressed to a client that accepts it, as a
+    static host does (GitHub Pages, Netlify, nginx's gzip_static): what a student downloads."""
+
+    _TEXT = (".html", ".css", ".js", ".json", ".svg", ".map", ".txt")
+
+    def send_head(self):
+        path = self.translate_path(self.path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "index.html")
+        if (not path.endswith(self._TEXT) or not os.path.isfile(path)
+                or "gzip" not in self.headers.get("Accept-Encoding", "")):
+            return super().send_head()
+        import gzip
+        import io
+        body = gzip.compress(Path(path).read_bytes(), compresslevel=6, mtime=0)
+        self.send_response(200)
+        self.send_header("Content-Type", self.guess_type(path))
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
+
+
+# A cold visit (nothing cached) downloads at most this much, compressed as served: the home page
+# (with MathJax: it holds math) and any lesson page (MathJax, the notebook stylesheet, its
+# figures).
+HOME_BUDGET_BYTES = 1_000_000
+LESSON_BUDGET_BYTES = 1_200_000
+
+_WEIGHT_JS = """() => {
+  const entries = performance.getEntriesByType("navigation")
+    .concat(performance.getEntriesByType("resource"));
+  return entries.map((e) => [e.name, e.transferSize, e.decodedBodySize]);
+}"""
+
+
+def test_pages_are_light_on_a_cold_visit(site: Path, browser):
+    """A cold visit to the home page stays under 1 MB and to every lesson page under 1.2 MB, as a
+    compressing host serves them; no page fetches the search index until the search box is used
+    (then it does, and finds a lesson); a page without math loads no MathJax; a notebook page
+    carries no inlined copy of the notebook stylesheet."""
+    handler = functools.partial(_GzipHandler, directory=str(site))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    lessons = [p.removesuffix("index.html") for p in _lesson_pages(site)]
+    exercises = sorted(p.parent.relative_to(site).as_posix() + "/"
+                       for p in (site / "lessons" / "exercises").glob("*/index.html"))
+    pages = [("", HOME_BUDGET_BYTES)] + [(p, LESSON_BUDGET_BYTES) for p in lessons + exercises]
+    pages += [(p.removesuffix("index.html"), LESSON_BUDGET_BYTES) for p in TEACHING_PAGES]
+    heavy, index_early, weights = [], [], {}
+    try:
+        for path, budget in pages:
+            context = browser.new_context(viewport=VIEWPORT)   # a fresh cache: a cold visit
+            page = context.new_page()
+            try:
+                page.goto(base + path, wait_until="load")
+                page.wait_for_function("() => document.body.hasAttribute('data-math')",
+                                       timeout=60_000)
+                page.evaluate("() => document.fonts.ready.then(() => true)")
+                page.wait_for_load_state("networkidle")
+                entries = page.evaluate(_WEIGHT_JS)
+                wire = sum(e[1] for e in entries)
+                raw = sum(e[2] for e in entries)
+                weights[path or "home"] = wire
+                if wire > budget:
+                    big = sorted(entries, key=lambda e: -e[1])[:5]
+                    heavy.append(f"/{path}: {wire / 1e6:.2f} MB on the wire ({raw / 1e6:.2f} MB "
+                                 f"uncompressed) > {budget / 1e6:.1f} MB; largest: "
+                                 + ", ".join(f"{urlsplit(e[0]).path} {e[1] // 1000} KB"
+                                             for e in big))
+                if any("search_index" in e[0] for e in entries):
+                    index_early.append(path or "home")
+                if path == "":
+                    query = page.locator("input[data-md-component=search-query]")
+                    with page.expect_request(lambda r: "search_index.json" in r.url,
+                                             timeout=10_000):
+                        query.click()
+                    query.fill("residual")
+                    page.wait_for_selector(".md-search-result__item", timeout=20_000)
+            finally:
+                context.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    print("cold-visit weights (bytes on the wire):", weights)
+    assert not index_early, f"pages that fetch the search index before it is used: {index_early}"
+    assert not heavy, "\n".join(heavy)
+    for page in sorted(site.rglob("*.html")):
+        text = page.read_text(encoding="utf-8", errors="replace")
+        inline = sum(len(m.group(1)) for m in re.finditer(r"<style\b[^>]*>(.*?)</style>", text,
+                                                          re.DOTALL))
+        assert inline < 20_000, f"{page.relative_to(site)}: {inline} bytes of inline CSS"
+        math = 'class="arithmatex"' in text or "lessons/" in page.relative_to(site).as_posix()
+        if not math:
+            assert "tex-chtml.js" not in text, f"{page.relative_to(site)}: MathJax with no math"
+
+
+def test_the_site_serves_the_source_and_says_how_to_install(site: Path):
+    """A student with only the site can run everything: the home page links the project's
+    source, ``minispec-src.tar.gz``, built with the site (the package with its models, lessons,
+    tests and the site's sources, ready for ``pip install``); every notebook page links it beside
+    its notebook; and every notebook served for download starts with a Markdown cell that says
+    how to install the package."""
+    import tarfile
+
+    archive = site / "minispec-src.tar.gz"
+    assert archive.is_file(), "the site serves no source archive"
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    top = names[0].split("/")[0]
+    assert re.fullmatch(r"minispec-[\w.]+", top), top
+    for needed in ("pyproject.toml", "README.md", "minispec/__init__.py",
+                   "minispec/zoo/shakespeare-target/model.safetensors", "lessons", "tests",
+                   "mkdocs.yml"):
+        assert any(n == f"{top}/{needed}" or n.startswith(f"{top}/{needed}/") for n in names), (
+            f"{needed} is not in the archive")
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    home = (site / "index.html").read_text(encoding="utf-8")
+    assert 'href="minispec-src.tar.gz"' in home, "the home page does not link the source archive"
+    for page in sorted((site / "lessons").glob("**/index.html")):
+        text = page.read_text(encoding="utf-8")
+        found = re.search(r'<p class="ms-download">.*?</p>', text, re.DOTALL)
+        assert found and "minispec-src.tar.gz" in found.group(0), f"{page}: no archive link"
+        href = re.search(r'href="([^"]*minispec-src\.tar\.gz)"', found.group(0)).group(1)
+        assert (page.parent / href).resolve() == archive.resolve(), f"{page}: {href}"
+    served = sorted((site / "lessons").rglob("*.ipynb"))
+    assert len(served) >= 12
+    for notebook in served:
+        first = json.loads(notebook.read_text(encoding="utf-8"))["cells"][0]
+        text = "".join(first["source"])
+        assert first["cell_type"] == "markdown" and "pip install" in text, notebook
+        assert "minispec-src.tar.gz" in text and "venv" in text, notebook

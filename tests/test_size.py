@@ -1,10 +1,13 @@
-"""The package stays small enough to read in an afternoon: measured, not promised.
+"""The core stays small enough to read in an afternoon, and every part keeps its size: measured.
 
 Code lines are lines holding code: not blank, not comments, not docstrings (docstrings are not
-budgeted: keep them). The layers a student reads -- ``core``, ``models``, ``drafters``,
-``decoding``, ``serving``, the ``zoo`` registry and the top-level modules (``minispec/*.py``), not
-the tools, the graders or the training recipes -- are counted whole and have no function over 40
-code lines.
+budgeted: keep them). The **core** -- the five folders a student reads (``core``, ``models``,
+``drafters``, ``decoding``, ``serving``) -- is counted whole and held to ``CORE_BUDGET``, its size
+at the split; the goal ``GOAL`` is not met, and the failure message gives the gap. Each
+wing and ``check/`` is held to its size when the core and its wings were split (a ceiling that
+may fall; a change that adds code raises it in the open, with its reason in the commit
+message). No function of the core, a wing or ``check/`` is over ``MAX_FUNCTION`` code lines (the
+tools' command lines and training recipes are not held to it).
 """
 
 from __future__ import annotations
@@ -17,17 +20,14 @@ from pathlib import Path
 import minispec
 
 PACKAGE = Path(minispec.__file__).parent
-READ = ("core", "zoo", "models", "drafters", "decoding", "serving")
+CORE = ("core", "models", "drafters", "decoding", "serving")
 MAX_FUNCTION = 40
-
-#: Code lines the reading layers may hold: a ratchet. The count may fall; a change that adds code
-#: pays for it elsewhere or raises the ceiling in the open, with its reason in the commit message.
-#: The goal is ``GOAL``, counted whole (the issue "The accept rule a student reads is the one that
-#: runs" asks for it); the layers are over it, and this test says by how much.
-MAX_CODE_LINES = 4_046
-#: The goal for the reading layers counted whole (nothing subtracted). Not met: the ceiling above
-#: holds the count where it is, and the failure message of the ceiling test gives the gap.
-GOAL = 3_600
+#: The goal for the core, counted whole (the issue "The teaching core and its wings"): not met.
+GOAL = 2_400
+#: The core's code lines when the core and its wings were split: a ceiling that may only fall.
+CORE_BUDGET = 2_452
+#: Each wing's and the graders' code lines when the core and its wings were split: ceilings.
+CEILINGS = {"speed": 553, "extra_drafters": 623, "loading": 349, "zoo": 145, "check": 1_305}
 
 
 def docstring_lines(tree: ast.AST) -> set[int]:
@@ -53,15 +53,19 @@ def code_lines(source: str) -> set[int]:
     return lines
 
 
-def read_files() -> list[Path]:
-    """The reading layers' files and the top-level modules (the coursework API), counted whole."""
-    return sorted([*(p for layer in READ for p in (PACKAGE / layer).rglob("*.py")),
-                   *PACKAGE.glob("*.py")])
+def files_of(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (PACKAGE / folder).rglob("*.py"))
+
+
+def count(*folders: str) -> dict[str, int]:
+    """``{file: code lines}`` for every file of ``folders``."""
+    return {p.relative_to(PACKAGE).as_posix(): len(code_lines(p.read_text()))
+            for p in files_of(*folders)}
 
 
 def function_sizes() -> list[tuple[int, str]]:
     sizes = []
-    for path in read_files():
+    for path in files_of(*CORE, *CEILINGS):
         source = path.read_text()
         code = code_lines(source)
         for node in ast.walk(ast.parse(source)):
@@ -76,23 +80,37 @@ def test_no_function_is_longer_than_a_screen():
     assert not long, "split these functions: " + ", ".join(long)
 
 
-def test_the_reading_layers_stay_within_their_line_budget():
-    total = {path.relative_to(PACKAGE).as_posix(): len(code_lines(path.read_text()))
-             for path in read_files()}
+def test_the_core_stays_within_its_budget():
+    total = count(*CORE)
     largest = sorted(total.items(), key=lambda item: -item[1])[:5]
-    assert sum(total.values()) <= MAX_CODE_LINES, (
-        f"{sum(total.values())} code lines in the reading layers, over {MAX_CODE_LINES} (the goal "
+    assert sum(total.values()) <= CORE_BUDGET, (
+        f"{sum(total.values())} code lines in the core, over its ceiling {CORE_BUDGET} (the goal "
         f"is {GOAL}); largest files: {largest}")
 
 
-def test_the_reading_path_gives_each_files_true_length():
-    """docs/architecture.md's reading path states each file's lines: they must be today's."""
+def test_each_wing_and_the_graders_stay_within_their_ceilings():
+    over = {part: n for part, limit in CEILINGS.items()
+            if (n := sum(count(part).values())) > limit}
+    assert not over, f"over their ceilings {CEILINGS}: {over}"
+
+
+def test_the_counter_counts_code_only():
+    """A docstring, a comment and blank lines are not code; a statement split over two lines is
+    two code lines."""
+    source = '"""Doc."""\n\n# a comment\nx = (1 +\n     2)\n'
+    assert code_lines(source) == {4, 5}
+
+
+def test_the_reading_path_lists_the_core_with_each_files_true_length():
+    """docs/architecture.md's reading path lists exactly the core's files, with today's lengths."""
     import re
 
     root = Path(__file__).parent.parent
     page = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
-    rows = re.findall(r"\| \d \| `(minispec/[^`]+)` \| (\d+) \|", page)
-    assert len(rows) >= 6, "the reading path table is missing"
+    rows = re.findall(r"\| \d+ \| `(minispec/[^`]+)` \| (\d+) \|", page)
+    listed = {path for path, _ in rows}
+    core = {f"minispec/{name}" for name in count(*CORE) if not name.endswith("__init__.py")}
+    assert listed == core, f"missing {sorted(core - listed)}, not core {sorted(listed - core)}"
     true = {path: len((root / path).read_text().splitlines()) for path, _ in rows}
     wrong = {path: (int(n), true[path]) for path, n in rows if int(n) != true[path]}
     assert not wrong, f"stated vs true line counts: {wrong}"

@@ -1,6 +1,6 @@
 """The static-shape step gives the dynamic path's logits and tokens (CPU: it runs eagerly).
 
-[`StaticForward`][minispec.models.static_step.StaticForward] pads a batch to a bucket and reads
+[`StaticForward`][minispec.speed.static_step.StaticForward] pads a batch to a bucket and reads
 everything from preallocated buffers so that a GPU can replay it as a CUDA graph. Here, without a
 GPU, the same step runs eagerly and is checked against ``Llama.forward``: chain and tree forwards,
 padded prefills, paged and contiguous caches, NaN where a row cannot see; then both drivers, end
@@ -16,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import minispec as ms
 from minispec.models.llama import TreeAttention
-from minispec.models.static_step import StaticForward, bucket
+from minispec.speed.goodput import bucket
+from minispec.speed.static_step import StaticForward
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NAN = float("nan")
@@ -47,7 +48,7 @@ def both(model, kind, steps):
         for ids, pos, rows, tree in steps:
             chosen = [slots[r] for r in rows]
             a = model(ids, pos, dynamic, chosen, return_hidden=True, tree=tree)
-            b = static(ids, pos, chosen, tree)
+            b = static.in_bucket(ids, pos, chosen, tree)
             assert [dynamic.length(s) for s in slots] == [static_cache.length(s) for s in slots]
             out.append((a, b))
     return out
@@ -113,20 +114,20 @@ def test_nan_where_a_row_cannot_see_changes_no_logit(model, kind):
             flat[~keep] = NAN
         step, step_pos = torch.randint(0, VOCAB, (2, 2), generator=gen), torch.tensor(
             [[6, 7], [3, -1]])
-        a = StaticForward(model, clean)(step, step_pos, slots)
-        b = StaticForward(model, poisoned)(step, step_pos, slots)
+        a = StaticForward(model, clean).in_bucket(step, step_pos, slots)
+        b = StaticForward(model, poisoned).in_bucket(step, step_pos, slots)
     assert torch.isfinite(b[0]).all() and torch.equal(a[0], b[0])
 
 
 def test_buckets_pad_the_batch_and_reuse_their_buffers(model):
-    assert [bucket(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, None]
+    assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
     cache = CACHES["paged"](model)
     slots = [cache.allocate() for _ in range(3)]
     static = StaticForward(model, cache)
     with torch.inference_mode():
-        static(torch.ones(3, 2, dtype=torch.long), torch.tensor([[0, 1]] * 3), slots)
-        static(torch.ones(3, 1, dtype=torch.long), torch.tensor([[2]] * 3), slots)
-        static(torch.ones(3, 1, dtype=torch.long), torch.tensor([[3]] * 3), slots)
+        static.in_bucket(torch.ones(3, 2, dtype=torch.long), torch.tensor([[0, 1]] * 3), slots)
+        static.in_bucket(torch.ones(3, 1, dtype=torch.long), torch.tensor([[2]] * 3), slots)
+        static.in_bucket(torch.ones(3, 1, dtype=torch.long), torch.tensor([[3]] * 3), slots)
     assert sorted(static.steps) == [(4, 1, 4), (4, 2, 4)]   # 3 rows -> 4; one block of keys
 
 
@@ -150,7 +151,8 @@ def test_the_step_never_syncs_with_the_host(model, kind):
     slots = [cache.allocate() for _ in range(2)]
     static = StaticForward(model, cache)
     with torch.inference_mode():
-        static(torch.ones(2, 3, dtype=torch.long), torch.tensor([[0, 1, 2], [0, -1, -1]]), slots)
+        static.in_bucket(torch.ones(2, 3, dtype=torch.long),
+                         torch.tensor([[0, 1, 2], [0, -1, -1]]), slots)
         [step] = static.steps.values()
         with Recorder() as recorder:
             step.run()
@@ -190,9 +192,9 @@ def test_a_drafter_reused_without_graphs_drafts_eagerly_on_its_new_cache(pair):
     target, draft = pair
     drafter = ms.ModelDrafter(draft)
     first = ms.speculative_generate(target, drafter, PROMPTS[2], 20, k=3, graphs=True)
-    assert drafter.static is not None and drafter.static.steps
+    assert isinstance(drafter.step, StaticForward) and drafter.step.steps
     second = ms.speculative_generate(target, drafter, PROMPTS[2], 20, k=3, graphs=False)
-    assert drafter.static is None
+    assert not isinstance(drafter.step, StaticForward)
     assert first.tokens == second.tokens == ms.generate(target, PROMPTS[2], 20).tokens
     assert first.stats.accepted_per_round == second.stats.accepted_per_round
 
@@ -209,7 +211,7 @@ def test_the_engine_on_the_static_step_equals_single_requests(pair, kv_cache, br
                        block_size=4, branching=branching, adaptive=False, graphs=True, **pool)
     results = engine.generate(prompts, progress=False, max_new_tokens=16)
     assert [r.tokens for r in results] == [ms.generate(target, p, 16).tokens for p in prompts]
-    assert engine.runner.static.steps                         # the static step ran
-    assert engine.drafter.static.steps                        # and the draft model's
+    assert engine.runner.step.steps                           # the static step ran
+    assert engine.drafter.step.steps                          # and the draft model's
     if kv_cache == "paged":
         assert engine.target_cache.num_used_blocks == 0

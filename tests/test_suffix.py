@@ -1,4 +1,4 @@
-"""Suffix drafting (minispec/drafters/suffix.py): the bookkeeping without tensors, the store's
+"""Suffix drafting (minispec/extra_drafters/suffix.py): the bookkeeping without tensors, the store's
 memory bound, and, on tiny random targets, greedy parity, the engine against single runs, and the
 target's law under sampling (chains and trees, with and without a store shared by requests)."""
 
@@ -14,7 +14,8 @@ from lawcheck import chi_square_pvalue
 from tinymodels import exact_two_token_law, tiny_llama
 
 import minispec as ms
-from minispec.drafters.suffix import DRAFTERS, SuffixDrafter, SuffixStore
+from minispec.drafters.ngram import DRAFTERS
+from minispec.extra_drafters.suffix import SuffixDrafter, SuffixStore
 from minispec.serving.engine import Engine
 
 NEW = 20

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import minispec as ms
-from minispec.models.eagle_head import EagleHead, default_aux_layers
+from minispec.extra_drafters.eagle_head import EagleHead, default_aux_layers
 from minispec.tools import eagle_data, train_eagle, workloads
 
 LINES = ["Ham.\nTo be, or not to be, that is the question:\n",

@@ -17,8 +17,8 @@ from tinymodels import VOCAB, exact_two_token_law, noisy_copy, tiny_llama
 
 import minispec as ms
 from minispec.decoding import runner
-from minispec.decoding.loop import GenerationResult
-from minispec.drafters.base import ModelDrafter
+from minispec.decoding.request import GenerationResult
+from minispec.drafters.model import ModelDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import TreeAttention
 from minispec.models.paged_cache import PagedKVCache

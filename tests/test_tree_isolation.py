@@ -12,7 +12,7 @@ import pytest
 from tinymodels import noisy_copy, tiny_llama
 
 import minispec as ms
-from minispec.drafters.base import ModelDrafter
+from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter
 
 NEW = 16

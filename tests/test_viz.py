@@ -95,8 +95,9 @@ def test_import_does_not_load_matplotlib():
 
 
 def test_trace_figure_1_kinds():
+    from minispec.core.sequence import Round
     from minispec.core.stats import SpecStats
-    from minispec.decoding.loop import GenerationResult, Round
+    from minispec.decoding.request import GenerationResult
 
     result = GenerationResult(
         tokens=[1, 2, 9, 3, 4, 5, 6, 7],
@@ -177,3 +178,26 @@ def test_record_race_times_both_runs_and_keeps_the_tokens():
     assert len(plain["times"]) == len(spec["times"]) == 20 == len(spec["texts"])
     assert plain["times"] == sorted(plain["times"]) and spec["times"] == sorted(spec["times"])
     assert spec["target_forwards"] <= plain["target_forwards"]
+
+
+def _contrast(a: str, b: str = "#ffffff") -> float:
+    """WCAG 2 contrast ratio of two #rrggbb colours."""
+    def lum(h: str) -> float:
+        c = [int(h[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        c = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_trace_and_overlap_colours_meet_wcag_aa():
+    """Every colour a trace prints text in reads at 4.5:1 or more on white and on a code cell's
+    grey (#f5f5f5), and each kind has a cue besides colour (struck, bold, underlined) except the
+    accepted drafts, the plain text of the run."""
+    colours = [c for c, _ in viz.TRACE_STYLES.values()] + [viz.TRACE_SEPARATOR]
+    colours += [c for c in viz.OVERLAP_COLORS.values() if c.startswith("#")]
+    for colour in colours:
+        for background in ("#ffffff", "#f5f5f5"):
+            assert _contrast(colour, background) >= 4.5, (colour, background)
+    cues = {kind: viz.TRACE_CUES[kind] for kind in ("rejected", "correction", "bonus")}
+    assert len(set(cues.values())) == 3 and all(cues.values()), cues

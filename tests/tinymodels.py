@@ -82,7 +82,7 @@ def write_checkpoint(directory, config: dict, weights: dict, text: str | None = 
 def load_refused(path, *words, **kwargs) -> str:
     """``minispec``'s loader refuses ``path`` with a ValueError whose message holds each of
     ``words``; returns the message."""
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     with pytest.raises(ValueError) as info:
         load(path, **kwargs)

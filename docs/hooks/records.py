@@ -1,8 +1,9 @@
 """mkdocs hook: measured figures rendered from the benchmark records, never typed by hand.
 
-Two records: ``docs/data/cpu.json`` (runs on CPUs, each with its machine, clock, command and the
-commit at which it was recorded) and ``docs/data/gpu.json`` (what ``benchmarks/gpu.py`` writes on a
-GPU). On any page:
+Two records, read by the package's one reader (``minispec.tools.records``), which the lessons
+use too: ``cpu`` (``minispec/tools/measured/cpu.json``: runs on CPUs, each with its machine, clock,
+command and the commit at which it was recorded) and ``gpu`` (``minispec/tools/measured/gpu.json``:
+what ``benchmarks/gpu.py`` writes on a GPU). On any page:
 
 * a line ``<!-- minispec-record: NAME -->`` becomes the tables of a record: ``gpu`` (the step, the
   verify cost, each method at batch 1, the engine by batch size; a note with the command while no
@@ -11,7 +12,7 @@ GPU). On any page:
   becomes one table that a run of the CPU record keeps (its columns, their number formats, its
   rows);
 * an inline ``{{ cpu/runs/multitask/rows/overall/hybrid, k = 4 :.2f }}`` becomes one value of a
-  record (``cpu``: ``docs/data/cpu.json``; ``card``: the shipped pair's model card,
+  record (``cpu``: the CPU record; ``card``: the shipped pair's model card,
   ``minispec/zoo/model_card.json``; ``eagle``: the shipped EAGLE head's record,
   ``minispec/zoo/smollm2-135m-instruct-eagle/eagle_config.json``, an item of a list by its
   index), formatted by the spec after `` :``. A path that names nothing fails the build. A list,
@@ -24,18 +25,19 @@ The README's headline block is rendered by [`headline`][] from the same record, 
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 from pathlib import Path
+
+from minispec.tools import records as _records
+from minispec.tools.records import load, value
 
 _MARKER = re.compile(r"^<!-- minispec-record: (\w+(?:/\w+)?) -->[ \t]*$", re.MULTILINE)
 _VALUE = re.compile(r"\{\{ (cpu|card|eagle)/([^{}]+?)(?: :([^{}]*?))? \}\}")
 HEADLINE = re.compile(r"<!-- headline -->\n.*?<!-- /headline -->", re.DOTALL)
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = {"cpu": ROOT / "docs" / "data" / "cpu.json",
-           "card": ROOT / "minispec" / "zoo" / "model_card.json",
-           "eagle": ROOT / "minispec" / "zoo" / "smollm2-135m-instruct-eagle" / "eagle_config.json"}
+#: how a page names a record's file
+CPU_FILE, GPU_FILE = "minispec/tools/measured/cpu.json", "minispec/tools/measured/gpu.json"
 
 
 def _num(x, digits: int = 2) -> str:
@@ -50,8 +52,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def render_gpu(record: dict) -> str:
     """Markdown for a GPU record (the fields ``benchmarks/gpu.py`` writes)."""
     m = record["machine"]
-    parts = [f"*Record:* `docs/data/gpu.json`, measured on {m['device']} (torch {m['torch']}, "
-             f"CUDA {m['cuda']}) at commit `{record['commit'][:10]}` by `{record['command']}`; "
+    parts = [f"*Record:* `{GPU_FILE}`, measured on {m['device']} (torch {m['torch']}, "
+             f"CUDA {m.get('cuda', '-')}) at commit `{record['commit'][:10]}` by "
+             f"`{record['command']}`; "
              f"every output identical to plain greedy: **{record['identical_tokens']}**."]
     if "step_ms" in record:
         parts.append(f"**One-token step** (300 cached tokens; memory roofline "
@@ -84,30 +87,9 @@ def render_gpu(record: dict) -> str:
     return "\n\n".join(parts)
 
 
-def load(source: str = "cpu") -> dict:
-    """A record by its source name (``cpu``, ``card`` or ``eagle``)."""
-    return json.loads(SOURCES[source].read_text(encoding="utf-8"))
-
-
-def value(source: str, path: str, spec: str | None = None) -> str:
-    """One value of a record: ``path`` is its keys joined by ``/``; formatted by ``spec``."""
-    node = load(source)
-    for key in path.strip().split("/"):
-        index = re.fullmatch(r"-?\d+", key)
-        if isinstance(node, list) and index and -len(node) <= int(key) < len(node):
-            node = node[int(key)]
-            continue
-        if not isinstance(node, dict) or key not in node:
-            raise KeyError(f"the {source} record has no {path!r} (no key {key!r})")
-        node = node[key]
-    if isinstance(node, list):                      # a range measured over runs: low-high
-        return "-".join(format(x, spec.strip()) if spec else str(x) for x in node)
-    return format(node, spec.strip()) if spec else str(node)
-
-
 def _origin(run: dict) -> str:
     m = run["machine"]
-    return (f"*Record:* `docs/data/cpu.json`: {m['device']}, {m['threads']} torch threads, "
+    return (f"*Record:* `{CPU_FILE}`: {m['device']}, {m['threads']} torch threads, "
             f"{m['clock']} clock ({m['load']}), commit `{run['commit'][:7]}`, `{run['command']}`.")
 
 
@@ -162,7 +144,7 @@ def headline(record: dict) -> str:
     cats = [c for c in rows if c != "overall"]
     intro = (f"All from one run of one command on one machine: a {m['device']} with "
              f"{m['load']}, {m['threads']} torch threads, {m['clock']} clock, minispec's packed "
-             f"CPU path (`fast=True`; transformers eager), recorded in `docs/data/cpu.json`. "
+             f"CPU path (`fast=True`; transformers eager), recorded in `{CPU_FILE}`. "
              f"SmolLM2-135M-Instruct answers a public {run['prompts']}-prompt set "
              f"({run['categories']} categories), greedy, batch 1, {run['new_tokens']} new tokens "
              f"per prompt; each cell is the speedup over minispec's own greedy decoding "
@@ -199,17 +181,16 @@ def render_table(table: dict) -> str:
     return "\n".join(lines)
 
 
-def _render(name: str, data: Path) -> str:
+def _render(name: str) -> str:
     if "/" in name:
         run, table = name.split("/")
         return render_table(load("cpu")["runs"][run]["tables"][table])
     if name in RUNS:
         return RUNS[name](load("cpu")["runs"][name])
-    path = data / f"{name}.json"
-    if not path.is_file():
-        return (f"*No `docs/data/{name}.json` is committed yet: `bash benchmarks/gpu_session.sh` "
-                f"on a machine with a CUDA GPU writes it.*")
-    return render_gpu(json.loads(path.read_text()))
+    if not _records.path(name).is_file():
+        return (f"*No `{GPU_FILE}` is committed yet: `bash benchmarks/gpu_session.sh` on a machine "
+                f"with a CUDA GPU writes it.*")
+    return render_gpu(load(name))
 
 
 def render_values(markdown: str) -> str:
@@ -218,8 +199,7 @@ def render_values(markdown: str) -> str:
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    data = Path(config["docs_dir"]) / "data"
-    return render_values(_MARKER.sub(lambda m: _render(m.group(1), data), markdown))
+    return render_values(_MARKER.sub(lambda m: _render(m.group(1)), markdown))
 
 
 def _rewrite_readme() -> None:

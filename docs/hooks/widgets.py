@@ -15,8 +15,8 @@
   thread), recorded by [`minispec.tools.viz.record_race`][minispec.tools.viz.record_race];
   ``docs/javascripts/race.js`` replays both at their recorded speeds (``<div class="ms-race">``).
 * ``assets/data/speedup.json`` -- the measured points and presets the speedup explorer
-  (``docs/javascripts/speedup.js``) draws, from the record ``docs/data/cpu.json`` (the shipped
-  pair's cost-model run and the shipped head's run), the same record the Results page renders.
+  (``docs/javascripts/speedup.js``) draws, from the CPU record (read by ``minispec.tools.records``:
+  the shipped pair's cost-model run and the shipped head's run), the one the Results page renders.
 
 A page shows a figure with an empty element: ``<div class="ms-round" markdown="0"></div>`` or
 ``<div class="ms-speedup"></div>`` (Markdown pages, and markdown cells of a notebook alike). The
@@ -27,16 +27,16 @@ element works on every page, with no network.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
+
+from minispec.tools import records
 
 ROUNDS = "assets/data/rounds.json"
 ROUNDS_SMOLLM2 = "assets/data/rounds-smollm2.json"
 RACE = "assets/data/race.json"
 SPEEDUP = "assets/data/speedup.json"
-CPU_RECORD = "data/cpu.json"
 
 #: What the round widget replays: one prompt of the benchmark set, k = 4, plain sampling (T = 1),
 #: ten rounds, and the first seed from 0 whose rounds show all three endings a student should see
@@ -93,7 +93,7 @@ def _record_smollm2() -> tuple[dict, dict]:
     import torch
 
     import minispec as ms
-    from minispec.models.chat import encode_prompt
+    from minispec.loading.prompts import encode_prompt
     from minispec.tools import viz, workloads
     from minispec.zoo import smollm2
 
@@ -139,7 +139,7 @@ def _alpha_for(tokens: float, k: int) -> float:
 
 
 def _speedup_points(record: dict) -> dict:
-    """The explorer's measured points and presets, from the runs of ``docs/data/cpu.json``."""
+    """The explorer's measured points and presets, from the runs of the CPU record."""
     pair, tasks = record["runs"]["shipped_pair"], record["runs"]["smollm2_tasks"]
     head = tasks["rows"]["overall"]
     alpha_head = _alpha_for(head["eagle_tokens_per_forward"], 2)
@@ -164,14 +164,12 @@ def _speedup_points(record: dict) -> dict:
 
 @event_priority(50)
 def on_files(files: Files, config) -> Files:
-    docs = Path(config["docs_dir"])
     rounds = json.dumps(_record_rounds(), ensure_ascii=False, separators=(",", ":"))
     files.append(File.generated(config, ROUNDS, content=rounds))
     smol_rounds, race = _record_smollm2()
     for path, data in ((ROUNDS_SMOLLM2, smol_rounds), (RACE, race)):
         files.append(File.generated(config, path, content=json.dumps(
             data, ensure_ascii=False, separators=(",", ":"))))
-    record = json.loads((docs / CPU_RECORD).read_text(encoding="utf-8"))
-    points = _speedup_points(record)
+    points = _speedup_points(records.load("cpu"))
     files.append(File.generated(config, SPEEDUP, content=json.dumps(points, separators=(",", ":"))))
     return files

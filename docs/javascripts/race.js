@@ -74,7 +74,8 @@
       plain.seconds.toFixed(2) + " s, speculative " + spec.seconds.toFixed(2) + " s: " +
       (plain.seconds / spec.seconds).toFixed(2) + "x, with " +
       (spec.tokens.length / spec.target_forwards).toFixed(2) + " tokens per target forward. " +
-      (d.identical ? "The two texts are the same tokens; green ones came from accepted drafts." :
+      (d.identical ? "The two texts are the same tokens; the green ones, underlined with dots, " +
+        "came from accepted drafts." :
         "The texts differ!");
     this.root.appendChild(el("p", "ms-race__source", summary));
   };
@@ -95,6 +96,8 @@
       self.root.querySelector('[data-run="' + name + '"]').dataset.finished = String(done);
       self.drawText(row.text, run, n);
       row.text.scrollTop = row.text.scrollHeight;          // follow the newest tokens
+      // text above the box: its top line fades out instead of showing half cut
+      row.text.classList.toggle("ms-race__text--more", row.text.scrollTop > 0);
       self.root.querySelector('[data-run="' + name + '"]').dataset.shown = String(n);
     });
   };

@@ -8,13 +8,15 @@
 // Each round is shown in steps: the draft proposes k tokens (with q), the target scores them in
 // one forward (p), each draft is tested in turn (u < p/q), and the round ends with a correction
 // from the residual or a bonus token. Colours as Figure 1 of Leviathan et al.: accepted green,
-// rejected red, correction blue, bonus purple. Plain JS and SVG; no network.
+// rejected red, correction blue, bonus purple (each with a cue besides colour, extra.css).
+// Plain JS and SVG; no network.
 (function () {
   "use strict";
 
+  // The palette of docs/stylesheets/extra.css and minispec.tools.viz (WCAG AA on white).
   var COLORS = {
-    accepted: "#2ca02c", rejected: "#d62728", correction: "#1f77b4", bonus: "#9467bd",
-    untested: "#9e9e9e", excess: "#d62728", residual: "#1f77b4",
+    accepted: "#1b7a1b", rejected: "#c62828", correction: "#1565c0", bonus: "#6a3d9a",
+    untested: "#616161", excess: "#c62828", residual: "#1565c0",
   };
   var SVG = "http://www.w3.org/2000/svg";
 

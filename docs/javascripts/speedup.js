@@ -161,7 +161,9 @@
     this.readout.innerHTML = "";
     this.readout.appendChild(cell("tokens per round E", E.toFixed(2)));
     this.readout.appendChild(cell("cost per round k c + r", (s.k * s.c + s.r).toFixed(2) + " steps"));
-    this.readout.appendChild(cell("speedup E / (k c + r)", S.toFixed(2) + "x",
+    // green for a win, red for a loss, and the word too: the colour is not the only cue
+    this.readout.appendChild(cell("speedup E / (k c + r)",
+      S.toFixed(2) + "x " + (S >= 1 ? "faster" : "slower"),
       S >= 1 ? "ms-speedup__cell--win" : "ms-speedup__cell--loss"));
     this.readout.appendChild(cell("Theorem 3.8 as published (r = 1)", S1.toFixed(2) + "x"));
     this.readout.appendChild(cell("best k here", kb + " (" + speedup(s.alpha, kb, s.c, s.r).toFixed(2) + "x)"));

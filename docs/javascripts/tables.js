@@ -1,33 +1,30 @@
-// Phones: a table wider than the column is shown stacked -- each row a card, each cell headed by
-// its column's name -- so that no column (the glossary's "in the code", a run's speedup) hides
-// past the screen's edge behind a sideways scroll. Narrow tables stay tables. Runs after each
-// page load (material's instant navigation too), once the math is typeset (it changes widths),
-// and when the window is resized.
+// Wide tables scroll sideways inside their own box (a Markdown table scrolls itself, material's
+// overflow: auto; a table a lesson prints scrolls in its output area), so rows stay rows and can be compared column by column on a phone too.
+// This script only marks a box that does scroll (data-ms-scrolls, for the edge shadows of
+// extra.css) and makes it reachable from the keyboard; it never touches a table's own class
+// attribute: material styles exactly the tables that have none (table:not([class])), and a table
+// left with class="" would lose its borders. Runs after each page load (material's instant
+// navigation too), once the math is typeset (it changes widths), and when the window is resized.
 (function () {
-  var PHONE = window.matchMedia("(max-width: 45em)");
-
-  function label(table) {
-    var header = table.querySelector("thead tr") || table.querySelector("tr");
-    var names = header ? Array.prototype.map.call(header.children, function (cell) {
-      return cell.textContent.trim();
-    }) : [];
-    table.querySelectorAll("tbody tr").forEach(function (row) {
-      Array.prototype.forEach.call(row.children, function (cell, i) {
-        cell.setAttribute("data-label", names[i] || "");
-      });
-    });
+  // The box that scrolls a table: the table itself (material gives a Markdown table
+  // overflow: auto), else the lesson's output area it is printed in.
+  function boxOf(table) {
+    if (/auto|scroll/.test(getComputedStyle(table).overflowX)) return table;
+    return table.closest(".jp-OutputArea-output") || table;
   }
 
   function fit() {
-    var article = document.querySelector("article");
     document.querySelectorAll("article table").forEach(function (table) {
-      table.classList.remove("minispec-stacked");
-      if (!PHONE.matches || !table.querySelector("tbody tr")) return;
-      // material's tables scroll inside themselves: wider than they show, or past the column
-      if (table.scrollWidth > table.clientWidth + 1 ||
-          table.getBoundingClientRect().right > article.getBoundingClientRect().right + 1) {
-        label(table);
-        table.classList.add("minispec-stacked");
+      var box = boxOf(table);
+      var scrolls = box.scrollWidth > box.clientWidth + 1;
+      if (scrolls) {
+        box.setAttribute("data-ms-scrolls", "true");
+        box.setAttribute("tabindex", "0");
+        box.setAttribute("aria-label", "table: scroll sideways to see every column");
+      } else if (box.hasAttribute("data-ms-scrolls")) {
+        box.removeAttribute("data-ms-scrolls");
+        box.removeAttribute("tabindex");
+        box.removeAttribute("aria-label");
       }
     });
   }

@@ -1,7 +1,7 @@
 """Graders for a student's own speculative decoder, and a lab of real bugs.
 
-Each grader takes a student's code and returns a [`CheckReport`][minispec.check.report.CheckReport]:
-``report.passed``, the cases run, a failure's small counterexample (a stub: "not implemented").
+Each grader returns a [`CheckReport`][minispec.check.report.CheckReport]: ``report.passed``, the
+cases run, a failure's small counterexample.
 
     import minispec as ms
     print(ms.check.verifier(my_verify))   # my_verify(draft_tokens, draft_probs, target_probs, g)
@@ -17,12 +17,12 @@ Each grader takes a student's code and returns a [`CheckReport`][minispec.check.
 * [`rollback`][minispec.check.caches.rollback] (alias ``kv_cache``) -- a KV cache's rollback;
 * [`reservation`][minispec.check.caches.reservation] -- reserving blocks for a batch's rounds.
 
-Every check is seeded (the same verdict on every run), runs in seconds, calls the student's code
-under a deadline ([`harness`][minispec.check.harness]: it never crashes or hangs on it) and fails a
-correct implementation with probability at most ``1e-3`` (a deterministic one: never; each
-docstring justifies its sample sizes). Any exact rule passes. [`bugs`][minispec.check.bugs] is the
-lab: implementations modelled on reported engine bugs, each caught by its check;
-[`statistics`][minispec.check.statistics] holds the one law test of the graders and the lessons.
+Every check is seeded (the same verdict on every run), runs in seconds within its ``budget`` (a
+parameter: a slower implementation fails, the report saying how many cases ran), calls the
+student's code under a deadline ([`harness`][minispec.check.harness]: it never crashes, exits or
+hangs on it, nor on the reading of a result) and fails a correct implementation with probability at
+most ``1e-3`` (a deterministic one: never; each docstring justifies its sample sizes). Any exact
+rule passes; [`bugs`][minispec.check.bugs] is the lab of real engine bugs.
 """
 
 from minispec.check import bugs

@@ -137,7 +137,7 @@ def _contract_case(factory: Callable, model: Llama, seed: int) -> str:
 
 
 def rollback(cache_factory: Callable, *, seed: int = 0,
-             timeout: float = TIMEOUT) -> CheckReport:
+             timeout: float = TIMEOUT, budget: float = harness.GRADE_BUDGET) -> CheckReport:
     """Check that ``truncate_to`` makes a cache equal to one that never saw the rejected tokens.
 
     A tiny random Llama (2 layers, GQA, 64 tokens) decodes with a cache from
@@ -160,6 +160,8 @@ def rollback(cache_factory: Callable, *, seed: int = 0,
         seed: seeds the tokens and the acceptance lengths.
         timeout: seconds each call of the cache (or the factory, or a forward through it) may
             take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -168,7 +170,7 @@ def rollback(cache_factory: Callable, *, seed: int = 0,
     cases = [(f"{ROUNDS} rounds of verify and rollback on 2 slots, k={K}",
               lambda: _rounds_case(cache_factory, model, seed)),
              ("truncate_to's contract", lambda: _contract_case(cache_factory, model, seed + 1))]
-    return run_cases("rollback", cases, 0.0, timeout)
+    return run_cases("rollback", cases, 0.0, timeout, budget)
 
 
 kv_cache = rollback
@@ -237,7 +239,8 @@ def _reservation_case(fn: Callable, held: list[int], needs: list[int], block_siz
             [("preempted, in order", want, got)]))
 
 
-def reservation(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+def reservation(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT,
+                budget: float = harness.GRADE_BUDGET) -> CheckReport:
     """Check that ``fn(held, needs, block_size, free_blocks)`` preempts as minispec's scheduler.
 
     Before a step, continuous batching reserves each running request's round (``needs[i]``
@@ -255,9 +258,12 @@ def reservation(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> Che
         fn: the reservation rule under test.
         seed: seeds the batches.
         timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
     groups = [(name, [args]) for name, args in EDGES] + [("300 seeded batches", _batches(seed))]
-    return run_table("reservation", _reservation_case, fn, groups, "as the scheduler", timeout)
+    return run_table("reservation", _reservation_case, fn, groups, "as the scheduler", timeout,
+                     budget)

@@ -3,7 +3,8 @@ is token-for-token plain greedy decoding.
 
 A drafter is an object with ``draft(context, k, sampling, generator) -> Draft`` (as
 [`minispec.NGramDrafter`][minispec.drafters.ngram.NGramDrafter] and
-[`minispec.ModelDrafter`][minispec.drafters.base.ModelDrafter] have; a minispec
+a [`minispec.ModelDrafter`][minispec.drafters.model.ModelDrafter] through
+[`OneContext`][minispec.check.one_context.OneContext]; a minispec
 [`Drafter`][minispec.drafters.base.Drafter] decodes as itself in the parity case, any other object
 through [`ChainDrafter`][minispec.check.drafting.ChainDrafter]), or a plain function
 ``propose(context, k) -> list[int]`` (a deterministic drafter, e.g. an n-gram proposer). A
@@ -21,8 +22,9 @@ import torch
 from torch import Tensor
 
 from minispec.check import harness
-from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, run_cases
+from minispec.check.harness import GRADE_BUDGET, TIMEOUT, Failure, as_tokens, call, run_cases
 from minispec.check.models import tiny_llama
+from minispec.check.one_context import OneContext
 from minispec.check.report import CheckReport, Counterexample, fmt
 from minispec.check.statistics import BUDGET, expect_law, per_test_alpha
 from minispec.core.sampling import SamplingParams
@@ -31,6 +33,7 @@ from minispec.core.speculative import Draft
 from minispec.core.tree import Proposal
 from minispec.decoding.loop import generate, speculative_generate
 from minispec.drafters.base import Drafter
+from minispec.drafters.model import ModelBackedDrafter
 from minispec.models.llama import Llama
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -174,7 +177,7 @@ def _parity_case(d: Drafter, target: Llama, vocab: int, seed: int) -> str:
 
 
 def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool = False,
-            seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+            seed: int = 0, timeout: float = TIMEOUT, budget: float = GRADE_BUDGET) -> CheckReport:
     """Check a drafter: well-formed proposals that agree with the declared ``q``, and parity.
 
     Cases, in order:
@@ -206,11 +209,14 @@ def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool =
         seed: seeds contexts, prompts and generators.
         timeout: seconds each call of the drafter (each ``draft``, and each whole decoding of
             the parity case) may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
-    draft = from_function(obj) if callable(obj) else obj.draft
+    draft = (from_function(obj) if callable(obj) else
+             OneContext(obj).draft if isinstance(obj, ModelBackedDrafter) else obj.draft)
     model = getattr(obj, "model", None)
     if target is None:
         own = model.config if isinstance(model, Llama) else None     # share its ids and EOS
@@ -225,4 +231,4 @@ def drafter(obj: Any, *, target: Llama | None = None, continues_patterns: bool =
         cases.append(("continues a repeated pattern", lambda: _pattern_case(draft, vocab)))
     cases.append(("greedy decoding with it equals plain greedy decoding",
                   lambda: _parity_case(loop, target, vocab, seed + 3)))
-    return run_cases("drafter", cases, BUDGET, timeout)
+    return run_cases("drafter", cases, BUDGET, timeout, budget)

@@ -1,14 +1,16 @@
 """How a check runs a student's code: calls under a deadline that turn exceptions and hangs into
-verdicts, the reading of a result as token ids or numbers, the case loop, and a guard that proves
-a function draws its randomness from the generator it is given (the law test every statistical
-case runs is [`statistics.expect_law`][minispec.check.statistics.expect_law]).
+verdicts, the reading of a result as token ids or numbers, the case loop with its budget, and a
+guard that proves a function draws its randomness from the generator it is given (the law test
+every statistical case runs is [`statistics.expect_law`][minispec.check.statistics.expect_law]).
 
 A function that raises ``NotImplementedError`` (an exercise's stub) gives a clean report with
 ``passed=False`` and ``not_implemented=True``; any other exception raised *by the student's code*
-is a failure that names the exception and the inputs that provoked it, and so is a call that does
-not return within the check's ``timeout`` (seconds per call). A result the check cannot read (a
-wrong type, a float where a token id belongs, an endless generator) is a failure too: a check
-never crashes and never hangs on what the student's code does.
+(``SystemExit``, ``KeyboardInterrupt`` and every other ``BaseException`` included) is a failure
+that names the exception and the inputs that provoked it, and so is a call that does not return
+within the check's ``timeout`` (seconds per call, the reading of its result included). A result
+the check cannot read (a wrong type, a float where a token id belongs, an endless generator) is a
+failure too, and so is a grade that runs past its ``budget`` (seconds for the whole check): a
+check never crashes, never exits and never hangs on what the student's code does.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from minispec.check.report import Case, CheckReport, Counterexample
 #: Seconds one call of the student's function may take: every check's ``timeout`` default. A
 #: correct call takes milliseconds; the margin covers a loaded machine.
 TIMEOUT = 5.0
+#: Seconds a whole check may take: every check's ``budget`` default. A correct implementation
+#: grades in a few seconds (the verifier's 3,500 calls take milliseconds each); a slow one, each
+#: call well under ``TIMEOUT``, would otherwise keep a grade running for many minutes.
+GRADE_BUDGET = 60.0
 _case = threading.local()       # on a case's thread: ``watch``, the student's call running now
 
 
@@ -53,62 +59,92 @@ class Failure(Exception):
         self.counterexample, self.note = counterexample, note
 
 
+class _Abandoned(BaseException):
+    """Ends a case's thread at its next ``call`` once its case has failed (a timeout, the budget,
+    Ctrl-C): nobody waits for it any more."""
+
+
 def call(fn: Callable[..., Any], *args: Any, inputs: dict[str, Any] | None = None) -> Any:
     """Call the student's ``fn(*args)``, turning its exceptions into the check's verdicts.
 
-    Every grader calls the student's code through here. On a case's thread (see ``run_cases``)
-    the call is watched: when it runs longer than the check's ``timeout``, the case fails.
+    Every grader calls the student's code through here. Whatever ``fn`` raises, ``SystemExit`` and
+    ``KeyboardInterrupt`` included, comes out as a ``StudentError``. On a case's thread (see
+    ``run_cases``) the call is watched: its deadline, the check's ``timeout``, runs from the call
+    until the next one (or the end of the case), so that it covers the reading of what ``fn``
+    returned too: an ``__index__``, a ``.tokens`` or a ``__repr__`` of the student's that never
+    returns fails the case like a call that never returns.
     """
     watch = getattr(_case, "watch", {})     # off a case's thread: a dict that nobody reads
     if watch.get("abandoned"):              # its case has failed already: end its thread here
-        raise SystemExit
+        raise _Abandoned
     watch["call"] = (time.monotonic(), inputs or {})
+    watch["calls"] = watch.get("calls", 0) + 1
     try:
         return fn(*args)
-    except Exception as error:  # the student's bug, reported with its inputs
+    except BaseException as error:  # the student's bug (or exit), reported with its inputs
         raise StudentError(error, inputs or {}) from error
-    finally:
-        watch["call"] = None
 
 
-def _watched(run: Callable[[], str], timeout: float) -> str:
-    """``run()`` on a new thread; its result, or its exception raised again here.
+def _verdict(name: str, run: Callable[[], str]) -> tuple[Case, str]:
+    """Case ``name`` run and judged, on its own thread: ``(case, stub)``, ``stub`` the summary of
+    a function not implemented yet (else ``""``). The judging reads the student's exception (its
+    message): under the deadline, as the case is."""
+    try:
+        return Case(name, True, run()), ""
+    except StudentError as err:
+        if isinstance(err.error, NotImplementedError):
+            why = f": {err.error}" if str(err.error) else ""
+            return Case(name, False), f"not implemented yet (NotImplementedError{why})"
+        return _raised(name, err.error, err.inputs, "the function raised"), ""
+    except Failure as failure:
+        return Case(name, False, failure.note, failure.counterexample), ""
+    except BaseException as error:  # a result of a form no check foresaw (its SystemExit too)
+        return _raised(name, error, {}, "the check cannot read the function's result (if it "
+                       "looks right, this is a bug of the check):"), ""
 
-    Meanwhile this thread checks twenty times a second whether a call of the student's code (through
-    ``call``) has been running for more than ``timeout`` seconds, and then fails the case. That
-    call is abandoned, not stopped (should it return, its thread ends at its next ``call``): its
-    thread is a daemon, so it never holds up the interpreter's exit, but until then it stays, with
-    its memory (and a busy loop keeps using a core: restart the Jupyter kernel to stop it). No
-    signals: this works off the main thread too (Jupyter). The caller's grad and inference modes,
-    which are per-thread, are carried over.
+
+def _watched(name: str, run: Callable[[], str], timeout: float, deadline: float,
+             budget: str) -> tuple[Case, str]:
+    """``_verdict(name, run)`` on a new thread; ``(case, how)``, ``how`` a stub's summary, or
+    ``budget`` when the grade ran out of time in this case, else ``""``.
+
+    Meanwhile this thread checks twenty times a second whether a call of the student's code
+    (through ``call``, the reading of its result included) has been running for more than
+    ``timeout`` seconds, or the clock has passed ``deadline`` (``time.monotonic()``, the grade's
+    budget), and then fails the case (``budget`` says why in the latter's counterexample). That
+    case is abandoned, not stopped (should its call return, its thread ends at its next ``call``):
+    its thread is a daemon, so it never holds up the interpreter's exit, but until then it stays,
+    with its memory (and a busy loop keeps using a core: restart the Jupyter kernel to stop it).
+    No signals: this works off the main thread too (Jupyter). The caller's grad and inference
+    modes, which are per-thread, are carried over.
     """
-    watch: dict[str, Any] = {"call": None}
-    outcome: list[Any] = []                     # the case's note (a str), or its error
+    watch: dict[str, Any] = {"call": None, "calls": 0}
+    outcome: list[tuple[Case, str]] = []
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def job() -> None:
         _case.watch = watch
-        try:
-            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-                outcome.append(run())
-        except BaseException as error:  # handed to the caller, whatever it is
-            outcome.append(error)
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            outcome.append(_verdict(name, run))     # abandoned: a verdict nobody reads
 
-    thread = threading.Thread(target=job, daemon=True)
+    thread, started = threading.Thread(target=job, daemon=True), time.monotonic()
     thread.start()
     try:
         while thread.is_alive():
             thread.join(0.05)
-            running = watch["call"]
-            if running is not None and time.monotonic() - running[0] > timeout:
-                raise Failure(Counterexample(
-                    f"the function did not return within {timeout:g} s: it hangs or is far "
-                    "too slow (a call takes milliseconds here; the check's timeout= sets the "
-                    "limit)", running[1]))
+            running, now = watch["call"], time.monotonic()
+            if thread.is_alive() and running is not None and now - running[0] > timeout:
+                return Case(name, False, counterexample=Counterexample(
+                    f"the function did not return within {timeout:g} s: it hangs or is far too "
+                    "slow (a call takes milliseconds here; the check's timeout= sets the limit)",
+                    running[1])), ""
+            if thread.is_alive() and now > deadline:
+                calls = watch["calls"]
+                what = budget.format(calls=calls, each=(now - started) / max(calls, 1))
+                return Case(name, False, "out of time", Counterexample(
+                    what, running[1] if running else {})), "budget"
     finally:
         watch["abandoned"] = True       # a case left behind (a timeout, Ctrl-C) stops at its call
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
     return outcome[0]
 
 
@@ -241,7 +277,7 @@ def _raised(name: str, error: BaseException, inputs: dict[str, Any], what: str) 
 
 def run_table(check: str, compare: Callable[..., None], fn: Callable,
               groups: Sequence[tuple[str, Sequence[tuple]]], note: str,
-              timeout: float = TIMEOUT) -> CheckReport:
+              timeout: float = TIMEOUT, budget: float = GRADE_BUDGET) -> CheckReport:
     """Run a deterministic check: one case per named group of inputs, which calls
     ``compare(fn, *args)`` for each ``args`` of the group (it returns, or raises ``Failure``) and
     passes with ``note`` (``{n}``: the group's size). A table of inputs compared one by one with
@@ -255,40 +291,47 @@ def run_table(check: str, compare: Callable[..., None], fn: Callable,
 
         return run
 
-    return run_cases(check, [(name, case(group)) for name, group in groups], 0.0, timeout)
+    return run_cases(check, [(name, case(group)) for name, group in groups], 0.0, timeout, budget)
 
 
 def run_cases(check: str, cases: Sequence[tuple[str, Callable[[], str]]],
-              false_alarm_rate: float, timeout: float = TIMEOUT) -> CheckReport:
+              false_alarm_rate: float, timeout: float = TIMEOUT,
+              budget: float = GRADE_BUDGET) -> CheckReport:
     """Run ``cases`` (name, thunk) in order; stop at the first failure; build the report.
+
+    A grade that runs past ``budget`` seconds fails in the case it was running, its summary
+    ``"failed: ran N of M cases in B s"``: the cases it did not run might have failed, so passing
+    it would be a verdict on a part of the check only, and a correct implementation grades well
+    within the budget (a few seconds).
 
     Args:
         check: the check's name, for the report.
         cases: each thunk returns the note of its passing case (sample size, p-value) or
             raises [`Failure`][minispec.check.harness.Failure].
         false_alarm_rate: the documented bound, copied into the report.
-        timeout: seconds each call of the student's code may take (each case runs on its own
-            thread, watched: see ``_watched``).
+        timeout: seconds each call of the student's code may take, the reading of its result
+            included (each case runs on its own thread, watched: see ``_watched``).
+        budget: seconds the whole check may take.
     """
+    for limit, value in (("timeout", timeout), ("budget", budget)):     # math.inf: no limit
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{limit} must be a number > 0 (seconds), got {value!r}")
     done: list[Case] = []
+    deadline = time.monotonic() + budget
     for name, run in cases:
-        try:
-            case = Case(name, True, _watched(run, timeout))
-        except StudentError as err:
-            if isinstance(err.error, NotImplementedError):
-                why = f": {err.error}" if str(err.error) else ""
-                return CheckReport(check, False, done, f"not implemented yet (NotImplementedError"
-                                   f"{why})", not_implemented=True,
-                                   false_alarm_rate=false_alarm_rate)
-            case = _raised(name, err.error, err.inputs, "the function raised")
-        except Failure as failure:
-            case = Case(name, False, failure.note, failure.counterexample)
-        except Exception as error:  # a result of a form no check foresaw
-            case = _raised(name, error, {}, "the check cannot read the function's result (if it "
-                           "looks right, this is a bug of the check):")
+        ran = f"ran {len(done)} of {len(cases)} cases in {budget:g} s"
+        what = (f"the check's budget of {budget:g} s (budget= sets it) ran out in this case: it "
+                f"{ran}, and this case stopped after {{calls}} calls of the function, "
+                "{each:.2g} s each. A correct implementation grades in a few seconds (a call "
+                "takes milliseconds); the cases not run give no verdict, so the check fails")
+        case, how = _watched(name, run, timeout, deadline, what)
+        if how and how != "budget":                         # a stub: not implemented yet
+            return CheckReport(check, False, done, how, not_implemented=True,
+                               false_alarm_rate=false_alarm_rate)
         done.append(case)
         if not case.passed:
-            return CheckReport(check, False, done, f"failed: {case.name}", case.counterexample,
+            summary = f"failed: {ran} (the check's budget)" if how else f"failed: {name}"
+            return CheckReport(check, False, done, summary, case.counterexample,
                                false_alarm_rate=false_alarm_rate)
     return CheckReport(check, True, done, f"all {len(done)} cases passed",
                        false_alarm_rate=false_alarm_rate)

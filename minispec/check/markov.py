@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from minispec.check import harness
 from minispec.check.harness import TIMEOUT, Failure, as_tokens, call, run_cases, same_seed
 from minispec.check.report import CheckReport, Counterexample, fmt
 from minispec.check.statistics import BUDGET, expect_law, per_test_alpha
@@ -225,7 +226,7 @@ def emitted(out: Any, drafts: Sequence[list[int]], vocab: int, inputs: dict) -> 
 
 def grade_streams(check: str, fn: Callable, tree: bool, sampled_plan: list[tuple[int, bool, int]],
                   *, sampled: bool, greedy: bool, seed: int, timeout: float,
-                  extra: Sequence = ()) -> CheckReport:
+                  budget: float = harness.GRADE_BUDGET, extra: Sequence = ()) -> CheckReport:
     """Run a verifier check: the stream-law cases of the chain and tree graders, then ``extra``.
 
     Sampled mode: a law case on ``SAMPLED`` per entry of ``sampled_plan`` (600 streams with drafts
@@ -243,6 +244,7 @@ def grade_streams(check: str, fn: Callable, tree: bool, sampled_plan: list[tuple
         greedy: run the greedy-mode cases.
         seed: the grader's seed.
         timeout: seconds each call of the student's function may take.
+        budget: seconds the whole check may take.
         extra: more ``(name, thunk)`` cases, run last.
     """
     alpha = per_test_alpha(2 * len(sampled_plan))
@@ -255,7 +257,7 @@ def grade_streams(check: str, fn: Callable, tree: bool, sampled_plan: list[tuple
     if sampled:
         run = lambda g: stream(make_round(fn, SAMPLED, 3, True, g, tree), SAMPLED.start, 24)
         cases.insert(len(sampled_plan), same_seed(run, seed + 2, _describe(3, tree)[1]))
-    return run_cases(check, [*cases, *extra], BUDGET if sampled else 0.0, timeout)
+    return run_cases(check, [*cases, *extra], BUDGET if sampled else 0.0, timeout, budget)
 
 
 def _describe(size: int, tree: bool) -> tuple[str, dict]:
@@ -322,7 +324,7 @@ def _bonus(fn: Callable, hints: list[str]) -> tuple[str, Callable[[], str]]:
 
 
 def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: int = 0,
-             timeout: float = TIMEOUT) -> CheckReport:
+             timeout: float = TIMEOUT, budget: float = harness.GRADE_BUDGET) -> CheckReport:
     """Check that ``fn`` is a lossless verifier: the emitted stream has the target's law.
 
     Each case decodes many independent streams of ``LENGTH = 4`` tokens, round after round, with a
@@ -367,6 +369,8 @@ def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: i
         greedy: run the greedy-mode cases.
         seed: seeds the drafts and the generator handed to ``fn``.
         timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport]; a lossless verifier that never
@@ -375,13 +379,13 @@ def verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: i
     hints: list[str] = []
     report = grade_streams("verifier", fn, False, [(1, True, 0), (3, True, 1), (4, False, 5)],
                            sampled=sampled, greedy=greedy, seed=seed, timeout=timeout,
-                           extra=[_bonus(fn, hints)])
+                           budget=budget, extra=[_bonus(fn, hints)])
     report.hint = " ".join(hints) if report.passed else ""
     return report
 
 
 def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, seed: int = 0,
-                  timeout: float = TIMEOUT) -> CheckReport:
+                  timeout: float = TIMEOUT, budget: float = harness.GRADE_BUDGET) -> CheckReport:
     """Check that ``fn`` is a lossless tree verifier: the emitted stream has the target's law.
 
     As [`verifier`][minispec.check.markov.verifier], on draft trees: every round
@@ -409,9 +413,11 @@ def tree_verifier(fn: Callable, *, sampled: bool = True, greedy: bool = True, se
         greedy: run the greedy-mode cases.
         seed: seeds the drafts and the generator handed to ``fn``.
         timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
     return grade_streams("tree_verifier", fn, True, [(3, True, 0), (2, False, 1)],
-                         sampled=sampled, greedy=greedy, seed=seed, timeout=timeout)
+                         sampled=sampled, greedy=greedy, seed=seed, timeout=timeout, budget=budget)

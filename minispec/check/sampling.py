@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from minispec.check import harness
-from minispec.check.harness import TIMEOUT, Failure, call, exact, run_cases, run_table
+from minispec.check.harness import GRADE_BUDGET, TIMEOUT, Failure, call, exact, run_cases, run_table
 from minispec.check.report import CheckReport, Counterexample, fmt
 from minispec.check.statistics import BUDGET, expect_law, hoeffding_excess, per_test_alpha
 from minispec.core.sampling import SamplingParams, probs_from_logits
@@ -87,7 +87,8 @@ def _law_case(fn: Callable, name: str, p: Tensor, q: Tensor, n: int, alpha: floa
     return name, case
 
 
-def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT,
+            budget: float = GRADE_BUDGET) -> CheckReport:
     """Check that ``fn(p, q, generator) -> (token, accepted)`` emits tokens with law ``p``.
 
     Five ``(p, q)`` pairs over ``V = 4`` tokens (``PAIRS``) cover every regime of the accept rule:
@@ -112,6 +113,8 @@ def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckRe
         fn: the sampler under test.
         seed: seeds the generator handed to ``fn``.
         timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -122,7 +125,7 @@ def sampler(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckRe
     _, p, q, _ = PAIRS[0]
     cases.append(harness.same_seed(lambda g: [_draw(fn, p, q, g)[0] for _ in range(40)], seed,
                                    {"p": p, "q": q}))
-    return run_cases("sampler", cases, BUDGET, timeout)
+    return run_cases("sampler", cases, BUDGET, timeout, budget)
 
 
 #: The sampler's pairs and one-hot corners: every regime of one position, as ``(p, q)``.
@@ -155,7 +158,8 @@ def _residual_case(fn: Callable, p: Tensor, q: Tensor) -> None:
             dict(inputs, returned=got)))
 
 
-def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT,
+             budget: float = GRADE_BUDGET) -> CheckReport:
     """Check that ``fn(p, q)`` returns the residual ``norm(max(0, p - q))`` ``[V]``.
 
     Deterministic: 20 pairs (the sampler's, one-hot corners, 12 random pairs with zeros) are
@@ -167,6 +171,8 @@ def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckR
         fn: the residual under test.
         seed: seeds the random pairs.
         timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -175,7 +181,7 @@ def residual(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckR
     pairs = CORNERS + list(zip(p, q, strict=True))
     return run_table("residual", _residual_case, fn,
                      [(f"the residual of {len(pairs)} (p, q) pairs", pairs)], "exact within 1e-5",
-                     timeout)
+                     timeout, budget)
 
 
 def _acceptance_case(fn: Callable, p: Tensor, q: Tensor) -> None:
@@ -187,7 +193,8 @@ def _acceptance_case(fn: Callable, p: Tensor, q: Tensor) -> None:
           "summed)", label=lambda i: "beta" if p.ndim == 1 else f"beta of row {i}")
 
 
-def acceptance(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+def acceptance(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT,
+               budget: float = GRADE_BUDGET) -> CheckReport:
     """Check that ``fn(p, q)`` returns the acceptance probability ``beta = sum_x min(p(x), q(x))``.
 
     Leviathan et al.'s Theorem 3.5 (``1 - beta`` is ``D_LK``, Lemma 3.3). Deterministic, against
@@ -208,6 +215,8 @@ def acceptance(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> Chec
         fn: the acceptance rate under test.
         seed: seeds the random batches.
         timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
@@ -217,7 +226,7 @@ def acceptance(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> Chec
               "batches [16, 6] and [2, 3, 5]: one beta per row": [_random_pairs(g, 16, 6),
                                                                   _random_pairs(g, 2, 3, 5)]}
     return run_table("acceptance", _acceptance_case, fn, list(groups.items()),
-                     "exact within 1e-5", timeout)
+                     "exact within 1e-5", timeout, budget)
 
 
 #: Logits with two tied maxima (3.0) and a tied pair (2.0): top-k keeps every logit tied with the
@@ -266,7 +275,8 @@ def _adjust_case(fn: Callable, logits: Tensor, temperature: float, top_k: int,
           "top-p, then softmax)", f"a [V] = [{len(logits)}] tensor of probabilities")
 
 
-def adjustment(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+def adjustment(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT,
+               budget: float = GRADE_BUDGET) -> CheckReport:
     """Check that ``fn(logits, temperature, top_k, top_p)`` returns the adjusted distribution.
 
     Standardized sampling (Leviathan §2.2): every decoding mode samples from an adjusted
@@ -288,12 +298,14 @@ def adjustment(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> Chec
         fn: the adjustment under test.
         seed: seeds the random logits.
         timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
     return run_table("adjustment", _adjust_case, fn, _adjust_cases(seed),
-                     "{n} cases within 1e-5", timeout)
+                     "{n} cases within 1e-5", timeout, budget)
 
 
 def _speedup_cases(seed: int) -> list[tuple[str, list[tuple[float, int, float, float]]]]:
@@ -325,7 +337,8 @@ def _speedup_case(fn: Callable, alpha: float, gamma: int, c: float, r: float) ->
           f"{gamma * c + r:.6g} steps", "a number", 1e-4 * want, lambda i: "speedup")
 
 
-def speedup(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckReport:
+def speedup(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT,
+            budget: float = GRADE_BUDGET) -> CheckReport:
     """Check that ``fn(alpha, gamma, c, r)`` returns the expected walltime speedup of a round.
 
     Leviathan et al.'s Theorem 3.8 with the verify cost ``r`` (1 in the paper): a round of
@@ -346,9 +359,11 @@ def speedup(fn: Callable, *, seed: int = 0, timeout: float = TIMEOUT) -> CheckRe
         fn: the speedup formula under test.
         seed: seeds the grid.
         timeout: seconds each call of ``fn`` may take before the check fails it (no hang).
+        budget: seconds the whole check may take; past it the check fails, saying how many
+            cases it ran ([`run_cases`][minispec.check.harness.run_cases]).
 
     Returns:
         A [`CheckReport`][minispec.check.report.CheckReport].
     """
     return run_table("speedup", _speedup_case, fn, _speedup_cases(seed),
-                     "{n} within a relative 1e-4", timeout)
+                     "{n} within a relative 1e-4", timeout, budget)

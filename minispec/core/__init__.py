@@ -1,4 +1,4 @@
-"""Layer 1, the maths: tensors in, tensors out; no model, no cache.
+"""Core layer 1, the maths: tensors in, tensors out; no model, no cache.
 
 * [`sampling`][minispec.core.sampling] -- standardized sampling (temperature, top-k, top-p,
   repetition penalty as adjusted distributions);

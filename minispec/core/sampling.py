@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["MIN_TEMPERATURE", "SamplingParams", "check_args", "check_probs", "is_int", "is_real",
-           "one_hot", "probs_for_rows", "probs_from_logits", "sample"]
+           "non_finite", "one_hot", "probs_for_rows", "probs_from_logits", "sample"]
 
 #: The smallest positive temperature: float32's smallest positive number, ``2**-149`` (about
 #: 1.4e-45). Logits are divided by ``T`` in float32, where a smaller ``T`` rounds to 0 (then
@@ -199,6 +199,13 @@ def _divide_by_temperature(logits: Tensor, temperature: float) -> Tensor:
         top = logits.amax(dim=-1, keepdim=True)                           # (..., 1)
         scaled = (logits - top.nan_to_num(neginf=0.0)) / temperature      # all -inf rows stay so
     return scaled
+
+
+def non_finite(logits: Tensor) -> Tensor:
+    """Which rows of ``logits`` ``(..., V)`` hold NaN or +inf: ``(...)`` bool. ``-inf`` is a token
+    ruled out, not a fault. The one check every phase makes before it trusts a row of logits (a
+    row that fails it fails its request alone)."""
+    return (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)
 
 
 def one_hot(tokens: Tensor, vocab_size: int) -> Tensor:

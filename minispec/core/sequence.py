@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import enum
 import operator
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,7 +119,7 @@ class Sequence:
         tokenizer: decodes the output and matches stop strings (optional).
         tenant: who sent it (``None``: nobody in particular); a drafter that shares text between
             requests drafts it only from its own tenant's (see
-            [`SuffixStore`][minispec.drafters.suffix.SuffixStore]).
+            [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore]).
         constraint: its grammar ([`Constraint`][minispec.core.constraint.Constraint]), or
             ``None``: told every appended token, it ends the request with ``"grammar"`` when it
             accepts no more.
@@ -146,7 +145,6 @@ class Sequence:
     num_cached: int = 0              # context positions the target cache holds (prefill, rounds)
     stats: SpecStats = field(default_factory=SpecStats)
     rounds: list[Round] = field(default_factory=list)
-    arrival_time: float = field(default_factory=time.perf_counter)
     tenant: str | None = None
     constraint: Any = None
 
@@ -175,6 +173,11 @@ class Sequence:
             raise ValueError(f"sampling must be a SamplingParams or None, got {sampling!r}")
         if not is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not isinstance(stop, (str, list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+            raise TypeError(f"tokenizer must have a decode method (a Hugging Face tokenizer), "
+                            f"got {type(tokenizer).__name__}")
         stops = (stop,) if isinstance(stop, str) else tuple(stop)
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError(f"stop strings must be non-empty strings, got {stops!r}")
@@ -300,7 +303,6 @@ class Sequence:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.stats.new_tokens = len(self.generated)
-        self.stats.total_time = time.perf_counter() - self.arrival_time
 
     def fail(self, error: BaseException | str) -> None:
         """End this request alone with ``finish_reason="error"``; the message goes to ``error``."""

@@ -36,9 +36,6 @@ class SpecStats:
         preemptions: times the engine preempted this request (its cache was dropped and rebuilt).
         accepted: drafts accepted, all rounds together.
         tested: drafts the target tested (the accepted ones plus each round's first rejection).
-        draft_time: seconds spent proposing.
-        verify_time: seconds in the target forward plus the accept rule.
-        total_time: seconds of the whole call (or, in the engine, since the request arrived).
     """
 
     k: int = 0
@@ -51,9 +48,6 @@ class SpecStats:
     preemptions: int = 0
     accepted: int = 0
     tested: int = 0
-    draft_time: float = 0.0
-    verify_time: float = 0.0
-    total_time: float = 0.0
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """Add one round: ``drafted`` proposals, ``accepted`` of them kept, one target forward."""
@@ -105,11 +99,9 @@ class SpecStats:
         return self.new_tokens / self.target_forwards if self.target_forwards else float("nan")
 
     def summary(self) -> str:
-        """Two lines for terminals: tokens per target forward and acceptance, then the time
-        split (other: prefill, sampling bookkeeping, stop checks)."""
-        other = max(0.0, self.total_time - self.draft_time - self.verify_time)
-        return (f"{self.new_tokens} tokens in {self.rounds} target forwards "
-                f"({self.tokens_per_target_forward:.2f} tokens/forward), k={self.k}, "
-                f"acceptance {self.acceptance_rate:.3f}\n"
-                f"time {self.total_time * 1e3:.1f} ms (draft {self.draft_time * 1e3:.1f}, "
-                f"verify {self.verify_time * 1e3:.1f}, other {other * 1e3:.1f})")
+        """One line for terminals: tokens per target forward and, with drafts, the acceptance
+        (counts only: whoever runs the decoding owns the clock)."""
+        line = (f"{self.new_tokens} tokens in {self.rounds} target forwards "
+                f"({self.tokens_per_target_forward:.2f} tokens/forward), k={self.k}")
+        return line + (f", acceptance {self.acceptance_rate:.3f}" if self.tested
+                       else ", no draft tested")

@@ -15,7 +15,6 @@ proposal), which is what the accept rule needs. This module is bookkeeping on to
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from torch import Tensor
 
 from minispec.core.sampling import check_probs
 
-__all__ = ["DraftTree", "DynamicTree", "Proposal", "tree_size"]
+__all__ = ["DraftTree", "Proposal", "TreeShape", "tree_size"]
 
 
 @dataclass
@@ -91,52 +90,44 @@ class DraftTree:
         return mask
 
 
-@dataclass(frozen=True)
-class DynamicTree:
-    """A draft tree shaped by the drafter's confidence (EAGLE-2), not by a fixed branching.
+class TreeShape:
+    """A draft tree's shape that a drafter grows itself, instead of a fixed branching tuple.
 
-    Expansion: the root gets its ``top_k`` likeliest children; at every further depth the
-    ``top_k`` nodes of the depth above with the highest *value* (the product of the draft
-    probabilities along their path: EAGLE-2's estimate of the chance the target accepts them) are
-    scored, ``top_k`` children each. Then the ``nodes`` nodes of highest value are verified -- or
-    fewer, as many as pay for their verify cost
-    ([`best_tree_size`][minispec.core.theory.best_tree_size]). The children are chosen, not
-    drawn, so each carries a one-hot ``q``: exact for sampling as for greedy.
-
-    Used where a branching is (``branching=``): ``len`` is its depth and ``shape[:k]`` cuts it to
-    depth ``k``, as for a tuple.
-
-    Attributes:
-        top_k: children per expanded node, and nodes expanded per depth.
-        nodes: the most draft nodes verified (the root not counted).
-        depth: draft depth (the round's ``k``; set by the loop).
-        verify_cost: ``r(T)``, the cost of verifying ``T`` tokens in one target forward over one
-            step, for ``T = 1, 2, ..`` (a device's measured curve); ``None``: verification is free,
-            so all ``nodes`` are kept.
-        draft_cost: one draft forward's cost over one target step (``c``).
+    Subclasses (a dynamic tree, EAGLE-2's, in ``minispec.extra_drafters.dynamic``) say how deep
+    they are (``len``), how many cache positions a round may store (``size``), how to cut
+    themselves to depth ``k`` (``checked``) and how to grow (``grow``, called by a model drafter
+    with the row, the root's logits and a function that scores one depth).
     """
 
-    top_k: int = 4
-    nodes: int = 16
-    depth: int = 4
-    verify_cost: tuple[float, ...] | None = None
-    draft_cost: float = 0.0
+    size: int = 1
 
     def __len__(self) -> int:
-        return self.depth
+        raise NotImplementedError
 
-    def __getitem__(self, cut: slice) -> DynamicTree:
-        return dataclasses.replace(self, depth=len(range(self.depth)[cut]))
+    def checked(self, k: int) -> TreeShape:
+        """This shape at depth ``k``; ``ValueError`` for a bad setting."""
+        raise NotImplementedError
+
+    def grow(self, seq, root, score, storage) -> Proposal:
+        """The row's proposal, grown from ``root`` with ``score`` (see ``grow_levels``)."""
+        raise NotImplementedError
 
 
-def tree_size(branching: Sequence[int] | DynamicTree) -> int:
+def tree_size(branching: Sequence[int] | TreeShape) -> int:
     """Nodes of a full tree with this branching, the root included: ``1 + b1 + b1 b2 + ...``
     (depth ``t`` holds ``b1 ... bt`` nodes; the root's is the empty product, 1). For a
-    [`DynamicTree`][minispec.core.tree.DynamicTree], the positions its round may store in either
-    cache: its nodes, or the nodes a drafter feeds while expanding, whichever is more."""
-    if isinstance(branching, DynamicTree):
-        return 1 + max(branching.nodes, (branching.depth - 1) * branching.top_k)
+    [`TreeShape`][minispec.core.tree.TreeShape], the positions its round may store (its
+    ``size``)."""
+    if isinstance(branching, TreeShape):
+        return branching.size
     return sum(math.prod(branching[:t]) for t in range(len(branching) + 1))
+
+
+def _id(t: object) -> object:
+    """A draft id as an ``int`` if it is a true integer (numpy's, a one-element integer tensor),
+    else as it is: ``1.9`` and ``True`` are no token ids, and truncating them would hide it."""
+    t = t.item() if isinstance(t, Tensor) and t.numel() == 1 else t
+    return int(t) if hasattr(t, "__index__") and not isinstance(t, bool) else t   # no float has
 
 
 @dataclass
@@ -186,20 +177,26 @@ class Proposal:
         return all(len(d) <= 1 for d in self.draws)
 
     @classmethod
-    def chain(cls, tokens: Sequence[int] | Tensor, probs: Tensor | None = None) -> Proposal:
+    def chain(cls, tokens: Sequence[int] | Tensor, probs: Tensor | None = None,
+              check: bool = True) -> Proposal:
         """The chain ``root -> tokens[0] -> tokens[1] ...`` (Algorithm 1's drafts).
 
         Args:
-            tokens: ``[k]`` the drafts ``d_1..d_k``.
+            tokens: ``[k]`` the drafts ``d_1..d_k``: integers (numpy's and one-element tensors
+                become ``int``); anything else (``1.9``, ``True``) is kept as it is, so the
+                round refuses the proposal and fails its request alone.
             probs: ``[k, V]`` row ``i`` is the ``q`` that ``d_{i+1}`` was drawn from, or ``None``
                 for a deterministic drafter (one-hot ``q``).
+            check: check that each ``q`` row is a distribution (``False``: a batched drafter
+                leaves it to the round, which fails a bad row alone).
         """
-        tokens = tokens.tolist() if isinstance(tokens, Tensor) else [int(t) for t in tokens]
+        tokens = tokens.tolist() if isinstance(tokens, Tensor) else [_id(t) for t in tokens]
         k = len(tokens)
         if probs is not None:
             if probs.ndim != 2 or probs.shape[0] != k:
                 raise ValueError(f"probs must be [k, V] with k = {k}, got {tuple(probs.shape)}")
-            check_probs(probs, "probs")
+            if check:
+                check_probs(probs, "probs")
         draws = [[(i + 1, None if probs is None else probs[i])] for i in range(k)] + [[]]
         return cls.build(list(range(-1, k)), [-1, *tokens], draws)
 

@@ -1,9 +1,9 @@
-"""Layer 5, decoding: the one speculative round and the single-sequence loop.
+"""Core layer 4, decoding: the one speculative round and the single-sequence loop.
 
-* [`runner`][minispec.decoding.runner] -- the round: draft, verify in one target forward,
-  roll back, emit (both drivers call it);
-* [`goodput`][minispec.decoding.goodput] -- the draft-length policy: each round's ``k`` per
-  request, from measured step costs and running acceptance (both drivers use it);
-* [`loop`][minispec.decoding.loop] -- ``generate`` and ``speculative_generate`` (Algorithm 1),
-  and the checks every request gets.
+* [`runner`][minispec.decoding.runner] -- the round: draft, score in one target forward, roll
+  back, emit (both drivers call it), with its collaborators' defaults: the fixed-``k`` policy and
+  the eager forward;
+* [`request`][minispec.decoding.request] -- requests as both drivers build and check them, and
+  what a finished one returns;
+* [`loop`][minispec.decoding.loop] -- ``generate`` and ``speculative_generate`` (Algorithm 1).
 """

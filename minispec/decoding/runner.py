@@ -5,42 +5,111 @@ cache and the drafter, and turns a batch of [`Sequence`][minispec.core.sequence.
 into tokens. Both drivers call [`round`][minispec.decoding.runner.SpeculativeRunner.round] --
 [`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] with a batch of one,
 the [`Engine`][minispec.serving.engine.Engine] with every running request -- with each row's ``k``
-(fixed, or chosen by the draft-length policy, which times the round from outside), and the round
+(from the draft-length policy: [`FixedK`][minispec.decoding.runner.FixedK] here, every row its
+``k``; a policy that chooses ``k`` from measured costs wraps the round the same way), and the round
 runs the phases in order::
 
     proposals = runner.draft(seqs, ks)                  # 1. a chain or a tree of guesses per row
-    verdicts, hidden = runner.verify(seqs, proposals)   # 2. ONE target forward, walk each proposal
+    verdicts, hidden = runner.score(seqs, proposals)    # 2. ONE target forward, walk each proposal
     runner.rollback(seqs, proposals, verdicts, hidden)  # 3. keep the accepted path in both caches
     emitted = runner.emit(seqs, proposals, verdicts)    # 4. append tokens until a stop rule fires
 
-A chain of ``k`` drafts is the tree with one child per node, so every proposal is a
-[`Proposal`][minispec.core.tree.Proposal] and every rule of a round -- the verify forward,
-the accept rule, the rollback, the stop rules -- exists once
-([`SpeculativeRunner`][minispec.decoding.runner.SpeculativeRunner] spells each out).
+What the round does not decide is passed in: ``forward`` (eager ``Llama.forward`` by default),
+``verify`` ([`verify`][minispec.core.speculative.verify], or a student's chain verifier), drafter.
 
 A request whose logits contain NaN or +inf, or whose drafter proposes something invalid, fails alone
-(``finish_reason="error"``): it gets no verdict and no token, and the other rows go on; no phase is
-ever run twice, so every request draws its random numbers once, as in a run of its own. The
+(``finish_reason="error"``): it gets no verdict and no token, and the other rows go on. When a
+batched ``propose`` raises, the rows' random streams are restored, the drafter rewinds, and the
+batch is asked again in halves until the rows responsible are found: they fail, and every other
+row drafts from the same state with the same random numbers as in a run without them. The
 counters ``target_forwards`` and ``prefill_forwards`` count batched forwards, whatever the batch.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from minispec.core.constraint import ask
-from minispec.core.sampling import check_probs, is_int, probs_for_rows
+from minispec.core.sampling import check_probs, is_int, non_finite, probs_for_rows
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Verdict, verify
 from minispec.core.tree import Proposal, tree_size
 from minispec.drafters.base import Drafter, Shape
-from minispec.models.llama import Llama, TreeAttention
-from minispec.models.static_step import StaticForward
+from minispec.models.llama import Forward, Llama, TreeAttention, eager_forward
 
-__all__ = ["SpeculativeRunner"]
+__all__ = ["DEFAULTS", "ChainVerifier", "Defaults", "FixedK", "SpeculativeRunner", "chain_verdict",
+           "collaborators", "run_round"]
+
+#: A chain verifier with the graders' signature (``ms.check.verifier``): ``verify(draft_tokens
+#: [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator) -> tokens`` (1..k+1 ids).
+ChainVerifier = Callable[..., object]
+
+
+class FixedK:
+    """The core's draft-length policy: every row drafts its cap (``k``, shrunk near its limits).
+
+    A policy wraps the round: ``round(runner, seqs, caps)`` runs it with each row's ``k``;
+    ``choices`` records why and ``costs`` what it measured (nothing here); ``forget`` drops a
+    finished request.
+    """
+
+    choices: tuple = ()
+    costs = None
+
+    def round(self, runner: SpeculativeRunner, seqs: list[Sequence], caps: list[int]
+              ) -> list[list[int]]:
+        """``runner.round(seqs, caps)``: each row drafts all it may."""
+        return runner.round(seqs, caps)
+
+    def forget(self, request_id: str) -> None:
+        """Nothing is kept per request."""
+
+
+class Defaults:
+    """The collaborators the wings install when ``minispec`` is imported (the package's
+    ``__init__``); the core alone has none: it runs eagerly, with a fixed ``k``, on token ids.
+
+    Attributes:
+        speed: ``speed(adaptive, graphs, k, chains, device) -> (policy, forward)``, the policy
+            and the forward the drivers' ``adaptive=`` and ``graphs=`` name (the speed wing's
+            [`collaborators`][minispec.speed.defaults.collaborators]).
+        prompts: the encoder of prompts that are not token ids (text, chat messages):
+            ``encode_prompt``, ``is_chat`` and ``end_of_turn_ids`` (the loading wing's module).
+    """
+
+    speed: Any = None
+    prompts: Any = None
+
+
+#: The collaborators the drivers use (module docstring of ``minispec.speed``).
+DEFAULTS = Defaults()
+
+
+def collaborators(adaptive: bool | None, graphs: bool | None, k: int, chains: bool,
+                  device: torch.device) -> tuple[Any, Forward | None]:
+    """The draft-length policy and the ``forward`` that ``adaptive=`` and ``graphs=`` name: the
+    speed wing's choice; without it, ``FixedK`` and the eager forward.
+
+    Raises:
+        ValueError: ``adaptive`` or ``graphs`` asks for what no wing provides, or for what
+            cannot be (the speed wing's checks).
+    """
+    if DEFAULTS.speed is not None:
+        return DEFAULTS.speed(adaptive, graphs, k, chains, device)
+    if adaptive or graphs:
+        raise ValueError("adaptive=True and graphs=True need the speed wing (import minispec)")
+    return FixedK(), None
+
+
+def run_round(policy, runner: SpeculativeRunner, seqs: list[Sequence], k: int
+              ) -> list[list[int]]:
+    """Both drivers' round: each row may draft ``k`` (shrunk near its limits), the policy chooses
+    how many it does. The tokens each row emitted."""
+    return policy.round(runner, seqs, [seq.round_k(k) for seq in seqs])
 
 
 class SpeculativeRunner:
@@ -55,7 +124,8 @@ class SpeculativeRunner:
       causal mask, and the plain path runs);
     * **the accept rule**: [`verify`][minispec.core.speculative.verify] walks each row's proposal
       with the row's own generator (on a chain: Algorithm 1's loop, Leviathan et al.); plain
-      greedy rows walk the target's argmaxes without building distributions;
+      greedy rows walk the target's argmaxes without building distributions; a chain verifier
+      passed in (``verify``) walks the chains instead, and its tokens are checked;
     * **the rollback**: both caches keep exactly the accepted path
       ([`KVCache.compact`][minispec.models.kv_cache.KVCache.compact]; on a chain: a truncation),
       and the drafter sees the target's features of the accepted positions only;
@@ -68,20 +138,22 @@ class SpeculativeRunner:
         drafter: a [`Drafter`][minispec.drafters.base.Drafter], or ``None`` (plain decoding).
         branching: draft trees with ``branching[t]`` children per node at depth ``t``; ``None``:
             chains.
-        graphs: run the target's forwards, and a draft model's chain steps, as static-shape
-            steps ([`StaticForward`][minispec.models.static_step.StaticForward]), captured as CUDA
-            graphs on a GPU, run eagerly on the CPU; ``None`` (default): on a GPU only.
+        forward: how the target runs a step (a ``Forward``: ``forward(model, cache)``); ``None``:
+            eager ``Llama.forward``.
+        verify: a chain verifier with the graders' signature (``ChainVerifier``) to walk every
+            row instead of [`verify`][minispec.core.speculative.verify]; ``None``: the one walk.
     """
 
     def __init__(self, target: Llama, target_cache, drafter: Drafter | None = None,
-                 branching: tuple[int, ...] | None = None, graphs: bool | None = None) -> None:
+                 branching: tuple[int, ...] | None = None, forward: Forward | None = None,
+                 verify: ChainVerifier | None = None) -> None:
+        if verify is not None and (branching is not None or not callable(verify)):
+            raise ValueError("verify= takes a chain verifier, fn(draft_tokens, draft_probs, "
+                             "target_probs, generator) -> tokens; it cannot walk draft trees")
         self.target, self.target_cache, self.drafter = target, target_cache, drafter
-        self.branching, self.device = branching, target.device
+        self.branching, self.device, self.chain_verifier = branching, target.device, verify
         self.target_forwards = self.prefill_forwards = 0
-        graphs = target.device.type == "cuda" if graphs is None else graphs
-        self.static = StaticForward(target, target_cache) if graphs else None
-        if graphs and drafter is not None and drafter.cache is not None:
-            drafter.capture(self.static)                # a draft model's steps: static too
+        self.step = (forward or eager_forward)(target, target_cache)
 
     def prefill(self, seqs: list[Sequence], budgets: list[int] | None = None) -> None:
         """Batched target prefill of each ``context[:-1]`` (right-padded); logits are discarded.
@@ -110,18 +182,26 @@ class SpeculativeRunner:
         for seq, _, t in rows:
             seq.num_cached += len(t)
 
-    def round(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+    def round(self, seqs: list[Sequence], ks: list[int],
+              mark: Callable[[str], None] | None = None) -> list[list[int]]:
         """One speculative round over the batch: row ``b`` drafts ``ks[b]`` (a chain of up to
         ``ks[b]`` drafts, or a tree of that depth); the tokens each row emitted.
 
         Four calls and nothing else: who chooses ``ks`` and what a round costs are the
-        draft-length policy's business ([`GoodputK.round`][minispec.decoding.goodput.GoodputK.round]
-        times this call from outside).
+        draft-length policy's business. ``mark(phase)``, if given, is called after each phase
+        (``"draft"``, ``"score"``, ``"rollback"``, ``"emit"``): a policy that times the phases
+        reads its own clock there.
         """
+        mark = mark or (lambda phase: None)
         proposals = self.draft(seqs, ks)                          # 1. guesses, every row
-        verdicts, hidden = self.verify(seqs, proposals)           # 2. one target forward, walks
+        mark("draft")
+        verdicts, hidden = self.score(seqs, proposals)            # 2. one target forward, walks
+        mark("score")
         self.rollback(seqs, proposals, verdicts, hidden)          # 3. keep the accepted paths
-        return self.emit(seqs, proposals, verdicts)               # 4. tokens out
+        mark("rollback")
+        emitted = self.emit(seqs, proposals, verdicts)            # 4. tokens out
+        mark("emit")
+        return emitted
 
     # ------------------------------------------------------------------ 1. draft
 
@@ -135,29 +215,43 @@ class SpeculativeRunner:
         of asking the drafter; its drafter's proposal loses what the grammar forbids
         (``_allowed``).
         """
-        t0 = time.perf_counter()
-        if self.drafter is None or (self.branching is None and not any(ks)):
-            proposals = [Proposal.chain([]) for _ in seqs]   # a plain step
-        else:
-            shapes = ks if self.branching is None else [self.branching[:k] for k in ks]
-            forced = {b: f for b, (seq, k) in enumerate(zip(seqs, ks, strict=True))
-                      if k > 0 and (f := ask(seq, "forced", k))}
-            proposals = [Proposal.chain(forced.get(b, [])) for b in range(len(seqs))]
-            rows = [b for b in range(len(seqs)) if b not in forced]
-            drafted = self.drafter.propose([seqs[b] for b in rows], [shapes[b] for b in rows])
-            for b, proposal in zip(rows, drafted, strict=True):
-                checked = _checked(seqs[b], proposal, shapes[b], self.target.config.vocab_size)
-                proposals[b] = _allowed(seqs[b], checked)
-        elapsed = time.perf_counter() - t0
         for seq, k in zip(seqs, ks, strict=True):
-            seq.stats.draft_time += elapsed                     # the batch's time, shared
             seq.stats.k_per_round.append(k)
+        if self.drafter is None or (self.branching is None and not any(ks)):
+            return [Proposal.chain([]) for _ in seqs]           # a plain step
+        shapes = ks if self.branching is None else [self.branching[:k] for k in ks]
+        forced = {b: f for b, (seq, k) in enumerate(zip(seqs, ks, strict=True))
+                  if k > 0 and (f := ask(seq, "forced", k))}             # a grammar's free drafts
+        proposals = [Proposal.chain(forced.get(b, [])) for b in range(len(seqs))]
+        rows = [b for b in range(len(seqs)) if b not in forced]
+        drafted = self._propose([seqs[b] for b in rows], [shapes[b] for b in rows]) if rows else []
+        for b, proposal in zip(rows, drafted, strict=True):
+            checked = _checked(seqs[b], proposal, shapes[b], self.target.config.vocab_size)
+            proposals[b] = _allowed(seqs[b], checked)
         return proposals
 
-    # ------------------------------------------------------------------ 2. verify
+    def _propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
+        """The drafter's proposals for the batch. When the batched call raises, every row's
+        random stream is put back, the drafter rewinds, and each half is asked alone (down to one
+        row, which then fails): the rows responsible fail, the others draft as if alone."""
+        states = [seq.generator.get_state() for seq in seqs]
+        try:
+            return self.drafter.propose(seqs, shapes)
+        except Exception as error:
+            for seq, state in zip(seqs, states, strict=True):
+                seq.generator.set_state(state)
+            self.drafter.rewind(seqs)
+            if len(seqs) == 1:
+                seqs[0].fail(error)
+                return [Proposal.chain([])]
+            half = len(seqs) // 2
+            return (self._propose(seqs[:half], shapes[:half])
+                    + self._propose(seqs[half:], shapes[half:]))
 
-    def verify(self, seqs: list[Sequence], proposals: list[Proposal]
-               ) -> tuple[list[Verdict | None], Tensor | None]:
+    # ------------------------------------------------------------------ 2. score
+
+    def score(self, seqs: list[Sequence], proposals: list[Proposal]
+              ) -> tuple[list[Verdict | None], Tensor | None]:
         """One target forward over every row's proposal, then each row's walk down it.
 
         Returns:
@@ -165,7 +259,6 @@ class SpeculativeRunner:
             nodes, its ``tokens`` the accepted drafts plus one token from the target), and the
             target's final hidden states ``(B, N, D)`` when the drafter wants them, else ``None``.
         """
-        t0 = time.perf_counter()
         live = [b for b, seq in enumerate(seqs) if not seq.is_finished]
         verdicts: list[Verdict | None] = [None] * len(seqs)
         hidden = None
@@ -173,7 +266,7 @@ class SpeculativeRunner:
             logits, hidden = self._verify_forward([seqs[b] for b in live],
                                                   [proposals[b] for b in live])
             # two batched reductions instead of three small ops per row: (B, N) each
-            bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).tolist()
+            bad = non_finite(logits).tolist()
             argmax = logits.argmax(dim=-1).tolist()
             for r, b in enumerate(live):                    # logits[r]: (N_b.., V)
                 n = len(proposals[b].tree)
@@ -181,9 +274,6 @@ class SpeculativeRunner:
                                          any(bad[r][:n]))
             wants = self.drafter is not None and self.drafter.wants_hidden
             hidden = dict(zip(live, hidden, strict=True)) if wants else None   # row b's features
-        elapsed = time.perf_counter() - t0
-        for seq in seqs:
-            seq.stats.verify_time += elapsed
         return verdicts, hidden
 
     def _verify_forward(self, seqs: list[Sequence], proposals: list[Proposal]
@@ -216,8 +306,8 @@ class SpeculativeRunner:
                                 "non-finite weights)"))
             return None
         grammar = seq.constraint
-        if seq.sampling.raw_argmax and grammar is None:     # plain greedy: argmaxes only
-            return verify(proposal, argmax)
+        if seq.sampling.raw_argmax and self.chain_verifier is None and grammar is None:
+            return verify(proposal, argmax)                 # plain greedy: argmaxes only
         tree = proposal.tree
         paths = [seq.context]
         for i in range(1, len(tree)):                       # the context each node's p sees
@@ -228,6 +318,8 @@ class SpeculativeRunner:
             return None
         p = probs_for_rows(logits, [seq.sampling] * len(tree), paths, masks)      # (N, V)
         try:
+            if self.chain_verifier is not None:
+                return chain_verdict(self.chain_verifier, proposal, p, seq.generator)
             return verify(proposal, p, seq.generator, greedy=seq.sampling.greedy)
         except ValueError as error:                         # a q of another vocabulary ...
             seq.fail(error)
@@ -275,11 +367,7 @@ class SpeculativeRunner:
         slots = [s.slot for s in seqs]
         # an EAGLE-3 head's layers (B, T, 3D), else the final-normed states (B, T, D)
         layers = None if self.drafter is None else self.drafter.feature_layers
-        if (self.static is not None and layers is None
-                and (out := self.static(ids_t, pos_t, slots, tree))):
-            return out                                    # a static bucket held the batch
-        return self.target(ids_t, pos_t, self.target_cache, slots, return_hidden=layers or True,
-                           tree=tree)
+        return self.step(ids_t, pos_t, slots, tree, layers or True)
 
 
 def _allowed(seq: Sequence, proposal: Proposal) -> Proposal:
@@ -306,6 +394,24 @@ def _allowed(seq: Sequence, proposal: Proposal) -> Proposal:
                             [tree.tokens[o] for o in keep], draws)
     pruned.created = [proposal.created[keep[i]] for i in pruned.created]   # the drafter's numbers
     return pruned
+
+
+def chain_verdict(fn: ChainVerifier, proposal: Proposal, p: Tensor, generator) -> Verdict:
+    """A chain verifier's outcome as a ``Verdict``: ``fn(draft_tokens, draft_probs, p,
+    generator)`` must return 1..k+1 token ids whose first ``a`` are the drafts ``d_1..d_a``
+    (Algorithm 1's shape); ``ValueError`` otherwise (the row fails, the others go on)."""
+    drafts = proposal.tree.tokens[1:]
+    qs = [q for draws in proposal.draws[:-1] for _, q in draws]
+    q = None if any(x is None for x in qs) or not qs else torch.stack(qs)            # (k, V)
+    out = fn(torch.tensor(drafts, dtype=torch.long), q, p, generator)
+    out = getattr(out, "tokens", out)                 # a Verdict-like result, or the tokens
+    tokens = out.tolist() if isinstance(out, Tensor) else list(out)
+    a = len(tokens) - 1
+    if not (0 <= a <= len(drafts) and all(is_int(t) for t in tokens)
+            and tokens[:a] == drafts[:a] and 0 <= tokens[-1] < p.shape[-1]):
+        raise ValueError(f"the verifier returned {tokens!r} for the drafts {drafts}: expected "
+                         f"1..{len(drafts) + 1} token ids, the first ones the accepted drafts")
+    return Verdict(tokens, list(range(1, a + 1)), None, [], a == len(drafts))
 
 
 def _checked(seq: Sequence, proposal: Proposal, shape: Shape, vocab_size: int) -> Proposal:

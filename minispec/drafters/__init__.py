@@ -1,12 +1,12 @@
-"""Layer 4, who proposes drafts.
+"""Core layer 3, who proposes drafts.
 
-* [`base`][minispec.drafters.base] -- the ``Drafter`` base class (every hook the drivers call:
-  ``propose(seqs, shapes)`` for chains and trees alike) and a draft model (``ModelDrafter``);
+* [`base`][minispec.drafters.base] -- the ``Drafter`` interface: every call the round makes;
+* [`model`][minispec.drafters.model] -- the machinery of a drafter with its own model and KV
+  cache, and the draft model (``ModelDrafter``) built on it;
 * [`ngram`][minispec.drafters.ngram] -- the drafters without a model (``ContextDrafter``): n-gram
   tables and prompt lookup (one-hot ``q``);
-* [`suffix`][minispec.drafters.suffix] -- the longest suffix match in the request's own text and,
-  opt-in, in a bounded store of earlier requests (SuffixDecoding);
-* [`eagle`][minispec.drafters.eagle] -- drafting from the target's features with an EAGLE head;
-* [`hybrid`][minispec.drafters.hybrid] -- per round, a trusted context match or the feature head;
 * [`trees`][minispec.drafters.trees] -- what the drafters share to draw draft trees.
+
+More drafters (suffix matches, EAGLE heads, the hybrid, dynamic trees) are a wing:
+[`minispec.extra_drafters`][minispec.extra_drafters].
 """

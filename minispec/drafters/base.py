@@ -1,154 +1,98 @@
-"""Drafters: where the guesses of each round come from, behind one interface.
+"""The ``Drafter`` interface: every call the round makes to whoever proposes drafts.
 
-Both decoding loops
-([`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate] for one sequence,
-the [`Engine`][minispec.serving.engine.Engine] for many) talk to a drafter through the same three
-calls:
+Both decoding loops ([`minispec.speculative_generate`][minispec.decoding.loop.speculative_generate]
+for one sequence, the [`Engine`][minispec.serving.engine.Engine] for many) talk to a drafter only
+through these calls, in this order:
 
+* ``check_target``, ``clone`` and (a drafter with a ``model``) ``attach(cache, forward)``;
+* ``observe_prefill(seqs, starts, hidden)`` after the target prefilled a prompt (or a chunk);
 * ``propose(seqs, shapes) -> list[Proposal]`` -- row ``b`` guesses after ``seqs[b].context`` in
   the shape ``shapes[b]``: an ``int`` ``k`` asks for a chain of up to ``k`` drafts, a tuple
   ``(b_1, .., b_k)`` for a tree with ``b_t`` children per node at depth ``t``. Each draw carries
   the distribution ``q`` it came from (``None`` for a deterministic drafter: verify treats that as
   one-hot ``q``, and sampling stays exact);
+* ``rewind(seqs)`` -- only when a batched ``propose`` raised: forget what it drafted for these
+  rows, which the round then asks again in smaller groups (a failing row fails alone);
 * ``observe(seqs, num_accepted, hidden, paths)`` -- after verify: how many drafts each row kept
   and, for a drafter with ``wants_hidden = True``, the target's last hidden states at the
-  *accepted* positions only (``[last, d_1..d_a]``; a rejected draft's state never reaches a
-  drafter);
+  *accepted* positions only (a rejected draft's state never reaches a drafter);
 * ``release(seq)`` -- the request is gone: drop what is kept for it.
 
-The drafters: [`ModelDrafter`][minispec.drafters.base.ModelDrafter] (a small draft model,
-Leviathan et al.), the context drafters of [`minispec.drafters.ngram`][minispec.drafters.ngram]
-and [`minispec.drafters.suffix`][minispec.drafters.suffix] (n-gram tables, prompt lookup, suffix
-matches), [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] (a feature head) and
-[`HybridDrafter`][minispec.drafters.hybrid.HybridDrafter]; each draws its trees itself
-([`minispec.drafters.trees`][minispec.drafters.trees] holds the helpers they share).
-[`as_drafter_for`][minispec.decoding.loop.as_drafter_for] turns what a user passes into one of them.
+Every call has a no-op default, so a drafter overrides only what it needs. The drafters of the
+core: a draft model ([`ModelDrafter`][minispec.drafters.model.ModelDrafter], built on
+[`ModelBackedDrafter`][minispec.drafters.model.ModelBackedDrafter], the machinery of any drafter
+that owns a model and a KV cache) and the context drafters of
+[`minispec.drafters.ngram`][minispec.drafters.ngram] (n-gram tables, prompt lookup).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from minispec.core.constraint import ask
-from minispec.core.sampling import SamplingParams, one_hot, probs_for_rows, sample
 from minispec.core.sequence import Sequence
-from minispec.core.speculative import Draft
-from minispec.core.tree import DynamicTree, Proposal
-from minispec.drafters.trees import grow_dynamic, grow_levels
-from minispec.models.kv_cache import ContiguousKVCache, KVCache
-from minispec.models.llama import Llama, TreeAttention
-from minispec.models.static_step import StaticForward
+from minispec.core.tree import Proposal, TreeShape
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "Shape", "choose_drafts", "keeps_cache"]
+__all__ = ["Drafter", "Shape", "keeps_cache"]
 
 #: What a row drafts: ``k``, a chain of up to ``k`` drafts, or a branching ``(b_1, .., b_k)``, a
-#: tree with ``b_t`` children per node at depth ``t`` (``()``: nothing), or a ``DynamicTree``
-#: (a model drafter's: shaped by its confidence).
-Shape = int | tuple[int, ...] | DynamicTree
+#: tree with ``b_t`` children per node at depth ``t`` (``()``: nothing), or a ``TreeShape`` that
+#: the drafter grows itself (a dynamic tree).
+Shape = int | tuple[int, ...] | TreeShape
 
 
 class Drafter:
-    """The batched interface both decoding loops use: every hook the round calls, with no-op
-    defaults, so a drafter overrides only what it needs (see the module docstring).
+    """Who proposes drafts: the calls the round makes (module docstring), with no-op defaults.
 
     Attributes:
         wants_hidden: give ``observe`` (and ``observe_prefill``) the target's final-normed hidden
             states; a feature head (EAGLE) needs them, other drafters do not.
         feature_layers: with ``wants_hidden``, the target layers whose input streams to hand over
-            instead, concatenated (``(T, 3D)`` for EAGLE-3's three; ``Llama.forward``'s
-            ``return_hidden``); ``None``: the final-normed states.
-        model: a model whose KV cache the decoding loop makes and hands over with ``attach``
-            (a draft model, an EAGLE head); ``None`` for a drafter without one.
-        cache: that cache, once attached (``None`` before).
+            instead, concatenated (``Llama.forward``'s ``return_hidden``); ``None``: the
+            final-normed states.
+        model: a model whose KV cache the loop makes and hands over with ``attach``; ``None``
+            for a drafter without one.
+        cache: that cache, once attached.
         max_seq_len: longest context the drafter can draft for (``None``: no limit of its own).
         forwards: drafter forwards so far (batched; lazy prefills included).
-        dynamic_trees: grows a [`DynamicTree`][minispec.core.tree.DynamicTree] (a drafter whose
-            own model scores its nodes: the draft model, the EAGLE head).
-        trees: with a model, request -> its tree of this round and where the tree's fed nodes are
-            stored (created node -> cache position); set by the drafter's ``__init__``.
-        static: the draft model's chain steps as static shapes (``capture``), else ``None``.
+        dynamic_trees: can grow a [`TreeShape`][minispec.core.tree.TreeShape] (a drafter whose
+            own model scores its nodes).
     """
 
     wants_hidden: bool = False
     feature_layers: tuple[int, ...] | None = None
     model: Any = None
-    cache: KVCache | None = None
+    cache: Any = None
     max_seq_len: int | None = None
     forwards: int = 0
     dynamic_trees: bool = False
-    static: StaticForward | None = None
 
-    def attach(self, cache: KVCache) -> None:
-        """Keep keys and values in ``cache`` (only called when ``model`` is set)."""
-        self.cache = cache
-
-    def capture(self, target_static: StaticForward) -> None:
-        """Run the drafter's own steps as static shapes, as the target's ``target_static`` does
-        (CUDA graphs on a GPU, in its pool); the runner calls it when its ``graphs`` are on.
-        Default: nothing to capture."""
+    def check_target(self, target: Any) -> None:
+        """``ValueError`` if this drafter cannot draft for ``target`` (default: it can)."""
 
     def clone(self) -> Drafter:
         """A fresh drafter with no request state and no cache (an engine owns its own)."""
         return self
 
-    def check_target(self, target: Llama) -> None:
-        """``ValueError`` if this drafter cannot draft for ``target`` (default: it can)."""
+    def attach(self, cache: Any, forward: Any = None) -> None:
+        """Keep keys and values in ``cache``, running chain steps through ``forward`` (a
+        ``forward(model, cache)`` collaborator; ``None``: eagerly). Called when ``model`` is set."""
+        self.cache = cache
 
-    @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
-        """Row ``b``'s guesses after ``seqs[b].context`` in the shape ``shapes[b]``: a chain of up
-        to ``k`` drafts for an ``int``, a tree for a branching (a node may get fewer children).
-
-        The round calls it whenever a row drafts, rows with nothing to draft (``0`` or ``()``)
-        included; a round of chains where no row drafts is a plain step and does not call it
-        (``observe`` follows every round), so a drafter catches up on the context lazily. A row
-        whose drafting fails is failed (``seq.fail``) and proposes the root alone.
-
-        By default (a drafter with a model): the chains batched (``_draft_chains``), the trees row
-        by row (``_tree``), each kept in ``trees`` with where its fed nodes are stored."""
-        chains = [b for b, shape in enumerate(shapes) if isinstance(shape, int)]
-        tokens, probs = self._draft_chains([seqs[b] for b in chains], [shapes[b] for b in chains])
-        proposals = {b: Proposal.chain(t, torch.stack(p) if p else None)    # none: one-hot q
-                     if not seqs[b].is_finished else Proposal.chain([])     # failed while drafting
-                     for b, t, p in zip(chains, tokens, probs, strict=True)}
-        return [proposals[b] if b in proposals else self._tree(seqs[b], shape)   # trees in order
-                for b, shape in enumerate(shapes)]
-
-    def _draft_chains(self, seqs: list[Sequence], ks: list[int]
-                      ) -> tuple[list[list[int]], list[list[Tensor]]]:
-        """Up to ``ks[b]`` drafts per row and the ``q`` rows they were drawn from (none: greedy):
-        draft ``j + 1`` of every row still drafting from one batched forward (``_chain_step``)."""
-        tokens: list[list[int]] = [[] for _ in seqs]
-        probs: list[list[Tensor]] = [[] for _ in seqs]
-        for j in range(max(ks, default=0)):
-            rows = [b for b, k in enumerate(ks) if k > j]
-            batch, drafts = [seqs[b] for b in rows], [tokens[b] for b in rows]
-            logits = self._chain_step(batch, drafts)                                    # (R, V)
-            for b, (token, q) in zip(rows, self._choose(batch, logits, drafts), strict=True):
-                tokens[b].append(token)
-                if q is not None:
-                    probs[b].append(q)
-        return tokens, probs
-
-    def _chain_step(self, seqs: list[Sequence], drafts: list[list[int]]) -> Tensor:
-        """One forward: each row's logits ``(R, V)`` for its next draft, after ``drafts[r]``."""
-        raise NotImplementedError(f"{type(self).__name__} does not propose")
-
-    def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]]):
-        """Each row's next draft and its ``q``
-        ([`choose_drafts`][minispec.drafters.base.choose_drafts])."""
-        return choose_drafts(seqs, logits, drafts)
-
-    def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list[Tensor] | None
+    def observe_prefill(self, seqs: list[Sequence], starts: list[int], hidden: list | None
                         ) -> None:
         """The target prefilled positions ``starts[b]..`` of row ``b``; ``hidden[b]`` is their
         ``(T_b, D)`` features when ``wants_hidden`` (else ``None``)."""
 
-    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
+    def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
+        """Row ``b``'s guesses after ``seqs[b].context`` in the shape ``shapes[b]``; a row whose
+        drafting fails alone is failed (``seq.fail``) and proposes the root alone. Default: no
+        guesses (every round is a plain step)."""
+        return [Proposal.chain([]) for _ in seqs]
+
+    def rewind(self, seqs: list[Sequence]) -> None:
+        """Forget what a ``propose`` that raised drafted for ``seqs`` (the round retries them)."""
+
+    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list | None,
                 paths: list[list[int]]) -> None:
         """What verify kept in each row: ``num_accepted[b]`` drafts, the tree nodes ``paths[b]``
         (a chain's: ``1..a``), and with ``wants_hidden`` the target's ``(a_b + 1, D)`` features
@@ -157,245 +101,8 @@ class Drafter:
     def release(self, seq: Sequence) -> None:
         """Forget ``seq`` (finished or aborted)."""
 
-    def _feed(self, seqs: list[Sequence], feeds: list[list[int]], *inputs: Tensor) -> Any:
-        """One forward of ``model`` over the draft cache: row ``r`` feeds ``feeds[r]`` at the
-        positions after the ``seq.draft_len`` its cache holds, left-padded to the longest feed with
-        token 0 at position -1 (never written, never attended to); ``inputs`` go between the ids
-        and the positions (an EAGLE head's features ``(R, T, D)``). Then each row's cache holds its
-        feed, and the row has one draft forward more. Returns the model's outputs."""
-        width, device = max(len(f) for f in feeds), self.model.device
-        ids = [[0] * (width - len(f)) + f for f in feeds]                                 # (R, T)
-        pos = [[-1] * (width - len(f)) + list(range(s.draft_len, s.draft_len + len(f)))
-               for s, f in zip(seqs, feeds, strict=True)]                                 # (R, T)
-        ids_t, pos_t = torch.tensor(ids, device=device), torch.tensor(pos, device=device)
-        slots = [s.draft_slot for s in seqs]
-        # a chain step (one or two tokens a row) runs in a static bucket once captured, a longer
-        # lazy prefill eagerly; static: (logits, hidden), or None (no bucket: eagerly too)
-        eager = self.static is None or width > 2
-        static = None if eager else self.static(ids_t, pos_t, slots)
-        out = self.model(ids_t, *inputs, pos_t, self.cache, slots) if static is None else static[0]
-        self.forwards += 1
-        for seq, f in zip(seqs, feeds, strict=True):
-            seq.draft_len += len(f)
-            seq.stats.draft_forwards += 1
-        return out
-
-    def _truncate(self, seq: Sequence, keep: int) -> None:
-        """Roll ``seq``'s rows of the draft cache back to ``keep`` positions (if it holds more)."""
-        if seq.draft_len > keep:
-            self.cache.truncate_to(seq.draft_slot, keep)
-            seq.draft_len = keep
-
-    def _tree(self, seq: Sequence, branching: tuple[int, ...] | DynamicTree) -> Proposal:
-        """``seq``'s tree, drawn in the row's own slot of the draft cache: from the root's logits
-        (``_tree_root``), one forward per depth (``_score_level``), each depth's nodes stored past
-        the context, in the positions the round reserved. Returns the tree, kept in ``trees`` with
-        where its fed nodes are stored (created node -> cache position). A row whose drafting
-        fails is failed alone and proposes the root alone."""
-        proposal, storage = Proposal.chain([]), {}             # the root alone, if nothing grows
-        try:
-            root = self._tree_root(seq) if branching else None
-            if root is not None:
-                grow = grow_dynamic if isinstance(branching, DynamicTree) else grow_levels
-                proposal = grow(seq, branching, root, functools.partial(self._score_level, seq),
-                                storage)
-        except Exception as error:             # this request's drafting is broken: it alone fails
-            seq.fail(error)
-            storage = {}
-        self.trees[seq.request_id] = proposal, storage
-        return proposal
-
 
 def keeps_cache(drafter: Drafter | None) -> bool:
     """Whether ``drafter`` keeps keys and values in a cache the decoding loop makes and manages
     (a draft model, an EAGLE head): its ``model`` gives the cache's shape."""
     return drafter is not None and drafter.model is not None
-
-
-class ModelDrafter(Drafter):
-    """Drafts with a small language model that shares the target's tokenizer.
-
-    **Chains**, all rows batched: the draft model has its own KV cache
-    ([`attach`][minispec.drafters.base.ModelDrafter.attach]; the decoding loop makes it the same
-    kind as the target's). Row ``b`` of a draft step feeds what its cache lacks --
-    ``seq.context[draft_len:]``: one token normally, two after a round that accepted all ``k``
-    drafts (``d_k`` was sampled but never fed: the draft lags by one), the whole context on first
-    use or after a preemption (a lazy prefill, done in its own forward so short rows are not padded
-    to the prompt's length). Then ``k - 1`` more steps feed the previous draft. Every row turns its
-    logits into ``q`` with its own ``SamplingParams`` and samples with its own generator. After
-    verify, [`observe`][minispec.drafters.base.ModelDrafter.observe] rolls the cache back to the
-    accepted length.
-
-    **Trees**, row by row, in the same cache: the row feeds what its slot lacks of the context
-    (at least the root), then expands the tree one depth per forward with tree attention
-    ([`grow_levels`][minispec.drafters.trees.grow_levels]), the nodes stored past the context in
-    the positions the round reserved (so a tree's draft memory is the pool's, bounded and
-    preempted like the target's); after verify the slot keeps the context plus the fed nodes of
-    the accepted path ([`KVCache.compact`][minispec.models.kv_cache.KVCache.compact]).
-
-    Args:
-        model: the draft [`Llama`][minispec.models.llama.Llama].
-        max_seq_len: longest context its cache may hold (default: the model's).
-    """
-
-    dynamic_trees = True
-
-    def __init__(self, model: Llama, max_seq_len: int | None = None) -> None:
-        self.model = model
-        self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
-                               model.config.max_position_embeddings)
-        self._probe: Sequence | None = None      # the state of ``draft``
-        # request -> its tree of this round and where the fed nodes are stored
-        self.trees: dict[str, tuple[Proposal, dict[int, int]]] = {}
-
-    def attach(self, cache: KVCache) -> None:
-        """Draft into ``cache`` (slots are given to sequences as ``seq.draft_slot``), eagerly
-        until ``capture``."""
-        self.cache, self._probe, self.static = cache, None, None
-
-    def capture(self, target_static: StaticForward) -> None:
-        """The draft model's chain steps as static shapes on its attached cache
-        ([`StaticForward`][minispec.models.static_step.StaticForward]), like the target's; its
-        graphs go into the target's (one memory pool: they run one at a time, outputs copied)."""
-        self.static = StaticForward(self.model, self.cache, target_static.graphs)
-
-    def clone(self) -> ModelDrafter:
-        """The same draft model with no cache attached (an engine owns its own)."""
-        return ModelDrafter(self.model, self.max_seq_len)
-
-    def check_target(self, target: Llama) -> None:
-        """``ValueError`` unless the draft model can share ``target``'s token ids.
-
-        The vocabularies must have the same size and the configs the same EOS ids (a draft that
-        stops where the target does not, or the reverse, is a sign of two different tokenizers).
-        """
-        draft, target = self.model.config, target.config                       # their configs
-        if draft.vocab_size != target.vocab_size:
-            raise ValueError(f"draft vocab_size {draft.vocab_size} != target vocab_size "
-                             f"{target.vocab_size}: the models must share one tokenizer")
-        if set(draft.eos_token_ids) != set(target.eos_token_ids):
-            raise ValueError(f"draft eos ids {draft.eos_token_ids} != target eos ids "
-                             f"{target.eos_token_ids}: the models must share one tokenizer")
-
-    def _chain_step(self, seqs: list[Sequence], drafts: list[list[int]]) -> Tensor:
-        """Feed what each row's cache lacks: its last draft, or before its first draft
-        ``seq.context[draft_len:]`` (one token normally, two after a round that accepted all its
-        drafts); logits for the next draft ``(R, V)``. The last draft of a row is never fed."""
-        feeds = [d[-1:] if d else seq.context[seq.draft_len:]
-                 for seq, d in zip(seqs, drafts, strict=True)]
-        # a lazy prefill (first use, after plain rounds): all a cache lacks but the last token,
-        # when it lacks more than the one or two a drafting round leaves
-        long = [r for r, feed in enumerate(feeds) if len(feed) > 2]
-        if long:
-            self._forward([seqs[r] for r in long], [feeds[r][:-1] for r in long])
-        return self._forward(seqs, [feed[-1:] if len(feed) > 2 else feed for feed in feeds])
-
-    def _forward(self, seqs: list[Sequence], feeds: list[list[int]]) -> Tensor:
-        """Feed each row's tokens (``_feed``); logits after the last ``(R, V)``."""
-        return self._feed(seqs, feeds)[:, -1]                                  # (R, T, V) -> (R, V)
-
-    def _tree_root(self, seq: Sequence) -> tuple[Tensor, int]:
-        """A tree's start: feed what the row's slot lacks of ``seq.context`` (at least the root,
-        its last token); the root's logits ``(1, V)`` and the positions the slot holds."""
-        self._truncate(seq, seq.num_tokens - 1)
-        return self._feed([seq], [seq.context[seq.draft_len:]])[0, -1:], seq.num_tokens  # (1, V)
-
-    def _score_level(self, seq: Sequence, frontier: list[int], parents: list[int], ids: Tensor,
-                     positions: Tensor, tree: TreeAttention) -> Tensor:
-        """One forward over a depth of the row's tree: logits ``(F, V)``."""
-        self.forwards += 1
-        seq.stats.draft_forwards += 1
-        return self.model(ids, positions, self.cache, [seq.draft_slot], tree=tree)[0]   # (F, V)
-
-    @torch.inference_mode()
-    def observe(self, seqs: list[Sequence], num_accepted: list[int], hidden: list[Tensor] | None,
-                paths: list[list[int]]) -> None:
-        """Roll each row's draft cache back to ``n + a``: the context plus the accepted drafts (a
-        tree's row keeps the context plus the fed nodes of the accepted path)."""
-        for seq, a, path in zip(seqs, num_accepted, paths, strict=True):
-            if (tree := self.trees.pop(seq.request_id, None)) is None:
-                self._truncate(seq, seq.num_tokens + a)
-                continue
-            proposal, storage = tree
-            kept = [proposal.created[i] for i in path if proposal.created[i] in storage]
-            self.cache.compact(seq.draft_slot, seq.draft_len, [storage[c] for c in kept])
-            seq.draft_len += len(kept)
-
-    def release(self, seq: Sequence) -> None:
-        self.trees.pop(seq.request_id, None)
-
-    # ------------------------------------------------------------------ one context, no loop
-
-    @torch.inference_mode()
-    def draft(self, context: list[int], k: int, sampling: SamplingParams,
-              generator: torch.Generator | None) -> Draft:
-        """Draft ``k`` tokens after any ``context`` (for teaching and tests, outside a loop).
-
-        The drafter keeps one sequence of its own: it rolls that cache back to the longest prefix
-        of ``context`` it already holds and feeds the rest. A greedy draft comes with its one-hot
-        ``q`` rows.
-        """
-        if not context:
-            raise ValueError("context must hold at least one token")
-        if self._probe is None:
-            if self.cache is None:
-                self.attach(ContiguousKVCache.for_model(self.model, 1, self.max_seq_len))
-            self._probe = Sequence("draft", [0], sampling, draft_slot=self.cache.allocate())
-        probe = self._probe
-        fed, common = self.fed, 0             # the longest prefix of context held (not its last)
-        while common < min(len(fed), len(context) - 1) and fed[common] == context[common]:
-            common += 1
-        self.cache.truncate_to(probe.draft_slot, common)
-        probe.prompt, probe.generated, probe.draft_len = list(context), [], common
-        probe.sampling, probe.generator = sampling, generator
-        tokens, probs = self._draft_chains([probe], [k])
-        probe.generated = tokens[0]
-        ids = torch.tensor(tokens[0], dtype=torch.long, device=self.model.device)
-        if probs[0]:
-            return Draft(ids, torch.stack(probs[0]))
-        greedy = sampling.greedy and k > 0                  # a greedy draft: one-hot q rows
-        return Draft(ids, one_hot(ids, self.model.config.vocab_size) if greedy else None)
-
-    @property
-    def fed(self) -> list[int]:
-        """Token ids whose keys and values sit in
-        [`draft`][minispec.drafters.base.ModelDrafter.draft]'s cache slot."""
-        return [] if self._probe is None else self._probe.context[: self._probe.draft_len]
-
-    @property
-    def slot(self) -> int | None:
-        """[`draft`][minispec.drafters.base.ModelDrafter.draft]'s cache slot."""
-        return None if self._probe is None else self._probe.draft_slot
-
-
-def choose_drafts(seqs: list[Sequence], logits: Tensor, drafts: list[list[int]]):
-    """Each row's next draft token and its ``q`` (``None`` for plain greedy: the argmax).
-
-    Args:
-        seqs: the rows' sequences (their ``SamplingParams`` and generators).
-        logits: (R, V) the draft's logits for the next token of each row.
-        drafts: each row's drafts so far (repetition penalties see them).
-
-    Yields:
-        ``(token, q)`` per row, in order: greedy rows take the argmax, with ``q = None`` unless a
-        penalty or a grammar's mask (``seq.constraint``) reshapes the distribution; sampled rows
-        draw from ``q`` with their own generator.
-    """
-    argmax = logits.argmax(dim=-1).tolist()                                         # (R,)
-    for r in torch.isnan(logits).any(dim=-1).nonzero().flatten().tolist():
-        if not seqs[r].is_finished:                 # this request alone fails; the others go on
-            seqs[r].fail(ValueError("draft logits contain NaN"))
-    slow = [r for r, s in enumerate(seqs) if not s.is_finished
-            and (not s.sampling.raw_argmax or s.constraint is not None)]
-    contexts = [seqs[r].context + drafts[r] for r in slow]
-    masks = [ask(seqs[r], "mask", drafts[r]) for r in slow]   # as p is masked, from one state
-    q = (probs_for_rows(logits[slow], [seqs[r].sampling for r in slow], contexts, masks)
-         if slow else [])
-    qs = dict(zip(slow, q, strict=True))                                            # r -> (V,)
-    for r, seq in enumerate(seqs):
-        if r not in qs:
-            yield argmax[r], None
-        elif seq.sampling.greedy:          # greedy with a repetition penalty: argmax of q
-            yield int(qs[r].argmax()), qs[r]
-        else:
-            yield int(sample(qs[r], seq.generator)), qs[r]

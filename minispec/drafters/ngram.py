@@ -21,14 +21,14 @@ from itertools import islice
 
 import torch
 
-from minispec.core.sampling import SamplingParams
+from minispec.core.sampling import SamplingParams, check_args, is_int
 from minispec.core.sequence import Sequence
 from minispec.core.speculative import Draft
 from minispec.core.tree import Proposal
 from minispec.drafters.base import Drafter, Shape
 from minispec.drafters.trees import grow_tree
 
-__all__ = ["ContextDrafter", "NGramDrafter", "PromptLookupDrafter"]
+__all__ = ["DRAFTERS", "ContextDrafter", "NGramDrafter", "PromptLookupDrafter"]
 
 
 class ContextDrafter(Drafter):
@@ -74,7 +74,8 @@ class ContextDrafter(Drafter):
     def draft(self, context: list[int], k: int, sampling: SamplingParams | None = None,
               generator: torch.Generator | None = None) -> Draft:
         """Draft up to ``k`` tokens after ``context`` (one-hot ``q``: ``probs=None``; as
-        [`ModelDrafter.draft`][minispec.drafters.base.ModelDrafter.draft], which samples)."""
+        [`OneContext.draft`][minispec.check.one_context.OneContext.draft] gives a model drafter,
+        which samples)."""
         return Draft(torch.tensor(self.lookup(context, k), dtype=torch.long))
 
     def propose(self, seqs: list[Sequence], shapes: list[Shape]) -> list[Proposal]:
@@ -128,9 +129,10 @@ class NGramDrafter(ContextDrafter):
     """
 
     def __init__(self, max_order: int = 4, window: int = 512) -> None:
-        if max_order < 2 or window < max_order:
-            raise ValueError(f"need max_order >= 2 and window >= max_order, got {max_order}, "
-                             f"{window}")
+        check_args("NGramDrafter", [
+            ("max_order", max_order, is_int(max_order) and max_order >= 2, "an integer >= 2"),
+            ("window", window, is_int(window) and (not is_int(max_order) or window >= max_order),
+             f"an integer >= max_order ({max_order!r})")])
         self.max_order, self.window = max_order, window
         super().__init__()
 
@@ -220,8 +222,11 @@ class PromptLookupDrafter(ContextDrafter):
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        check_args("PromptLookupDrafter", [
+            ("max_ngram", max_ngram, is_int(max_ngram) and max_ngram >= 1, "an integer >= 1"),
+            ("min_ngram", min_ngram, is_int(min_ngram) and 1 <= min_ngram
+             and (not is_int(max_ngram) or min_ngram <= max_ngram),
+             f"an integer in [1, max_ngram ({max_ngram!r})]")])
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         super().__init__()
 
@@ -253,3 +258,9 @@ class PromptLookupDrafter(ContextDrafter):
         """The up-to-``k`` tokens that followed the latest earlier match of the longest suffix."""
         self.last_match, end = self.match(context)
         return context[end + 1:end + 1 + k] if self.last_match else []
+
+
+#: The drafters made by name (``drafter="ngram"``); the package adds the drafters of its wings
+#: (``"suffix"``) when it is imported.
+DRAFTERS: dict[str, type[ContextDrafter]] = {"ngram": NGramDrafter,
+                                             "prompt_lookup": PromptLookupDrafter}

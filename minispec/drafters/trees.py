@@ -14,21 +14,19 @@ was actually drawn from, or verification is not exact):
   from ``q(. | node)`` (SpecInfer's expansion), tried one after another at every node by
   [`verify`][minispec.core.speculative.verify] (Stratos §2). Equal draws share one child node but
   are each tried (a repeated proposal is exact; dropping it is not).
-* **chosen**, not drawn (an n-gram table's most frequent continuations; a
-  [`DynamicTree`][minispec.core.tree.DynamicTree]'s likeliest children): ``q`` is one-hot
-  (``None``), and iterative sampling with one-hot proposals stays exact.
+* **chosen**, not drawn (an n-gram table's most frequent continuations; a dynamic tree's likeliest
+  children): ``q`` is one-hot (``None``), and iterative sampling with one-hot proposals stays
+  exact.
 
 [`grow_tree`][minispec.drafters.trees.grow_tree] grows a tree by a rule (a context drafter's
 continuations), [`grow_levels`][minispec.drafters.trees.grow_levels] with a model, one forward per
-depth (the draft model and the EAGLE head), [`grow_dynamic`][minispec.drafters.trees.grow_dynamic]
-a dynamic tree (EAGLE-2: expanded by confidence, the likeliest nodes kept).
+depth (the draft model and the EAGLE head). A [`TreeShape`][minispec.core.tree.TreeShape] grows
+itself (EAGLE-2's dynamic tree, in ``minispec.extra_drafters.dynamic``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -36,13 +34,18 @@ import torch
 from torch import Tensor
 
 from minispec.core.constraint import ask
-from minispec.core.sampling import apply_repetition_penalty, is_int, is_real, probs_for_rows, sample
+from minispec.core.sampling import (
+    apply_repetition_penalty,
+    is_int,
+    non_finite,
+    probs_for_rows,
+    sample,
+)
 from minispec.core.sequence import Sequence
-from minispec.core.theory import best_tree_size
-from minispec.core.tree import DynamicTree, Proposal, tree_size
+from minispec.core.tree import Proposal, TreeShape, tree_size
 from minispec.models.llama import TreeAttention
 
-__all__ = ["MAX_TREE_NODES", "check_branching", "choose_children", "grow_dynamic", "grow_levels",
+__all__ = ["MAX_TREE_NODES", "check_branching", "choose_children", "feed_level", "grow_levels",
            "grow_tree"]
 
 #: The most nodes (root included) a draft tree may have. The target scores every node in one
@@ -51,24 +54,17 @@ __all__ = ["MAX_TREE_NODES", "check_branching", "choose_children", "grow_dynamic
 MAX_TREE_NODES = 1024
 
 
-def check_branching(branching, k: int) -> tuple[int, ...] | DynamicTree:
+def check_branching(branching, k: int) -> tuple[int, ...] | TreeShape:
     """``branching`` as a tuple of ``k`` integers >= 1 (padded with 1s: chains; cut to ``k``), or
-    a [`DynamicTree`][minispec.core.tree.DynamicTree] of depth ``k``.
+    a [`TreeShape`][minispec.core.tree.TreeShape] at depth ``k`` (it checks itself).
 
     Raises:
-        ValueError: naming ``branching``: not a non-empty sequence of integers >= 1 (nor a dynamic
-            tree with ``top_k`` and ``nodes`` integers >= 1 and a ``verify_cost`` of positive
-            numbers), or a tree of more than ``MAX_TREE_NODES`` nodes (counted by ``tree_size``
-            after the cut to ``k``).
+        ValueError: naming ``branching``: not a non-empty sequence of integers >= 1 (nor a valid
+            tree shape), or a tree of more than ``MAX_TREE_NODES`` nodes (counted by
+            ``tree_size`` after the cut to ``k``).
     """
-    if isinstance(branching, DynamicTree):
-        checked, cost = dataclasses.replace(branching, depth=k), branching.verify_cost
-        if not (is_int(checked.top_k) and checked.top_k >= 1 and is_int(checked.nodes)
-                and checked.nodes >= 1 and is_real(checked.draft_cost) and checked.draft_cost >= 0
-                and (cost is None or (len(cost) >= 1 and all(is_real(r) and r > 0 for r in cost)))):
-            raise ValueError(f"a DynamicTree needs top_k and nodes integers >= 1, a finite "
-                             f"draft_cost >= 0 and verify_cost None or positive numbers, got "
-                             f"{checked!r}")
+    if isinstance(branching, TreeShape):
+        checked = branching.checked(k)
     else:
         try:
             values = tuple(branching)
@@ -76,7 +72,7 @@ def check_branching(branching, k: int) -> tuple[int, ...] | DynamicTree:
             values = ()
         if not values or not all(is_int(b) and b >= 1 for b in values):
             raise ValueError("branching must be a non-empty tuple of integers >= 1 or a "
-                             f"DynamicTree, got {branching!r}")
+                             f"tree shape (ms.DynamicTree), got {branching!r}")
         checked = (values + (1,) * k)[:k]
     if (nodes := tree_size(checked)) > MAX_TREE_NODES:
         raise ValueError(f"branching={branching!r} with k={k} makes a tree of {nodes} nodes; "
@@ -133,42 +129,7 @@ def grow_levels(seq: Sequence, branching: tuple[int, ...], root: tuple[Tensor, i
     rows = {0: logits[0]}                           # node -> the drafter's logits there (V,)
     return grow_tree(seq.context[-1], branching, [],
                      lambda node, path, b: choose_children(seq, rows[node], path, b),
-                     functools.partial(_feed_level, score, storage, rows, start))
-
-
-def grow_dynamic(seq: Sequence, shape: DynamicTree, root: tuple[Tensor, int],
-                 score: Callable[..., Tensor], storage: dict[int, int]) -> Proposal:
-    """A tree expanded by confidence (EAGLE-2,
-    [`DynamicTree`][minispec.core.tree.DynamicTree]): every depth scores its ``top_k`` nodes of
-    highest value in one forward, each gets its ``top_k`` likeliest children; then the nodes of
-    highest value are kept, as many as pay (``best_tree_size``). Arguments as
-    [`grow_levels`][minispec.drafters.trees.grow_levels]."""
-    logits, start = root                                    # (1, V); cache positions held
-    rows = {0: logits[0]}                                   # node -> the drafter's logits (V,)
-    parents, tokens, values = [-1], [seq.context[-1]], [0.0]        # values: log confidence
-    frontier = [0]
-    for depth in range(1, shape.depth + 1):
-        first = len(tokens)                     # this depth's nodes: first..; the best go on
-        for node in frontier:
-            if torch.isnan(rows[node]).any():
-                raise ValueError("draft logits contain NaN")
-            top = torch.log_softmax(rows[node].float(), dim=-1).topk(shape.top_k)
-            parents += [node] * shape.top_k                 # its top_k likeliest children
-            tokens += top.indices.tolist()
-            values += [values[node] + log_q for log_q in top.values.tolist()]
-        frontier = sorted(range(first, len(tokens)), key=lambda i: -values[i])[: shape.top_k]
-        if depth < shape.depth:
-            _feed_level(score, storage, rows, start, frontier, parents, tokens, depth)
-    ranked = sorted(range(1, len(tokens)), key=lambda i: (-values[i], i))[: shape.nodes]
-    n = best_tree_size([math.exp(values[i]) for i in ranked], shape.verify_cost,
-                       shape.draft_cost * shape.depth)
-    kept = [0] + sorted(ranked[:n])              # a parent's value is at least its child's
-    index = {node: i for i, node in enumerate(kept)}
-    draws = [[(index[c], None) for c in kept if parents[c] == node] for node in kept]
-    proposal = Proposal.build([-1] + [index[parents[c]] for c in kept[1:]],
-                              [tokens[c] for c in kept], draws)
-    proposal.created = [kept[i] for i in proposal.created]     # the drafter's own numbering
-    return proposal
+                     functools.partial(feed_level, score, storage, rows, start))
 
 
 def choose_children(seq: Sequence, logits: Tensor, path: list[int], b: int
@@ -176,8 +137,8 @@ def choose_children(seq: Sequence, logits: Tensor, path: list[int], b: int
     """``b`` children of the node at ``path`` (below the root): greedy top-b (q None; after the
     repetition penalty the target applies too, as a greedy chain drafts the penalised argmax),
     else b i.i.d. draws from q; each as ``(token, q, its path)``. NaN logits fail the request."""
-    if torch.isnan(logits).any():
-        raise ValueError("draft logits contain NaN")
+    if non_finite(logits):
+        raise ValueError("draft logits contain NaN or +inf")
     mask = ask(seq, "mask", path)                                 # a grammar's, or None: all
     if seq.sampling.greedy:
         if not seq.sampling.raw_argmax:
@@ -190,7 +151,7 @@ def choose_children(seq: Sequence, logits: Tensor, path: list[int], b: int
     return [(t, q, path + [t]) for t in [int(sample(q, seq.generator)) for _ in range(b)]]
 
 
-def _feed_level(score: Callable[..., Tensor], storage: dict[int, int], rows: dict[int, Tensor],
+def feed_level(score: Callable[..., Tensor], storage: dict[int, int], rows: dict[int, Tensor],
                 start: int, frontier: list[int], parents: list[int], tokens: list[int],
                 depth: int) -> None:
     """Feed the nodes of ``depth`` at RoPE position ``start + depth - 1``; each sees the

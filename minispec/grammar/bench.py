@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved passes (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--tasks", type=int, default=None, help="only the first N tasks")
-    parser.add_argument("--out", default="docs/data/grammar.json", help="the record's path")
+    parser.add_argument("--out", default="minispec/tools/measured/grammar.json",
+                        help="the record's path")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     target, tokenizer = ms.load(args.model, fast=True)

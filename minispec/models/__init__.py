@@ -1,12 +1,9 @@
-"""Layer 3, the machinery: models and their caches; nothing here knows about drafting.
+"""Core layer 2, the machinery: a model and its caches; nothing here knows about drafting.
 
-* [`llama`][minispec.models.llama] -- a minimal Llama with explicit positions and tree attention;
+* [`llama`][minispec.models.llama] -- a minimal Llama with explicit positions and tree attention,
+  and ``eager_forward``, the core's ``forward``;
 * [`kv_cache`][minispec.models.kv_cache] -- the contiguous slotted cache with ``truncate_to``;
 * [`block_manager`][minispec.models.block_manager] and
   [`paged_cache`][minispec.models.paged_cache] -- block tables, ``slot_mapping``, truncation that
-  frees tail blocks;
-* [`packed`][minispec.models.packed] -- the same model with weights packed once for the CPU;
-* [`eagle_head`][minispec.models.eagle_head] -- an EAGLE-style head on the target's features;
-* [`loader`][minispec.models.loader] -- Hugging Face checkpoints (safetensors only) and names;
-* [`chat`][minispec.models.chat] -- chat templates.
+  frees tail blocks.
 """

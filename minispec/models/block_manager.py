@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import heapq
 
-__all__ = ["BlockManager"]
+__all__ = ["BlockManager", "ceil_div"]
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` in integers (no float rounding for large ``a``): the blocks ``a`` positions
+    occupy in blocks of ``b``."""
+    return -(-a // b)
 
 
 class BlockManager:
@@ -36,9 +42,9 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and "
-                             f"{block_size}")
+        for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"BlockManager: {name} must be a positive integer, got {v!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self._free: list[int] = list(range(num_blocks))  # a min-heap: the lowest free id first
         self.ref_count: list[int] = [0] * num_blocks  # block id -> number of tables holding it
@@ -60,7 +66,7 @@ class BlockManager:
 
     def blocks_needed(self, num_positions: int) -> int:
         """Blocks a sequence of ``num_positions`` positions occupies: ceil(n / block_size)."""
-        return -(-num_positions // self.block_size)  # ceil, in integers
+        return ceil_div(num_positions, self.block_size)
 
     def block_table(self, seq_id) -> list[int]:
         """A copy of ``seq_id``'s block table (block ids in position order)."""

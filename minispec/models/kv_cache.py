@@ -26,10 +26,29 @@ everything after them is forgotten, so the cache equals one that only ever saw t
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+
+from minispec.core.sampling import check_args, is_int
+from minispec.models.block_manager import ceil_div
+
+#: Bytes of Python bookkeeping per block of a paged pool (the block manager's free list and
+#: reference counts), counted with the tensors when the engine checks its memory.
+BLOCK_BOOKKEEPING = 48
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory on ``device``: a GPU's total, else the machine's physical RAM."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):       # no sysconf (Windows): no known limit
+        return 2**63
+
 
 # ---------------------------------------------------------------------------- bookkeeping
 
@@ -238,12 +257,21 @@ class KVCache(ABC):
         it."""
         raise NotImplementedError(f"{type(self).__name__} cannot move positions")
 
-    def _allocate_stores(self, rows: int, positions: int, num_kv_heads: int, head_dim: int,
-                         device: torch.device | str | None, dtype: torch.dtype) -> None:
-        """``self.k``, ``self.v``: per layer, (rows + 1, positions, n_kv, hd), left uninitialised.
+    def _setup(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int,
+               head_dim: int, device: torch.device | str | None, dtype: torch.dtype,
+               block_size: int | None = None, num_blocks: int | None = None) -> None:
+        """Check every size, then build ``self.table`` and the stores ``self.k``, ``self.v``: per
+        layer, (rows + 1, positions, n_kv, hd), left uninitialised. Rows are slots of
+        ``max_seq_len`` positions, or, with a ``block_size`` (a paged pool), ``num_blocks`` blocks
+        (by default enough for every slot to be full).
+
+        A ``ValueError`` names the first size that is not a positive integer, a ``dtype`` that is
+        not a float one, or, before anything is allocated, the memory the stores (and a pool's
+        bookkeeping) would need when it is more than the device's
+        ([`device_memory`][minispec.models.kv_cache.device_memory]).
 
         The last row is scratch, owned by nobody: a static-shape step
-        ([`minispec.models.static_step`][minispec.models.static_step]) writes its padding tokens
+        ([`minispec.speed.static_step`][minispec.speed.static_step]) writes its padding tokens
         there (flat index ``self.scratch``), so a padded row never touches a sequence's memory.
 
         Nothing is read before it is written: attention masks every column that holds no key and
@@ -252,10 +280,28 @@ class KVCache(ABC):
         written: a default ``Engine`` on SmolLM2-135M reserves 3 GB (8 slots x 8,192 positions)
         but holds only what its requests use.
         """
+        paged = block_size is not None
+        sizes = dict(num_layers=num_layers, num_slots=num_slots, max_seq_len=max_seq_len,
+                     num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size if paged
+                     else 1, num_blocks=1 if num_blocks is None else num_blocks)
+        checks = [(k, v, is_int(v) and v >= 1, "a positive integer") for k, v in sizes.items()]
+        check_args(type(self).__name__, [*checks, ("dtype", dtype, isinstance(dtype, torch.dtype)
+                                                   and dtype.is_floating_point, "a float dtype")])
+        self.table, self.num_layers = SequenceTable(num_slots, max_seq_len), num_layers
+        # a block of KV memory: a whole slot in a contiguous cache
+        self.block_size = positions = block_size if paged else max_seq_len
+        self.num_blocks = rows = num_blocks or num_slots * ceil_div(max_seq_len, positions)
         shape = (rows + 1, positions, num_kv_heads, head_dim)
+        each = 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize    # bytes per position
+        need = shape[0] * positions * each + rows * BLOCK_BOOKKEEPING * paged
+        if need > (have := device_memory(where := torch.device(device or "cpu"))):
+            raise ValueError(f"{type(self).__name__}: the cache would need {need / 2**30:,.1f} GiB "
+                             f"({shape[0] * positions:,} positions x {each:,} bytes of keys and "
+                             f"values{f', and {BLOCK_BOOKKEEPING} bytes per block' * paged}), more "
+                             f"than the {have / 2**30:,.1f} GiB of memory on {where}")
         self.scratch = rows * positions                   # flat index of the scratch row
-        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
-        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(self.num_layers)]
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.device = self.k[0].device
 
     def _new_lengths(self, slots: list[int], rows: list[list[int]]) -> list[int]:
@@ -376,11 +422,7 @@ class ContiguousKVCache(KVCache):
     def __init__(self, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int,
                  head_dim: int, device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32) -> None:
-        self.table = SequenceTable(num_slots, max_seq_len)
-        self.num_layers = num_layers
-        # a block of KV memory is here a whole slot
-        self.block_size, self.num_blocks = max_seq_len, num_slots
-        self._allocate_stores(num_slots, max_seq_len, num_kv_heads, head_dim, device, dtype)
+        self._setup(num_layers, num_slots, max_seq_len, num_kv_heads, head_dim, device, dtype)
 
     def flat_index(self, slot: int, positions: list[int]) -> list[int]:
         """``slot * max_seq_len + position``: slots are rows of ``max_seq_len`` positions."""

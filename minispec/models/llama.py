@@ -2,7 +2,7 @@
 
 The module tree mirrors Hugging Face's ``LlamaForCausalLM`` names (``embed_tokens``,
 ``layers.N.self_attn.q_proj``, ``layers.N.mlp.gate_proj``, ``norm``, ``lm_head``), so a checkpoint
-loads by dropping the ``model.`` prefix (see ``minispec.models.loader``).
+loads by dropping the ``model.`` prefix (see ``minispec.loading.loader``).
 
 Positions are explicit: ``forward(input_ids, positions)`` gets the absolute position of every token,
 and position -1 marks padding. That is what speculative decoding needs: a verify step feeds
@@ -28,7 +28,8 @@ n_kv key/value heads, hd head dim.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,25 +83,6 @@ class ModelConfig:
         if isinstance(self.eos_token_id, int):
             return (self.eos_token_id,)
         return tuple(self.eos_token_id or ())
-
-    @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> ModelConfig:
-        """Read a Hugging Face Llama ``config.json`` (already parsed into a dict).
-
-        Understands both spellings of the RoPE settings: transformers 4's top-level ``rope_theta``
-        plus ``rope_scaling``, and transformers 5's ``rope_parameters`` (which holds both).
-        """
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"only hidden_act='silu' is supported, got {config['hidden_act']!r}")
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope_theta = rope.pop("rope_theta", config.get("rope_theta", 10000.0))
-        if "type" in rope and "rope_type" not in rope:  # older spelling
-            rope["rope_type"] = rope.pop("type")
-        rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
-        # every other field is the config.json key of the same name (absent: the default here)
-        names = {f.name for f in fields(cls)} - {"rope_theta", "rope_scaling"}
-        return cls(**{name: config[name] for name in names if name in config},
-                   rope_theta=float(rope_theta), rope_scaling=rope_scaling)
 
 
 # ---------------------------------------------------------------------------------------- RoPE
@@ -189,9 +171,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.n_h * self.hd, d, bias=bias)
-        # q|k|v as one packed matrix, set by ``minispec.models.packed.make_fast``
-        # (None: three eager GEMMs)
-        self.qkv_proj: nn.Module | None = None
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The three projections of x (B, T, D): q (B, T, n_h * hd), k and v (B, T, n_kv * hd)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None, plan: ForwardPlan | None,
@@ -203,11 +186,7 @@ class Attention(nn.Module):
         the key columns to zero before the product, or None (see ``non_keys``). Returns (B, T, D).
         """
         B, T, _ = x.shape
-        if self.qkv_proj is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:  # one GEMM reads the three weights: (B, T, (n_h + 2 n_kv) * hd), split as views
-            q, k, v = self.qkv_proj(x).split([self.n_h * self.hd, self.n_kv * self.hd,
-                                              self.n_kv * self.hd], dim=-1)
+        q, k, v = self.qkv(x)
         # split the heads: q (B, T, n_h, hd), k and v (B, T, n_kv, hd)
         q, k, v = (t.view(B, T, -1, self.hd) for t in (q, k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -239,16 +218,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, f, bias=bias)
         self.up_proj = nn.Linear(d, f, bias=bias)
         self.down_proj = nn.Linear(f, d, bias=bias)
-        # gate|up as one packed matrix, set by ``minispec.models.packed.make_fast``
-        # (None: two eager GEMMs)
-        self.gate_up_proj: nn.Module | None = None
+
+    def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gate and up projections of x (B, T, D): (B, T, F) each."""
+        return self.gate_proj(x), self.up_proj(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D)."""
-        if self.gate_up_proj is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)  # (B, T, F) each
-        else:  # one GEMM reads both weights: (B, T, 2F), split as views
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = self.gate_up(x)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -390,9 +367,6 @@ class Llama(nn.Module):
         # tied: the output projection reuses the embedding matrix, and there is no lm_head
         self.lm_head = (None if config.tie_word_embeddings
                         else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
-        # a packed copy of the output projection, set by ``minispec.models.packed.make_fast``
-        # (None: eager)
-        self.packed_head: nn.Module | None = None
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)  # (P, hd)
         self.register_buffer("rope_sin", sin, persistent=False)  # (P, hd)
@@ -430,8 +404,7 @@ class Llama(nn.Module):
         x = self.embed_tokens(input_ids)  # (B, T, D)
         streams = self.run_layers(self.layers, x, positions, cache, slots, tree)  # [x, ..., out]
         x = self.norm(streams[-1])  # (B, T, D)
-        head = self.packed_head  # make_fast's packed copy of the LM head; None: eager
-        logits = head(x) if head is not None else F.linear(x, self.output_weight)  # (B, T, V)
+        logits = self.logits(x)  # (B, T, V)
         if return_hidden and isinstance(return_hidden, tuple):  # layer ids: (B, T, 3D) for three
             x = torch.cat([streams[i] for i in return_hidden], dim=-1)
         return (logits, x) if return_hidden else logits
@@ -458,6 +431,10 @@ class Llama(nn.Module):
             cache.commit(plan)  # lengths advance once per forward, after every layer wrote
         return streams
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head: final-normed states x (B, T, D) -> logits (B, T, V)."""
+        return F.linear(x, self.output_weight)
+
     @property
     def output_weight(self) -> torch.Tensor:
         """The LM head's matrix (V, D): the embedding when tied, else ``lm_head.weight``."""
@@ -472,3 +449,20 @@ class Llama(nn.Module):
     def dtype(self) -> torch.dtype:
         """Floating-point dtype of the parameters."""
         return self.embed_tokens.weight.dtype
+
+
+#: How a model runs one step, passed in by whoever drives it: ``forward(model, cache)`` returns
+#: ``step(input_ids, positions, slots, tree=None, hidden=False)``, which is ``model.forward`` over
+#: ``cache`` with those arguments (``hidden`` is its ``return_hidden``) or gives the same logits
+#: another way (a static-shape step replayed as a CUDA graph: ``minispec.speed``).
+Forward = Callable[[Llama, "KVCache"], Callable[..., Any]]
+
+
+def eager_forward(model: Llama, cache: KVCache) -> Callable[..., Any]:
+    """The core's ``forward``: ``model.forward`` itself, over ``cache`` (see ``Forward``)."""
+
+    def step(input_ids: torch.Tensor, positions: torch.Tensor, slots: list[int],
+             tree: TreeAttention | None = None, hidden: bool | tuple[int, ...] = False) -> Any:
+        return model(input_ids, positions, cache, slots, return_hidden=hidden, tree=tree)
+
+    return step

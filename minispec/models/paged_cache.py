@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from minispec.models.block_manager import BlockManager
-from minispec.models.kv_cache import ForwardPlan, KVCache, SequenceTable
+from minispec.models.kv_cache import ForwardPlan, KVCache
 
 __all__ = ["PagedKVCache", "PagedPlan"]
 
@@ -67,13 +67,9 @@ class PagedKVCache(KVCache):
                  head_dim: int, block_size: int = 16, num_blocks: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
                  ) -> None:
-        self.table = SequenceTable(num_slots, max_seq_len)
-        if num_blocks is None:  # enough for every slot to be full at once
-            num_blocks = num_slots * -(-max_seq_len // max(block_size, 1))
-        self.blocks = BlockManager(num_blocks, block_size)  # keyed by slot
-        self.block_size, self.num_blocks = block_size, num_blocks  # positions a block, blocks
-        self.num_layers = num_layers
-        self._allocate_stores(num_blocks, block_size, num_kv_heads, head_dim, device, dtype)
+        self._setup(num_layers, num_slots, max_seq_len, num_kv_heads, head_dim, device, dtype,
+                    block_size, num_blocks)                # sizes and memory checked first
+        self.blocks = BlockManager(self.num_blocks, block_size)  # keyed by slot
 
     # ------------------------------------------------------------------ bookkeeping
 

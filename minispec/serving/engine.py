@@ -31,20 +31,27 @@ from minispec.core.sampling import SamplingParams, is_int
 from minispec.core.sequence import Sequence
 from minispec.core.stats import SpecStats
 from minispec.core.tree import tree_size
-from minispec.decoding.goodput import KChoice, StepCosts, policy_for, run_round
-from minispec.decoding.loop import GenerationResult, as_drafter_for, context_limit, make_sequence
-from minispec.decoding.runner import SpeculativeRunner
+from minispec.decoding.request import (
+    GenerationResult,
+    as_drafter_for,
+    context_limit,
+    make_sequence,
+)
+from minispec.decoding.runner import (
+    ChainVerifier,
+    FixedK,
+    SpeculativeRunner,
+    collaborators,
+    run_round,
+)
 from minispec.drafters.base import keeps_cache
-from minispec.models.kv_cache import ContiguousKVCache
-from minispec.models.llama import Llama
+from minispec.models.block_manager import ceil_div
+from minispec.models.kv_cache import BLOCK_BOOKKEEPING, ContiguousKVCache, device_memory
+from minispec.models.llama import Forward, Llama
 from minispec.models.paged_cache import PagedKVCache
 from minispec.serving.scheduler import KVCacheSpace, Scheduler
 
-__all__ = ["BLOCK_BOOKKEEPING", "Engine", "StepOutput", "check_kv_memory", "device_memory"]
-
-#: Bytes of Python bookkeeping per block of a paged pool (the block manager's free list and
-#: reference counts), counted with the tensors when the engine checks its memory.
-BLOCK_BOOKKEEPING = 48
+__all__ = ["Engine", "StepOutput", "check_kv_memory"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,8 @@ class Engine:
         tokenizer: for chat-message prompts and stop strings (optional).
         adaptive: choose each step's draft length per request (0..k) to maximise the batch's
             expected tokens per second, from each request's acceptance and the step costs the
-            engine measures ([`GoodputK`][minispec.decoding.goodput.GoodputK]); the choices are in
+            engine measures (the goodput policy,
+            [`minispec.speed.goodput`][minispec.speed.goodput]); the choices are in
             ``k_choices`` and each request's ``stats.k_per_round``. ``None`` (the default): on
             whenever a drafter drafts chains, so speculation is never chosen where it does not
             pay. ``False``: every request drafts ``k`` (shrunk only near its limits). A sampled
@@ -110,12 +118,18 @@ class Engine:
         branching: draft trees instead of chains: ``branching[t]`` children per node at depth
             ``t`` (e.g. ``(3, 2, 1, 1)``), verified in the same batched forward with tree attention
             and compacted to the accepted path (a paged cache frees the rejected nodes' blocks);
-            or a [`DynamicTree`][minispec.core.tree.DynamicTree] (a draft model or an EAGLE
-            head: shaped by its confidence, EAGLE-2).
+            or a [`DynamicTree`][minispec.extra_drafters.dynamic.DynamicTree] (a draft model or an
+            EAGLE head: shaped by its confidence, EAGLE-2).
         graphs: run the target's steps (and a draft model's chain steps) as static shapes padded
             to a batch bucket, captured as CUDA graphs on a GPU
-            ([`minispec.models.static_step`][minispec.models.static_step]); ``None`` (the
+            ([`minispec.speed.static_step`][minispec.speed.static_step]); ``None`` (the
             default): on a GPU only; ``True`` on the CPU runs the same step eagerly.
+        policy: a draft-length policy instead of the one ``adaptive`` names (as
+            [`FixedK`][minispec.decoding.runner.FixedK]: ``round(runner, seqs, caps)``).
+        forward: how both models run a step (a ``Forward``) instead of the one ``graphs`` names.
+        verify: a chain verifier with the graders' signature, ``fn(draft_tokens, draft_probs,
+            target_probs, generator) -> tokens``, run on every row instead of
+            [`verify`][minispec.core.speculative.verify] (chains only).
 
     Attributes:
         drafter: the batched drafter, the engine's own clone of the one given (``None`` for plain
@@ -143,52 +157,61 @@ class Engine:
                  num_blocks: int | None = None, max_seq_len: int | None = None,
                  tokenizer: Any = None, adaptive: bool | None = None,
                  max_num_batched_tokens: int | None = None,
-                 branching: Seq[int] | None = None, graphs: bool | None = None) -> None:
-        spec = _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
-                                  max_num_batched_tokens)
+                 branching: Seq[int] | None = None, graphs: bool | None = None,
+                 policy: Any = None, forward: Forward | None = None,
+                 verify: ChainVerifier | None = None) -> None:
+        spec = _check_engine_args(target, draft, drafter, kv_cache, block_size, num_blocks,
+                                  max_batch_size, max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
         drafter, self.k, self.branching, extra = as_drafter_for(spec, k, branching)
         self.target, self.tokenizer = target, tokenizer
-        self.policy = policy_for(adaptive, self.k, self.branching is None)  # goodput k or None
+        chosen = collaborators(adaptive, graphs, self.k, self.branching is None, target.device)
+        self.policy, forward = policy or chosen[0], forward or chosen[1]
         self.max_seq_len = context_limit(target, drafter, max_seq_len)
-        drafts = keeps_cache(drafter)           # a draft model's or a head's cache, from the pool
         paged = kv_cache == "paged"
-        check_kv_memory([target] + ([drafter.model] if drafts else []), paged, max_batch_size,
-                        self.max_seq_len + extra, block_size, num_blocks)
-        # the target's and a draft model's caches: one kind, one shape
-        kind = PagedKVCache if paged else ContiguousKVCache
-        settings = {"block_size": block_size, "num_blocks": num_blocks} if paged else {}
-        make = lambda m: kind.for_model(m, max_batch_size, self.max_seq_len, extra, **settings)
-        self.target_cache = make(target)
-        self.draft_cache = make(drafter.model) if drafts else None
+        self._make_caches(drafter, paged, max_batch_size, block_size, num_blocks, extra)
         self.drafter = None if drafter is None else drafter.clone()   # the engine owns a fresh one
         if self.draft_cache is not None:                # a draft model's or a head's cache
-            self.drafter.attach(self.draft_cache)
+            self.drafter.attach(self.draft_cache, forward)
         space = KVCacheSpace(self.target_cache, self.draft_cache)
         watermark = max(1, self.target_cache.num_blocks // 100) if paged else 0
         self.scheduler = Scheduler(space, max_batch_size, self.k, watermark, extra)
         self.runner = SpeculativeRunner(target, self.target_cache, self.drafter, self.branching,
-                                        graphs)
+                                        forward, verify)
         self._ids = itertools.count()
         self._sequences: dict[str, Sequence] = {}       # unfinished requests
         self._owners: dict[str, deque[StepOutput]] = {}  # request -> its stream's output queue
         self._pending: list[StepOutput] = []            # outputs for the next step() call
         self._results: dict[str, GenerationResult] = {}  # finished requests a stream owns
 
+    def _make_caches(self, drafter: Any, paged: bool, max_batch_size: int, block_size: int,
+                     num_blocks: int | None, extra: int) -> None:
+        """The target's cache and a draft model's (or a head's), of one kind and one shape,
+        refused before allocation when they would not fit in memory."""
+        drafts = keeps_cache(drafter)
+        check_kv_memory([self.target] + ([drafter.model] if drafts else []), paged,
+                        max_batch_size, self.max_seq_len + extra, block_size, num_blocks)
+        kind = PagedKVCache if paged else ContiguousKVCache
+        settings = {"block_size": block_size, "num_blocks": num_blocks} if paged else {}
+        make = lambda m: kind.for_model(m, max_batch_size, self.max_seq_len, extra, **settings)
+        self.target_cache = make(self.target)
+        self.draft_cache = make(drafter.model) if drafts else None
+
     @property
     def adaptive(self) -> bool:
-        """Whether each step's ``k`` is chosen per request from measured costs."""
-        return self.policy is not None
+        """Whether each step's ``k`` is chosen per request (a policy other than ``FixedK``)."""
+        return not isinstance(self.policy, FixedK)
 
     @property
-    def k_choices(self) -> deque[KChoice]:
-        """With ``adaptive``: the latest choices of ``k``, one per step, with their inputs."""
-        return self.policy.choices if self.policy is not None else deque()
+    def k_choices(self) -> Seq[Any]:
+        """The policy's latest choices of ``k``, one per step, with their inputs (none with a
+        fixed ``k``)."""
+        return self.policy.choices
 
     @property
-    def costs(self) -> StepCosts | None:
-        """With ``adaptive``: the step costs the engine has measured."""
-        return None if self.policy is None else self.policy.costs
+    def costs(self) -> Any:
+        """The step costs the policy has measured (``None`` with a fixed ``k``)."""
+        return self.policy.costs
 
     @property
     def target_forwards(self) -> int:
@@ -217,10 +240,11 @@ class Engine:
 
         Args:
             tenant: who sends it. A drafter that shares text between requests (a
-                [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] with a store, also in a
-                ``HybridDrafter`` or a tree) writes the request into that tenant's documents and
-                drafts it only from them, so tenants never see each other's text in their drafts.
-                ``None``: the pool of requests without a tenant (as the drafter's own ``tenant``).
+                [`SuffixDrafter`][minispec.extra_drafters.suffix.SuffixDrafter] with a store, also
+                in a ``HybridDrafter`` or a tree) writes the request into that tenant's documents
+                and drafts it only from them, so tenants never see each other's text in their
+                drafts. ``None``: the pool of requests without a tenant (as the drafter's own
+                ``tenant``).
 
         Raises:
             ValueError: for a bad request (the same checks as ``speculative_generate``: ids outside
@@ -337,8 +361,7 @@ class Engine:
         self.scheduler.release(seq)                   # its blocks are free from now on
         if self.drafter is not None:
             self.drafter.release(seq)
-        if self.policy is not None:
-            self.policy.forget(seq.request_id)
+        self.policy.forget(seq.request_id)
         if seq.request_id in self._owners:
             self._results[seq.request_id] = GenerationResult.of(seq)
         return StepOutput(seq.request_id, token, index, seq.finish_reason, seq.stats, seq.error)
@@ -455,11 +478,15 @@ class Engine:
 # ---------------------------------------------------------------------- helpers
 
 
-def _check_engine_args(draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
+def _check_engine_args(target, draft, drafter, kv_cache, block_size, num_blocks, max_batch_size,
                        max_num_batched_tokens) -> Any:
     """``ValueError`` with a clear message for arguments that contradict each other, an
     inconsistent cache configuration or a size that is not a positive integer (``None``, where
-    allowed, asks for the default); the drafter spec to use."""
+    allowed, asks for the default), ``TypeError`` for a target that is not a model; the drafter
+    spec to use."""
+    if not isinstance(target, Llama):
+        raise TypeError(f"target must be a minispec Llama (from ms.load), got "
+                        f"{type(target).__name__}")
     if draft is not None and drafter is not None:
         raise ValueError("give either a draft model (draft=) or a drafter (drafter=), not both")
     if kv_cache not in ("paged", "contiguous"):
@@ -485,24 +512,14 @@ def _per_prompt(value: Any, prompts: Seq[Any], what: str) -> list[Any]:
     return values
 
 
-def device_memory(device: torch.device) -> int:
-    """Bytes of memory on ``device``: a GPU's total, else the machine's physical RAM."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):       # no sysconf (Windows): no known limit
-        return 2**63
-
-
 def check_kv_memory(models: list[Llama], paged: bool, num_slots: int, seq_len: int,
                     block_size: int, num_blocks: int | None) -> None:
     """``ValueError``, before anything is allocated, when the KV caches of ``models`` would need
-    more than [`device_memory`][minispec.serving.engine.device_memory]: keys and values of every
+    more than [`device_memory`][minispec.models.kv_cache.device_memory]: keys and values of every
     layer at every position (``num_slots * seq_len`` positions, or a paged pool of ``num_blocks *
     block_size``, by default room for every slot to be full), plus
     ``BLOCK_BOOKKEEPING`` bytes per block."""
-    blocks = (num_blocks or num_slots * -(-seq_len // block_size)) if paged else 0
+    blocks = (num_blocks or num_slots * ceil_div(seq_len, block_size)) if paged else 0
     positions = blocks * block_size if paged else num_slots * seq_len
     per_position = sum(2 * m.config.num_hidden_layers * m.config.num_key_value_heads
                        * m.config.head_dim * m.dtype.itemsize for m in models)

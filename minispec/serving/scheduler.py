@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from minispec.core.sampling import is_int
 from minispec.core.sequence import Sequence, SequenceStatus
+from minispec.models.block_manager import ceil_div
 
 __all__ = ["KVCacheSpace", "Scheduler", "SchedulerOutput"]
 
@@ -55,13 +56,13 @@ class KVCacheSpace:
     def can_fit(self, num_positions: int) -> bool:
         """Could one sequence of ``num_positions`` fit in the empty pool? (checked at add)"""
         return all(num_positions <= c.max_seq_len
-                   and -(-num_positions // c.block_size) <= c.num_blocks for c in self.caches)
+                   and ceil_div(num_positions, c.block_size) <= c.num_blocks for c in self.caches)
 
     def can_allocate(self, num_positions: int, watermark_blocks: int = 0) -> bool:
         """Is there a free slot and room for a new sequence of ``num_positions`` right now, leaving
         at least ``watermark_blocks`` free blocks in each pool?"""
         return all(cache.can_allocate(num_positions)
-                   and (cache.num_free_blocks - -(-num_positions // cache.block_size)
+                   and (cache.num_free_blocks - ceil_div(num_positions, cache.block_size)
                         >= watermark_blocks)
                    for cache in self.caches)
 

@@ -13,16 +13,16 @@ Two questions, two entry points:
   [`predict`][minispec.tools.bench.predict] turns them into the speedup the cost model expects,
   ``E[tokens](alpha, gamma) / (gamma c + r(gamma))``, next to the paper's ``r = 1`` form.
 
-Timing protocol: methods are run round-robin (every repeat runs every method on every prompt), so a
-machine whose load changes during the run slows all methods alike; the first ``warmup`` repeats
-are thrown away; the reported time of a method is the median over repeats of its total time on the
-prompt set. ``minispec bench`` (see `minispec.tools.cli`) drives both and writes JSON and a plot.
+Timing protocol: [`lockstep.interleave`][minispec.tools.lockstep.interleave], the package's one
+way of timing runs: every repeat runs every method on every prompt, in turn, the order reversed
+every other repeat, so a machine whose load changes during the run slows all methods alike; the
+first ``warmup`` repeats are thrown away; the reported time of a method is the median over repeats
+of its total time on the prompt set. ``minispec bench`` (see `minispec.tools.cli`) drives both and
+writes JSON and a plot.
 """
 
 from __future__ import annotations
 
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -32,12 +32,14 @@ from pathlib import Path
 import torch
 
 from minispec.core import theory
-from minispec.decoding.goodput import StepCosts
 from minispec.decoding.loop import generate, speculative_generate
-from minispec.drafters.base import ModelDrafter
+from minispec.drafters.model import ModelDrafter
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama
+from minispec.speed.goodput import StepCosts
+from minispec.tools import records
+from minispec.tools.lockstep import interleave
 
 __all__ = [
     "PROMPTS",
@@ -267,7 +269,9 @@ def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int
                  warmup: int = 1,
                  log: Callable[[str], None] | None = print,
                  clock: Callable[[], float] = time.perf_counter) -> list[MethodResult]:
-    """Run ``methods`` round-robin on their prompt sets, check their tokens, report medians.
+    """Run ``methods`` interleaved on their prompt sets
+    ([`lockstep.interleave`][minispec.tools.lockstep.interleave]), check their tokens, report
+    medians.
 
     Args:
         methods: what to time; each runs on ``prompt_sets[method.prompt_set]``.
@@ -285,18 +289,17 @@ def time_methods(methods: Sequence[Method], prompt_sets: dict[str, list[list[int
         methods named ``"... generate"`` of each family on the same prompt set.
     """
     say = log or (lambda _line: None)
-    totals: dict[int, list[float]] = {i: [] for i in range(len(methods))}
-    outputs: dict[int, list[list[int]]] = {}
-    last_stats: dict[int, list] = {}
-    for rep in range(warmup + repeats):
-        say(f"repeat {rep + 1}/{warmup + repeats}{' (warm-up)' if rep < warmup else ''}")
-        for i, method in enumerate(methods):
-            started = clock()
-            runs = [method.run(ids) for ids in prompt_sets[method.prompt_set]]
-            elapsed = clock() - started
-            if rep >= warmup:
-                totals[i].append(elapsed)
-            outputs[i], last_stats[i] = [t for t, _ in runs], [st for _, st in runs]
+
+    def prepare(method: Method) -> Callable[[], Callable[[], list]]:
+        def run() -> list:                 # nothing to set up: each run is the whole prompt set
+            return [method.run(ids) for ids in prompt_sets[method.prompt_set]]
+        return lambda: run
+
+    timed = interleave({i: prepare(m) for i, m in enumerate(methods)}, repeats, warmup=warmup,
+                       clock=clock, log=say)
+    totals = {i: t.seconds for i, t in timed.items()}
+    outputs = {i: [tokens for tokens, _ in t.output] for i, t in timed.items()}
+    last_stats = {i: [stats for _, stats in t.output] for i, t in timed.items()}
     results = [_result(method, totals[i], outputs[i], last_stats[i],
                        None if reference is None else reference[method.prompt_set], say)
                for i, method in enumerate(methods)]
@@ -398,7 +401,7 @@ def _ratio(x: float) -> str:
 @dataclass
 class Costs:
     """The cost model's inputs, measured on this machine: the step times (the package's one cost
-    type, [`StepCosts`][minispec.decoding.goodput.StepCosts]) and the pair's acceptance.
+    type, [`StepCosts`][minispec.speed.goodput.StepCosts]) and the pair's acceptance.
 
     Attributes:
         steps: median seconds of target forwards of ``1..max_gamma + 1`` tokens and of a
@@ -454,20 +457,17 @@ def _feed(model: Llama, cache: ContiguousKVCache, slot: int, ids: list[int], sta
     model(input_ids, positions, cache, [slot])
 
 
-def _median_forward_time(model: Llama, cache: ContiguousKVCache, slot: int, context: int,
-                         n_tokens: int, clock: Callable[[], float] = time.perf_counter
-                         ) -> Callable[[], float]:
-    """A closure timing one forward of ``n_tokens`` at position ``context`` and rolling it back."""
+def _forward_once(model: Llama, cache: ContiguousKVCache, slot: int, context: int,
+                  n_tokens: int) -> Callable[[], Callable[[], None]]:
+    """A task for [`interleave`][minispec.tools.lockstep.interleave]: one forward of ``n_tokens``
+    at position ``context``, then the cache rolled back to ``context``."""
     ids = list(range(3, 3 + n_tokens))
 
-    def once() -> float:
-        started = clock()
+    def once() -> None:
         _feed(model, cache, slot, ids, start=context)
-        elapsed = clock() - started
         cache.truncate_to(slot, context)
-        return elapsed
 
-    return once
+    return lambda: once
 
 
 @torch.inference_mode()
@@ -477,9 +477,11 @@ def measure_step_times(target: Llama, draft: Llama, prompt: Sequence[int], max_g
     """Median seconds of target forwards of ``1..max_gamma + 1`` tokens and of a one-token draft
     forward, all at batch size 1 with a warm cache holding ``prompt``.
 
-    Every repeat times every shape once (interleaved), so load changes hit all shapes alike.
+    Every repeat times every shape once, interleaved
+    ([`lockstep.interleave`][minispec.tools.lockstep.interleave]), so load changes hit all shapes
+    alike; three warm-up repeats are thrown away.
     """
-    timers = {}
+    tasks = {}
     for name, model in (("target", target), ("draft", draft)):
         cache = ContiguousKVCache.for_model(model, num_slots=1,
                                             max_seq_len=len(prompt) + max_gamma + 2)
@@ -487,15 +489,8 @@ def measure_step_times(target: Llama, draft: Llama, prompt: Sequence[int], max_g
         _feed(model, cache, slot, list(prompt), start=0)
         sizes = range(1, max_gamma + 2) if name == "target" else (1,)
         for n in sizes:
-            timers[(name, n)] = _median_forward_time(model, cache, slot, len(prompt), n, clock)
-    for timer in timers.values():          # warm-up
-        for _ in range(3):
-            timer()
-    samples: dict[tuple[str, int], list[float]] = {key: [] for key in timers}
-    for _ in range(repeats):
-        for key, timer in timers.items():
-            samples[key].append(timer())
-    med = {key: statistics.median(v) for key, v in samples.items()}
+            tasks[name, n] = _forward_once(model, cache, slot, len(prompt), n)
+    med = {key: t.median for key, t in interleave(tasks, repeats, warmup=3, clock=clock).items()}
     return StepCosts.measured({(1, n): med["target", n] for n in range(1, max_gamma + 2)},
                               {1: med["draft", 1]})
 
@@ -625,27 +620,15 @@ def format_costs(costs: Costs, comparison: Sequence[dict] = ()) -> str:
 # ----------------------------------------------------------------------------------- output
 
 
-def machine() -> dict:
-    """What the numbers were measured on."""
-    import os
-
-    return {"platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cuda": torch.cuda.is_available()}
-
-
 def write_outputs(out_dir: Path, results: Sequence[MethodResult], costs: Costs | None,
                   comparison: Sequence[dict], settings: dict) -> list[Path]:
-    """``bench.json`` (everything) and ``bench.png`` (tokens/s per method; speedup vs k)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": machine(), "settings": settings,
-               "results": [asdict(r) for r in results],
+    """``bench.json`` (everything, stamped by
+    [`records.write`][minispec.tools.records.write] with the machine, ``settings["clock"]``, the
+    commit, the command and the date) and ``bench.png`` (tokens/s per method; speedup vs k)."""
+    payload = {"settings": settings, "results": [asdict(r) for r in results],
                "costs": costs.as_json() if costs is not None else None,
                "cost_model_vs_measured": list(comparison)}
-    json_path = out_dir / "bench.json"
-    json_path.write_text(json.dumps(payload, indent=2, default=str))
-    paths = [json_path]
+    paths = [records.write(out_dir / "bench.json", payload, settings.get("clock", "wall"))]
     if results or comparison:
         try:
             paths.append(_plot(out_dir / "bench.png", results, comparison))

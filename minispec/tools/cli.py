@@ -20,6 +20,7 @@ from minispec.tools.argtypes import (
     non_negative_int,
     positive_int,
     positive_int_list,
+    sample_count,
     thread_count,
 )
 
@@ -162,7 +163,8 @@ def stats_report(stats: ms.SpecStats, chose_k: bool) -> str:
         return summary
     tested = (f"acceptance {stats.acceptance_rate:.3f} on the {stats.tested} drafts tested"
               if stats.tested else "no draft tested")
-    summary = summary.replace(f"acceptance {stats.acceptance_rate:.3f}", tested, 1)
+    summary = summary.replace(f"acceptance {stats.acceptance_rate:.3f}" if stats.tested
+                              else "no draft tested", tested, 1)
     return (f"{summary}\nk chosen: 0 in {plain} of {rounds} rounds: drafting judged not to pay "
             "here; without --adaptive every round drafts k")
 
@@ -188,24 +190,35 @@ def demo_shipped_pair(max_new_tokens: int, k: int) -> int:
     target, tokenizer = ms.load("shakespeare-target")
     draft, _ = ms.load("shakespeare-draft")
     prompt = "ROMEO. But soft, what light"
-    runs = {
-        "target alone": ms.generate(target, prompt, max_new_tokens, tokenizer=tokenizer),
-        f"draft model, k={k}": ms.speculative_generate(target, draft, prompt, max_new_tokens, k=k,
-                                                       tokenizer=tokenizer, adaptive=False),
-        f"n-gram, k={k}": ms.speculative_generate(target, ms.NGramDrafter(), prompt, max_new_tokens,
-                                                  k=k, tokenizer=tokenizer, adaptive=False),
-    }
-    base = runs["target alone"].tokens
+    runs = _timed({
+        "target alone": lambda: ms.generate(target, prompt, max_new_tokens, tokenizer=tokenizer),
+        f"draft model, k={k}": lambda: ms.speculative_generate(
+            target, draft, prompt, max_new_tokens, k=k, tokenizer=tokenizer, adaptive=False),
+        f"n-gram, k={k}": lambda: ms.speculative_generate(
+            target, ms.NGramDrafter(), prompt, max_new_tokens, k=k, tokenizer=tokenizer,
+            adaptive=False),
+    })
+    base = runs["target alone"][0].tokens
     print(f"\nThe shipped pair, greedy, prompt {prompt!r}: the draft-model run, round by round "
           "(key below it).\n")
-    print(prompt + str(viz.trace(runs[f"draft model, k={k}"], tokenizer)) + "\n")
-    for name, out in runs.items():
+    print(prompt + str(viz.trace(runs[f"draft model, k={k}"][0], tokenizer)) + "\n")
+    for name, (out, seconds) in runs.items():
         same = "identical to target alone" if out.tokens == base else "DIFFERENT (a bug)"
         print(f"{name:>18}: {out.stats.target_forwards:3d} target forwards, "
               f"{out.stats.tokens_per_target_forward:.2f} tokens/forward, "
               f"acceptance {out.stats.acceptance_rate:.2f}, "
-              f"{out.stats.total_time * 1e3:6.1f} ms, {same}")
-    return 0 if all(out.tokens == base for out in runs.values()) else 1
+              f"{seconds * 1e3:6.1f} ms (wall), {same}")
+    return 0 if all(out.tokens == base for out, _ in runs.values()) else 1
+
+
+def _timed(calls: dict) -> dict:
+    """Run each call once, in order: name -> (its result, its wall-clock seconds)."""
+    runs = {}
+    for name, call in calls.items():
+        start = time.perf_counter()
+        out = call()
+        runs[name] = (out, time.perf_counter() - start)
+    return runs
 
 
 def demo_real_model(name: str, max_new_tokens: int, k: int) -> int:
@@ -218,32 +231,33 @@ def demo_real_model(name: str, max_new_tokens: int, k: int) -> int:
     status = 0
     for task in ("chat", "code_edit"):
         messages = workloads.TASKS[task]
-        runs = {"target alone": ms.generate(target, messages, max_new_tokens, tokenizer=tokenizer),
-                f"n-gram, k={k}": ms.speculative_generate(
-                    target, ms.NGramDrafter(), messages, max_new_tokens, k=k, tokenizer=tokenizer,
-                    adaptive=False),
-                f"prompt lookup, k={k}": ms.speculative_generate(
-                    target, ms.PromptLookupDrafter(), messages, max_new_tokens, k=k,
-                    tokenizer=tokenizer, adaptive=False)}
+        runs = _timed({
+            "target alone": lambda m=messages: ms.generate(target, m, max_new_tokens,
+                                                           tokenizer=tokenizer),
+            f"n-gram, k={k}": lambda m=messages: ms.speculative_generate(
+                target, ms.NGramDrafter(), m, max_new_tokens, k=k, tokenizer=tokenizer,
+                adaptive=False),
+            f"prompt lookup, k={k}": lambda m=messages: ms.speculative_generate(
+                target, ms.PromptLookupDrafter(), m, max_new_tokens, k=k,
+                tokenizer=tokenizer, adaptive=False)})
         print(f"\n--- task {task!r}. User: {messages[-1]['content']}\n")
         print("Assistant (prompt lookup, round by round; key below it):")
-        print(str(viz.trace(runs[f"prompt lookup, k={k}"], tokenizer)) + "\n")
+        print(str(viz.trace(runs[f"prompt lookup, k={k}"][0], tokenizer)) + "\n")
         status |= _report_runs(runs)
     return status
 
 
 def _report_runs(runs: dict) -> int:
     """One line per run: forwards, tokens per forward, acceptance, time, same tokens or not."""
-    base = runs["target alone"]
-    for name, out in runs.items():
+    base, base_seconds = runs["target alone"]
+    for name, (out, seconds) in runs.items():
         same = "identical to target alone" if out.tokens == base.tokens else "DIFFERENT (a bug)"
         print(f"{name:>20}: {out.stats.target_forwards:3d} target forwards, "
               f"{out.stats.tokens_per_target_forward:.2f} tokens/forward, "
               f"acceptance {out.stats.acceptance_rate:.2f}, "
-              f"{out.stats.total_time:6.2f} s "
-              f"({base.stats.total_time / out.stats.total_time:.2f}x), "
+              f"{seconds:6.2f} s wall ({base_seconds / seconds:.2f}x, one run), "
               f"{same}")
-    return 0 if all(out.tokens == base.tokens for out in runs.values()) else 1
+    return 0 if all(out.tokens == base.tokens for out, _ in runs.values()) else 1
 
 
 def _bench_prompts(tokenizer, vocab_size: int, count: int) -> dict[str, list[list[int]]]:
@@ -270,10 +284,10 @@ def _sha256(path) -> str | None:
 
 def dynamic_tree(target, nodes: int, top_k: int, threads: int | None,
                  context: int = 256) -> ms.DynamicTree:
-    """A [`DynamicTree`][minispec.core.tree.DynamicTree] of at most ``nodes`` nodes priced by
-    ``target``'s verify cost ``r(T)``, ``T = 1..nodes + 1``, measured here (process CPU time,
-    medians of 5 interleaved repeats at a ``context``-token context, cut to fit the model), made
-    non-decreasing (a forward of more tokens is priced at least as one of fewer: the running
+    """A [`DynamicTree`][minispec.extra_drafters.dynamic.DynamicTree] of at most ``nodes`` nodes
+    priced by ``target``'s verify cost ``r(T)``, ``T = 1..nodes + 1``, measured here (process CPU
+    time, medians of 5 interleaved repeats at a ``context``-token context, cut to fit the model),
+    made non-decreasing (a forward of more tokens is priced at least as one of fewer: the running
     maximum, so timing noise does not make a wider verify look cheaper)."""
     from itertools import accumulate
 
@@ -293,7 +307,7 @@ def bench_workloads(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from minispec import zoo
-    from minispec.models.loader import resolve
+    from minispec.loading.loader import resolve
     from minispec.tools import bench, workloads
 
     small = {"max_new_tokens": (128, 32 if args.quick else 96), "repeats": (5, 1), "warmup": (1, 0)}
@@ -363,7 +377,7 @@ def bench_command(args: argparse.Namespace) -> int:
         return 2
     if args.model:
         return bench_workloads(args)
-    from minispec.models.loader import resolve
+    from minispec.loading.loader import resolve
 
     if args.quick:      # smaller settings, except where a flag was given explicitly
         quick = {"prompts": (8, 2), "max_new_tokens": (128, 32), "repeats": (5, 1),
@@ -427,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Show speculative sampling on explicit distributions: the "
                                       "output law equals the target's, the acceptance rate equals "
                                       "sum min(p, q).")
-    demo.add_argument("--samples", type=int, default=20_000,
+    demo.add_argument("--samples", type=sample_count, default=20_000,
                       help="number of draws (default 20000, a few seconds)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument("-k", type=int, default=4, help="drafts per round (default 4)")
@@ -478,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--trace", action="store_true",
                      help="colour accepted / rejected / corrected tokens")
     gen.add_argument("--fast", action="store_true",
-                     help="pack the weights for oneDNN (minispec.models.packed): same logits up to "
+                     help="pack the weights for oneDNN (minispec.speed.packed): same logits up to "
                           "rounding, cheaper verification on CPU")
 
     b = sub.add_parser("bench", help="benchmark against transformers and measure the cost model",

@@ -4,7 +4,7 @@ Decoding is memory-bound: a step reads every weight once, so its floor (the *roo
 ``weight bytes / read bandwidth``. Theorem 3.8 also assumes that scoring k+1 tokens costs about as
 much as scoring one; the ratio ``r(k) = t(k+1 tokens) / t(1 token)`` measures how far that holds.
 This benchmark measures, in one run and side by side for the eager forward and the packed one
-([`minispec.models.packed`][minispec.models.packed]):
+([`minispec.speed.packed`][minispec.speed.packed]):
 
 * the read bandwidth (a sum over a 256 MB tensor, probed between the timed steps so that it sees
   the same machine load; the median) and the roofline step time;
@@ -22,14 +22,13 @@ machine load slows all alike), one warm-up repeat thrown away, medians over the 
 name of the command, ``minispec bench roofline``, still runs it.
 
 ``matmul_ms`` shows the cause of ``r > 1`` on one matrix: eager ``x @ W.T`` for a few rows against
-the same product from weights packed once ([`PackedLinear`][minispec.models.packed.PackedLinear]).
+the same product from weights packed once ([`PackedLinear`][minispec.speed.packed.PackedLinear]).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -41,10 +40,11 @@ import torch
 from tqdm import tqdm
 
 from minispec.core import theory
-from minispec.decoding.goodput import StepCosts
 from minispec.models.kv_cache import ContiguousKVCache
 from minispec.models.llama import Llama, ModelConfig
-from minispec.models.packed import PackedLinear, is_fast, make_fast
+from minispec.speed.goodput import StepCosts
+from minispec.speed.packed import PackedLinear, is_fast, make_fast
+from minispec.tools import records
 from minispec.tools.argtypes import (
     MAX_THREADS,
     non_negative_int,
@@ -52,6 +52,7 @@ from minispec.tools.argtypes import (
     probability,
     thread_count,
 )
+from minispec.tools.lockstep import interleave
 
 #: Clocks for timing: wall time, or the process's CPU time, which leaves out the time other
 #: processes hold the cores (use it with ``--threads 1`` on a shared machine: with more threads
@@ -84,7 +85,7 @@ def get_model(spec: str, dtype: torch.dtype = torch.float32) -> Llama:
     """``random:NAME`` (see ``SHAPES``) or anything ``minispec.load`` takes, in ``dtype``."""
     if spec.startswith("random:"):
         return random_model(spec.removeprefix("random:")).to(dtype)
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     return load(spec, dtype=dtype)[0]
 
@@ -131,8 +132,9 @@ def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[
     ``per_repeat=True``: every repeat's ms instead, in order (repeat ``i`` of every mode and row
     count ran side by side, so ratios of repeat ``i`` are paired and their spread is the noise).
 
-    The skinny-GEMM effect on one matrix: a decode step is dozens of such products. Round-robin
-    (every repeat times every mode and row count once), one warm-up repeat thrown away.
+    The skinny-GEMM effect on one matrix: a decode step is dozens of such products. Interleaved
+    ([`lockstep.interleave`][minispec.tools.lockstep.interleave]: every repeat times every mode and
+    row count once), one warm-up repeat thrown away.
     The default shape is 85 MB, larger than the last-level cache of most CPUs (or one core's share
     of it), so every product reads it from memory.
 
@@ -143,15 +145,10 @@ def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[
     packed = PackedLinear(weight)
     xs = {m: torch.randn(m, in_features, generator=gen) for m in rows}
     run = {"eager": lambda x: x @ weight.T, "fast": packed}
-    tick = CLOCKS[clock]
-    times: dict[str, dict[int, list[float]]] = {mode: {m: [] for m in rows} for mode in run}
-    for rep in range(repeats + 1):
-        for mode, fn in run.items():
-            for m, x in xs.items():
-                start = tick()
-                fn(x)
-                if rep > 0:  # the first repeat is a warm-up
-                    times[mode][m].append((tick() - start) * 1e3)
+    tasks = {(mode, m): (lambda fn=fn, x=x: lambda: fn(x))
+             for mode, fn in run.items() for m, x in xs.items()}
+    timed = interleave(tasks, repeats, warmup=1, clock=CLOCKS[clock])
+    times = {mode: {m: [s * 1e3 for s in timed[mode, m].seconds] for m in rows} for mode in run}
     if per_repeat:
         return times
     return {mode: {m: statistics.median(v) for m, v in per.items()} for mode, per in times.items()}
@@ -160,9 +157,8 @@ def matmul_ms(out_features: int = 2304, in_features: int = 9216, rows: Sequence[
 class _Stepper:
     """One model with a cache of ``batch`` slots, each prefilled with ``context`` random tokens."""
 
-    def __init__(self, model: Llama, batch: int, context: int, max_tokens: int,
-                 clock=time.perf_counter) -> None:
-        self.model, self.context, self.clock = model, context, clock
+    def __init__(self, model: Llama, batch: int, context: int, max_tokens: int) -> None:
+        self.model, self.context = model, context
         self.cache = ContiguousKVCache.for_model(model, batch, context + max_tokens)
         self.slots = [self.cache.allocate() for _ in range(batch)]
         gen = torch.Generator().manual_seed(0)
@@ -171,43 +167,50 @@ class _Stepper:
         self.step(context, start=0)  # the prefill
 
     @torch.inference_mode()
-    def step(self, tokens: int, start: int | None = None) -> float:
-        """Seconds for one forward of ``tokens`` new tokens per row; then roll the cache back."""
+    def step(self, tokens: int, start: int | None = None) -> None:
+        """One forward of ``tokens`` new tokens per row; then the cache rolled back."""
         start = self.context if start is None else start
         B = len(self.slots)
         ids = self.ids[:, start:start + tokens]  # (B, T)
         positions = torch.arange(start, start + tokens).expand(B, tokens)  # (B, T)
-        t0 = self.clock()
         self.model(ids, positions, self.cache, self.slots)
-        elapsed = self.clock() - t0
         for slot in self.slots:
             self.cache.truncate_to(slot, self.context)
-        return elapsed
 
 
 def time_steps(models: dict[str, Llama], batch: int, context: int, max_k: int, repeats: int,
                progress: bool = True, probe: BandwidthProbe | None = None,
                clock=time.perf_counter) -> tuple[dict[str, StepCosts], list[float]]:
-    """Median seconds of a forward of 1..max_k+1 tokens per row for every model, round-robin.
+    """Median seconds of a forward of 1..max_k+1 tokens per row for every model, interleaved
+    ([`lockstep.interleave`][minispec.tools.lockstep.interleave]; one warm-up repeat).
+
+    Before a model's first shape in a repeat, untimed, ``probe`` reads the bandwidth and the model
+    takes one step (its weights are then in the caches as they are for the rest).
 
     Returns: ``({name: StepCosts}, bandwidths in GB/s probed once per model per repeat)``; each
-    [`StepCosts`][minispec.decoding.goodput.StepCosts] holds ``verify[(batch, tokens)]``, so
+    [`StepCosts`][minispec.speed.goodput.StepCosts] holds ``verify[(batch, tokens)]``, so
     ``steps.r(k, batch)`` is the verify cost ``r(k)``.
     """
-    steppers = {name: _Stepper(m, batch, context, max_k + 1, clock) for name, m in models.items()}
-    times: dict[str, dict[int, list[float]]] = {n: {} for n in models}
-    bandwidths = []
-    for rep in tqdm(range(repeats + 1), desc=f"batch {batch}", disable=not progress, leave=False):
-        for name, stepper in steppers.items():
-            if probe is not None and rep > 0:
-                bandwidths.append(probe())
-            stepper.step(1)  # untimed: caches hold this model's weights as they do for the rest
-            for tokens in range(1, max_k + 2):
-                seconds = stepper.step(tokens)
-                if rep > 0:  # the first repeat is a warm-up
-                    times[name].setdefault(tokens, []).append(seconds)
-    steps = {n: StepCosts.measured({(batch, t): statistics.median(v) for t, v in per.items()})
-             for n, per in times.items()}
+    steppers = {name: _Stepper(m, batch, context, max_k + 1) for name, m in models.items()}
+    widths = range(1, max_k + 2)
+    per_repeat, bandwidths, seen, last = len(models) * len(widths), [], [0], [None]
+
+    def task(name: str, tokens: int):
+        def prepare():
+            if seen[0] % per_repeat == 0 or last[0] != name:   # the model's first in a repeat
+                if probe is not None and seen[0] >= per_repeat:  # not in the warm-up repeat
+                    bandwidths.append(probe())
+                steppers[name].step(1)
+            seen[0], last[0] = seen[0] + 1, name
+            return lambda: steppers[name].step(tokens)
+        return prepare
+
+    bar = tqdm(total=repeats + 1, desc=f"batch {batch}", disable=not progress, leave=False)
+    timed = interleave({(n, t): task(n, t) for n in models for t in widths}, repeats, warmup=1,
+                       clock=clock, log=lambda _line: bar.update())
+    bar.close()
+    steps = {n: StepCosts.measured({(batch, t): timed[n, t].median for t in widths})
+             for n in models}
     return steps, bandwidths
 
 
@@ -374,10 +377,12 @@ def measure_speedups(target: str, draft: str | None = None, new_tokens: int = 64
                      repeats: int = 2, progress: bool = True, clock: str = "wall",
                      ) -> list[SpeedupRow]:
     """Time plain greedy and greedy speculative decoding (n-gram, prompt lookup, the draft model)
-    on ``SPEEDUP_PROMPTS``, eager and fast, round-robin; check every output against eager greedy.
+    on ``SPEEDUP_PROMPTS``, eager and fast, interleaved
+    ([`lockstep.interleave`][minispec.tools.lockstep.interleave]); check every output against eager
+    greedy.
     """
     import minispec as ms  # the decoding layer, imported late: this module is also a library
-    from minispec.models.loader import load
+    from minispec.loading.loader import load
 
     models = {"eager": load(target)[0]}
     tokenizer = load(target)[1]
@@ -398,15 +403,16 @@ def measure_speedups(target: str, draft: str | None = None, new_tokens: int = 64
                                        adaptive=False).tokens
 
     base = [run("eager", "greedy", p) for p in prompts]
-    times = {(mode, m): [] for mode in models for m in methods}
     equal = {m: True for m in methods}
-    for _ in tqdm(range(repeats), desc="speedups", disable=not progress, leave=False):
-        for (mode, method), seconds in times.items():
-            start = CLOCKS[clock]()
-            outs = [run(mode, method, p) for p in prompts]
-            seconds.append(CLOCKS[clock]() - start)
-            equal[method] &= outs == base
-    return [SpeedupRow(m, {mode: statistics.median(times[mode, m]) for mode in models}, equal[m])
+
+    def task(mode: str, method: str):
+        def timed_run() -> None:
+            equal[method] &= [run(mode, method, p) for p in prompts] == base
+        return lambda: timed_run
+
+    timed = interleave({(mode, m): task(mode, m) for mode in models for m in methods}, repeats,
+                       clock=CLOCKS[clock])
+    return [SpeedupRow(m, {mode: timed[mode, m].median for mode in models}, equal[m])
             for m in methods]
 
 
@@ -432,7 +438,7 @@ def build_parser(prog: str = "minispec bench costs") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="A decode step against the memory roofline, eager and fast (oneDNN-packed "
-                    "weights, minispec.models.packed) side by side: read bandwidth, roofline "
+                    "weights, minispec.speed.packed) side by side: read bandwidth, roofline "
                     "step time (weight bytes / bandwidth) and the fraction achieved, one-token "
                     "step time, r(k) = t(k+1 tokens) / t(1 token), the draft's c, the fast "
                     "path's start-up, and the speedup Theorem 3.8 predicts with each mode's r. "
@@ -513,9 +519,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "minispec bench costs") 
         Path(args.out).mkdir(parents=True, exist_ok=True)
         paths.append(str(Path(args.out) / "costs.json"))
     for path in paths:
-        with open(path, "w") as f:
-            json.dump({"costs": report.as_json(), "speedups": [asdict(r) for r in rows]}, f,
-                      indent=1)
+        records.write(path, {"costs": report.as_json(), "speedups": [asdict(r) for r in rows]},
+                      args.clock)
         print(f"wrote {path}")
     return 0
 

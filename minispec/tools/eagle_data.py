@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from minispec.core.sampling import SamplingParams
-from minispec.models.chat import encode_prompt
+from minispec.loading.prompts import encode_prompt
 from minispec.models.llama import Llama
 from minispec.serving.engine import Engine
 

@@ -1,6 +1,7 @@
 """Export an EAGLE head to the checkpoint layouts that vLLM (and, for EAGLE-1, SGLang) load.
 
-The head's layout ([`EagleHead`][minispec.models.eagle_head.EagleHead]) picks the checkpoint:
+The head's layout ([`EagleHead`][minispec.extra_drafters.eagle_head.EagleHead]) picks the
+checkpoint:
 
 * ``"eagle1"``: EAGLE-1's Llama checkpoint of one decoder layer plus ``fc``, which both engines
   read (``llama_config``, ``exported_tensors``); the embedding and the LM head are the target's,
@@ -14,8 +15,7 @@ The head's layout ([`EagleHead`][minispec.models.eagle_head.EagleHead]) picks th
 
 Positions: the engines number the pair ``(f_{t-1}, x_t)`` their way, minispec by the pair index
 ``t - 1``. RoPE sees only differences of positions, so the head computes the same either way
-(tests/test_export.py and tests/test_export_eagle3.py rebuild the engines' forward from the
-files and check it).
+(the export tests rebuild the engines' forward from the files and check it).
 
 The shipped head's ``"minispec"`` layout (a bias, the input norm, the target's final norm and a
 reduced vocabulary) is computed by neither engine, so it is refused rather than exported into a
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from minispec.models.eagle_head import read_head
+from minispec.extra_drafters.eagle_head import read_head
 
 __all__ = ["LLAMA_FIELDS", "OUTPUT_FILES", "VERIFIER", "check_out_dir", "export_head", "main",
            "speculators_config", "speculators_tensors"]
@@ -238,7 +238,7 @@ def export_head(head_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype
 
     Args:
         head_dir: a directory written by
-            [`save_head`][minispec.models.eagle_head.save_head] (``head.safetensors`` and
+            [`save_head`][minispec.extra_drafters.eagle_head.save_head] (``head.safetensors`` and
             ``eagle_config.json``).
         out_dir: a new or empty folder (created if needed, with its parents); receives
             ``config.json`` and ``model.safetensors``.

@@ -18,15 +18,18 @@ is the noise of the measurement, printed and used beside every figure:
 
 One engine serving one request runs the same round as
 [`speculative_generate`][minispec.decoding.loop.speculative_generate], so single-sequence
-comparisons use it too. ``benchmarks/lockstep.py`` drives this module over batch sizes.
+comparisons use it too. What cannot be stepped (a ``generate`` call, transformers, one forward)
+is run whole, in turn ([`interleave`][minispec.tools.lockstep.interleave]), and paired repeat by
+repeat ([`ratios`][minispec.tools.lockstep.ratios]): the package's benchmarks time through here.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from minispec.serving.engine import Engine
 
@@ -179,3 +182,70 @@ def race(make_engines: Callable[[], dict[str, Engine]], prompts: Sequence[list[i
             same=all(run[name]["outputs"] == run[base]["outputs"] for run in runs),
             outputs=runs[0][name]["outputs"])
     return result
+
+
+@dataclass
+class Timed:
+    """One task's runs in [`interleave`][minispec.tools.lockstep.interleave].
+
+    Attributes:
+        seconds: each timed repeat's seconds, in repeat order (repeat ``i`` of every task ran side
+            by side, so ratios of repeat ``i`` are paired).
+        output: what the task's last run returned.
+    """
+
+    seconds: list[float] = field(default_factory=list)
+    output: Any = None
+
+    @property
+    def median(self) -> float:
+        """The median over the timed repeats."""
+        return statistics.median(self.seconds)
+
+
+def interleave(tasks: dict[Hashable, Callable[[], Callable[[], Any]]], repeats: int, *,
+               warmup: int = 0, clock: Callable[[], float] = time.process_time,
+               log: Callable[[str], None] | None = None) -> dict[Hashable, Timed]:
+    """Time every task once per repeat, in turn, the order reversed every other repeat.
+
+    Args:
+        tasks: ``{name: prepare}``; ``prepare()`` sets a run up, untimed, and returns it; only the
+            run is timed.
+        repeats: timed repeats.
+        warmup: repeats run first and thrown away.
+        clock: what a time is read from (default: this process's CPU time; ``time.perf_counter``
+            for the wall clock).
+        log: told ``"repeat i/n"`` as each repeat starts (``None``: silent).
+
+    Returns:
+        A [`Timed`][minispec.tools.lockstep.Timed] per task, in ``tasks``' order.
+    """
+    timed = {name: Timed() for name in tasks}
+    order = list(tasks)
+    for rep in range(warmup + repeats):
+        if log is not None:
+            log(f"repeat {rep + 1}/{warmup + repeats}{' (warm-up)' if rep < warmup else ''}")
+        for name in order if rep % 2 == 0 else order[::-1]:
+            run = tasks[name]()
+            start = clock()
+            output = run()
+            elapsed = clock() - start
+            if rep >= warmup:
+                timed[name].seconds.append(elapsed)
+            timed[name].output = output
+    return timed
+
+
+def ratios(seconds: dict[Hashable, Sequence[float]], baseline: Hashable,
+           work: dict[Hashable, float] | None = None) -> dict[Hashable, list[float]]:
+    """Each task's speed over the baseline's, repeat by repeat, sorted: the paired ratios whose
+    spread is the noise of the comparison (see the module docstring).
+
+    ``work`` gives each task's amount of work (tokens; default: equal), so a ratio is of work per
+    second.
+    """
+    work = work or {}
+    speed = lambda name, s: work.get(name, 1.0) / max(s, 1e-9)
+    base = [speed(baseline, s) for s in seconds[baseline]]
+    return {name: sorted(speed(name, s) / b for s, b in zip(times, base, strict=True))
+            for name, times in seconds.items()}

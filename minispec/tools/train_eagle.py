@@ -19,7 +19,7 @@ continues with ``--resume``):
    the checkpoints vLLM serves: `minispec.tools.export`);
 3. training (the loss: ``head_loss``), one cosine learning-rate schedule over ``--steps`` or
    ``--time-budget`` minutes; ``ckpt.pt`` every two minutes (the head so far: ``head-latest/``);
-4. ``head/`` -- the head ([`save_head`][minispec.models.eagle_head.save_head], float16) and
+4. ``head/`` -- the head ([`save_head`][minispec.extra_drafters.eagle_head.save_head], float16) and
    ``training.json``: the curve (loss, held-out top-1 of the first draft) and the data's sizes;
 5. the evaluation -- greedy speculative decoding with the head on minispec's evaluation tasks
    (alpha, tokens per target forward by task, checked token for token) into ``head/MODEL_CARD.md``.
@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from minispec.drafters.eagle import EagleDrafter
-from minispec.models import packed
-from minispec.models.eagle_head import LAYOUTS, EagleHead, default_aux_layers, save_head
-from minispec.models.loader import load
+from minispec.extra_drafters.eagle import EagleDrafter
+from minispec.extra_drafters.eagle_head import LAYOUTS, EagleHead, default_aux_layers, save_head
+from minispec.loading.loader import load
+from minispec.speed import packed
 from minispec.tools import eagle_data
 from minispec.tools.argtypes import MAX_THREADS, thread_count
 from minispec.zoo import smollm2

@@ -45,10 +45,12 @@ OVERLAP_LABELS = {
 }
 
 #: Colours of the layers: green is kept, red is thrown away, blue is what the residual adds back.
+#: The site's widgets use the same palette (docs/stylesheets/extra.css); each colour has a contrast
+#: of at least 4.5:1 on white (WCAG AA for text), and the residual is also told apart by its hatch.
 OVERLAP_COLORS = {
-    "accepted": "#2ca02c",
-    "excess": "#d62728",
-    "residual": "#1f77b4",
+    "accepted": "#1b7a1b",
+    "excess": "#c62828",
+    "residual": "#1565c0",
     "target": "black",
 }
 
@@ -143,13 +145,26 @@ def plot_overlap(
     return ax
 
 
-#: Figure-1 colours of a trace: kind -> (HTML colour, ANSI escape).
+#: Figure-1 colours of a trace: kind -> (HTML colour, ANSI escape). The HTML colours read at
+#: 4.5:1 or more on white and on a code cell's grey (WCAG AA), the palette of the site's widgets.
 TRACE_STYLES = {
-    "accepted": ("#2ca02c", "\x1b[32m"),
-    "rejected": ("#d62728", "\x1b[31;9m"),
-    "correction": ("#1f77b4", "\x1b[34;1m"),
-    "bonus": ("#9467bd", "\x1b[35;1m"),
+    "accepted": ("#1b7a1b", "\x1b[32m"),
+    "rejected": ("#c62828", "\x1b[31;9m"),
+    "correction": ("#1565c0", "\x1b[34;1m"),
+    "bonus": ("#6a3d9a", "\x1b[35;1m"),
 }
+
+#: What tells the kinds apart besides colour (for a reader who cannot see it): a rejected draft is
+#: struck through, a correction is bold, a bonus token bold and underlined.
+TRACE_CUES = {
+    "accepted": "",
+    "rejected": ";text-decoration:line-through",
+    "correction": ";font-weight:700",
+    "bonus": ";font-weight:700;text-decoration:underline",
+}
+
+#: The round separator ``|``: grey at 5.3:1 on white.
+TRACE_SEPARATOR = "#6b6b6b"
 
 #: What each kind of span is, as the legend under a trace says it.
 TRACE_LABELS = {
@@ -161,8 +176,7 @@ TRACE_LABELS = {
 
 
 def _html_style(kind: str) -> str:
-    style = f"color:{TRACE_STYLES[kind][0]}"
-    return style + ";text-decoration:line-through" if kind == "rejected" else style
+    return f"color:{TRACE_STYLES[kind][0]}{TRACE_CUES[kind]}"
 
 
 @dataclass(frozen=True)
@@ -193,12 +207,12 @@ class Trace:
             for text, kind in spans:
                 parts.append(f'<span class="ms-{kind}" style="{_html_style(kind)}">'
                              f"{html.escape(text)}</span>")
-            parts.append('<span style="color:#999">|</span>')
+            parts.append(f'<span style="color:{TRACE_SEPARATOR}">|</span>')
         legend = " &nbsp; ".join(
             f'<span class="ms-legend-{kind}" style="{_html_style(kind)}">'
             f'{html.escape(label)}</span>'
             for kind, label in TRACE_LABELS.items()
-        ) + ' &nbsp; <span style="color:#999">|</span> end of a round'
+        ) + f' &nbsp; <span style="color:{TRACE_SEPARATOR}">|</span> end of a round'
         return ('<div class="ms-trace-figure">'
                 '<div class="ms-trace" style="font-family:monospace;white-space:pre-wrap">'
                 + "".join(parts) + "</div>"
@@ -219,7 +233,7 @@ class Trace:
 
 def trace(result: Any, tokenizer: Any = None) -> Trace:
     """Figure 1 of Leviathan et al. for a
-    [`GenerationResult`][minispec.decoding.loop.GenerationResult].
+    [`GenerationResult`][minispec.decoding.request.GenerationResult].
 
     Args:
         result: the output of ``speculative_generate`` (its ``rounds``).

@@ -36,7 +36,7 @@ import torch
 from minispec.core.sampling import SamplingParams
 from minispec.decoding.loop import generate, speculative_generate
 from minispec.drafters.ngram import NGramDrafter, PromptLookupDrafter
-from minispec.models.chat import encode_prompt
+from minispec.loading.prompts import encode_prompt
 from minispec.models.llama import Llama
 from minispec.tools.bench import (
     Method,

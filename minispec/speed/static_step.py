@@ -16,10 +16,10 @@ Padding is harmless: a padding token writes its key and value to the cache's scr
 (``KVCache.scratch``), which no sequence owns, and every key column not the row's own (past its
 length, a block-table pad) is zeroed before attention, so one request's NaN never reaches another.
 
-[`StaticStep`][minispec.models.static_step.StaticStep] holds one bucket's buffers and runs the step
+[`StaticStep`][minispec.speed.static_step.StaticStep] holds one bucket's buffers and runs the step
 eagerly (on the CPU, all it does: the dynamic path's tokens);
-[`minispec.models.graphs`][minispec.models.graphs] captures it on CUDA;
-[`StaticForward`][minispec.models.static_step.StaticForward] picks the bucket for a batch, fills it,
+[`minispec.speed.graphs`][minispec.speed.graphs] captures it on CUDA;
+[`StaticForward`][minispec.speed.static_step.StaticForward] picks the bucket for a batch, fills it,
 and falls back to the dynamic forward where no bucket fits. Shapes: B rows (the bucket), T new
 tokens a row, M blocks a row, S = M x block positions, n_h query heads, n_kv key/value heads, hd
 head dim, V vocabulary, D hidden size.
@@ -28,23 +28,20 @@ head dim, V vocabulary, D hidden size.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from minispec.models.graphs import CudaGraphs
+from minispec.models.block_manager import ceil_div
 from minispec.models.kv_cache import ForwardPlan, KVCache
 from minispec.models.llama import Llama, TreeAttention, tree_attention_mask
 from minispec.models.paged_cache import PagedKVCache
+from minispec.speed.goodput import bucket
+from minispec.speed.graphs import CudaGraphs
 
-__all__ = ["BATCH_BUCKETS", "StaticForward", "StaticStep"]
+__all__ = ["BATCH_BUCKETS", "StaticForward", "StaticForwards", "StaticStep"]
 
-#: Batch sizes a step is padded to (nano-vllm and vLLM capture the same kind of ladder).
+#: Batch sizes a step is padded to: the powers of two ``bucket`` gives, up to 64 (nano-vllm and
+#: vLLM capture the same kind of ladder).
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def bucket(n: int, sizes: tuple[int, ...]) -> int | None:
-    """The smallest of ``sizes`` that holds ``n``, or None."""
-    return next((size for size in sizes if size >= n), None)
 
 
 class StaticStep:
@@ -65,7 +62,7 @@ class StaticStep:
 
     def __init__(self, model: Llama, cache: KVCache, B: int, T: int, S: int) -> None:
         self.model, self.cache, self.S = model, cache, S
-        M = -(-S // cache.block_size)        # blocks a row reads (contiguous: 1, its slot's prefix)
+        M = ceil_div(S, cache.block_size)   # blocks a row reads (contiguous: 1, its slot's prefix)
         self.expand_kv = model.device.type == "cuda"
         device, long = model.device, torch.long
         self.input_ids = torch.zeros(B, T, dtype=long, device=device)
@@ -114,9 +111,7 @@ class StaticStep:
         for layer in model.layers:             # the cache argument is this step (``update``)
             x = layer(x, cos, sin, mask, self, None)
         x = model.norm(x)                                                         # (B, T, D)
-        head = model.packed_head
-        logits = head(x) if head is not None else F.linear(x, model.output_weight)
-        return logits, x                                                          # (B, T, V)
+        return model.logits(x), x                                                 # (B, T, V)
 
     def _mask(self, dtype: torch.dtype) -> Tensor:
         """The additive mask (B, 1, T, S), built once a step: 0 where a query sees a key, -inf
@@ -157,15 +152,15 @@ class StaticForward:
 
     Called as the model is (``ids``, ``positions``, ``slots``, ``tree``), it plans the cache
     writes on the host as the dynamic path does, picks the bucket ``(B, T, S)`` -- the batch
-    padded to ``BATCH_BUCKETS``, the keys to a power
-    of two -- fills that bucket's buffers and runs its step. A batch no bucket holds (more than 64
-    rows, a tree level that also sees earlier levels) returns ``None``: the caller runs the model.
+    padded to ``BATCH_BUCKETS``, the keys to a power of two -- fills that bucket's buffers and
+    runs its step. A batch no bucket holds (more than 64 rows, a tree level that also sees earlier
+    levels) runs the model itself.
 
     Args:
         model: the target or a draft model; cache: its KV cache.
         graphs: capture each bucket as a CUDA graph on first use and replay it (CUDA only; on
             the CPU the same step runs eagerly); or the
-            [`CudaGraphs`][minispec.models.graphs.CudaGraphs] of another forward to capture into
+            [`CudaGraphs`][minispec.speed.graphs.CudaGraphs] of another forward to capture into
             (a draft model's beside the target's: one memory pool); ``False`` or ``None``: the
             step runs eagerly everywhere.
     """
@@ -180,10 +175,23 @@ class StaticForward:
         self.graphs = graphs if graphs and model.device.type == "cuda" else None
 
     def __call__(self, input_ids: Tensor, positions: Tensor, slots: list[int],
-                 tree: TreeAttention | None = None) -> tuple[Tensor, Tensor] | None:
+                 tree: TreeAttention | None = None, hidden: bool | tuple[int, ...] = False
+                 ) -> Tensor | tuple[Tensor, Tensor]:
+        """The model's step over the batch, as ``Llama.forward`` returns it (logits (b, t, V), and
+        the hidden states (b, t, D) with ``hidden``): from a static bucket, or from the model
+        itself where none holds the batch or other layers' features are asked for."""
+        out = (None if isinstance(hidden, tuple)          # other layers' features: not static
+               else self.in_bucket(input_ids, positions, slots, tree))
+        if out is None:
+            return self.model(input_ids, positions, self.cache, slots, return_hidden=hidden,
+                              tree=tree)
+        return out if hidden else out[0]
+
+    def in_bucket(self, input_ids: Tensor, positions: Tensor, slots: list[int],
+                  tree: TreeAttention | None = None) -> tuple[Tensor, Tensor] | None:
         """Logits (b, t, V) and hidden states (b, t, D) of the batch, or None (no bucket)."""
         b, t = input_ids.shape
-        rows = bucket(b, BATCH_BUCKETS)
+        rows = bucket(b) if b <= BATCH_BUCKETS[-1] else None
         if rows is None or (tree is not None and tree.mask.shape[2] != t):
             return None
         if tree is None:            # a chain: stored at its positions, each token sees those before
@@ -203,9 +211,31 @@ class StaticForward:
         paged cache's blocks (whole blocks) or 64 positions of a contiguous slot (at most its
         ``max_seq_len``)."""
         unit = self.cache.block_size if self.paged else 64
-        units = min(-(-self.cache.max_seq_len // unit),            # a whole slot at most
-                    1 << max(0, (-(-length // unit) - 1).bit_length()))
+        units = min(ceil_div(self.cache.max_seq_len, unit),            # a whole slot at most
+                    bucket(ceil_div(length, unit)))
         key = (rows, t, units * unit if self.paged else min(units * unit, self.cache.max_seq_len))
         if key not in self.steps:
             self.steps[key] = StaticStep(self.model, self.cache, *key)
         return self.steps[key]
+
+
+class StaticForwards:
+    """The ``forward`` collaborator of ``graphs=True``: ``forward(model, cache)`` gives that
+    model's [`StaticForward`][minispec.speed.static_step.StaticForward], every one capturing into
+    this object's one pool of CUDA graphs (the target's and a draft model's steps run one at a
+    time, their outputs copied out).
+
+    Args:
+        graphs: capture on CUDA (``True``); ``False``: the static steps run eagerly everywhere.
+
+    Attributes:
+        forwards: the forwards made so far, in order (the target's first).
+    """
+
+    def __init__(self, graphs: bool = True) -> None:
+        self.graphs = CudaGraphs() if graphs else None
+        self.forwards: list[StaticForward] = []
+
+    def __call__(self, model: Llama, cache: KVCache) -> StaticForward:
+        self.forwards.append(StaticForward(model, cache, self.graphs or False))
+        return self.forwards[-1]

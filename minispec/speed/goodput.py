@@ -8,21 +8,18 @@ compute-bound, ``k + 1`` tokens per row cost nearly ``k + 1`` times as much, and
 Which side of the crossover a step is on depends on the batch size, the model, the machine and each
 request's acceptance, so nothing here is hard-coded; everything is measured:
 
-* [`StepCosts`][minispec.decoding.goodput.StepCosts] learns the seconds of a verify forward by
+* [`StepCosts`][minispec.speed.goodput.StepCosts] learns the seconds of a verify forward by
   shape ``(B rows, T tokens per row)`` and of one draft step, from the engine's own steps;
-* [`alpha_estimates`][minispec.decoding.goodput.alpha_estimates] gives each request's acceptance
+* [`alpha_estimates`][minispec.speed.goodput.alpha_estimates] gives each request's acceptance
   estimate: its own record shrunk towards the pooled one, plus a little optimism;
-* [`choose_ks`][minispec.decoding.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
+* [`choose_ks`][minispec.speed.goodput.choose_ks] picks, for every ``K`` in ``0..k_max`` and
   every ``R``, the plan "the ``R`` requests with the highest acceptance draft ``K`` tokens, the
   others none" with the most expected tokens per second. ``K = 0`` is plain decoding, so the
   choice never predicts less than the plain engine; a drafting plan must beat it by a hurdle;
-* [`GoodputK`][minispec.decoding.goodput.GoodputK] holds the policy for a driver: it chooses each
-  round's ``k``, times the round from outside, learns from it, and lets a declined request try
-  again now and then.
-
-The choices and their inputs are kept as [`KChoice`][minispec.decoding.goodput.KChoice] records
-(``Engine.k_choices``; a single sequence's in its result's ``k_choices``). The runs that shaped
-each guard are on the results page ("The engine: goodput control, the default").
+* [`GoodputK`][minispec.speed.goodput.GoodputK], the policy: it wraps the round (as
+  [`FixedK`][minispec.decoding.runner.FixedK] does), chooses each row's ``k``, owns every clock
+  (the round only marks its phases) and keeps its choices as
+  [`KChoice`][minispec.speed.goodput.KChoice] records (``Engine.k_choices``).
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ if TYPE_CHECKING:
     from minispec.core.sequence import Sequence
     from minispec.decoding.runner import SpeculativeRunner
 
-__all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks",
-           "policy_for", "run_round"]
+__all__ = ["GoodputK", "KChoice", "StepCosts", "alpha_estimates", "bucket", "choose_ks"]
 
 HURDLE = 0.10  #: the least predicted gain over plain decoding a drafting plan needs (docstring)
 
@@ -58,20 +54,19 @@ class StepCosts:
     """Measured seconds of a decoding step's two kinds of forward, by shape: the one cost type of
     the package. The engine and ``speculative_generate(adaptive=True)`` learn one from their own
     steps; the benchmarks (`minispec.tools.bench`, `minispec.tools.costs`) and the lessons fill one
-    from timed forwards ([`measured`][minispec.decoding.goodput.StepCosts.measured]) and read the
-    cost model's terms off it: ``c`` ([`c`][minispec.decoding.goodput.StepCosts.c]) and ``r(k)``
-    ([`r`][minispec.decoding.goodput.StepCosts.r]).
+    from timed forwards ([`measured`][minispec.speed.goodput.StepCosts.measured]) and read the
+    cost model's terms off it: ``c`` ([`c`][minispec.speed.goodput.StepCosts.c]) and ``r(k)``
+    ([`r`][minispec.speed.goodput.StepCosts.r]).
 
     A learning engine takes everything from its own steps (moving averages, kept per
-    [`bucket`][minispec.decoding.goodput.bucket] of the batch size); a shape not measured yet is
+    [`bucket`][minispec.speed.goodput.bucket] of the batch size); a shape not measured yet is
     read off a straight line through the measured ones (a forward's cost grows about linearly
     with the tokens it scores), or borrowed from the nearest bucket (``verify_seconds``).
     The first measurement of a shape is a warm-up (a new shape allocates; a draft model's first
     step also prefills its cache over every prompt): the second replaces it, the moving average
     starts there. A forward is never priced above a wider one of its bucket: a plain step measured
     once, cold, and never again (the engine drafts from then on) would otherwise make every plan
-    with drafts look better than it is (a cold plain step at batch size 2 once measured slower
-    than forwards of 3-5 tokens per row: the results page).
+    with drafts look better than it is.
 
     In an engine a bucket's first step is plain (it measures the plain step) and the first
     drafting step is a full-``k`` one: real steps that emit tokens, nothing is spent on
@@ -80,9 +75,9 @@ class StepCosts:
     only when the plan says it pays, instead of paying a full-``k`` step at every bucket to find
     out. A draft step's seconds leave out a lagging draft cache's catch-up (after plain rounds a
     draft model feeds every token since, once), which is kept apart in ``catch_up``
-    ([`GoodputK.learn`][minispec.decoding.goodput.GoodputK.learn]): counted as draft steps,
-    catch-ups priced a draft step many times too high, and an engine at batch size 1 that had
-    paused stopped drafting for good.
+    ([`GoodputK.learn`][minispec.speed.goodput.GoodputK.learn]): counted as draft steps, a
+    catch-up would price a draft step many times too high, and an engine at batch size 1 that
+    paused would never draft again.
 
     Attributes:
         verify: ``{(B, T): seconds}`` of one target forward over ``B`` rows of ``T`` tokens.
@@ -161,8 +156,7 @@ class StepCosts:
         tries measures the truth), else ``None``; never more than a wider forward of the bucket
         was measured to cost, nor than the line through two or more wider ones gives: an engine
         that drafts at every step never measures its plain step again, and a stale plain step
-        priced as high as a two-token one (it happened at batch size 16: the results page) makes
-        every one-draft plan look free."""
+        priced as high as a two-token one would make every one-draft plan look free."""
         rows = bucket(rows)
         wider = [(t, s) for (b, t), s in self.verify.items() if b == rows and t > tokens]
         estimate = self._estimate(rows, tokens)
@@ -257,31 +251,29 @@ def choose_ks(alphas: list[float], caps: list[int], k_max: int, costs: StepCosts
     a draft model; an n-gram table without a match proposes nothing, and that row yields one
     token) and ``P_any = 1 - prod_{top R} (1 - P_b)`` the chance that the verify is wider than a
     plain step. ``lag_b`` is what request ``b``'s draft cache must feed before it drafts (kept by
-    [`GoodputK`][minispec.decoding.goodput.GoodputK]: a draft model skips the plain steps and
+    [`GoodputK`][minispec.speed.goodput.GoodputK]: a draft model skips the plain steps and
     catches up on them when next asked), ``catch_up`` its measured seconds per token, and
     ``left_b`` the tokens the request may still generate: a catch-up buys drafting for the rest of
     the request, so its cost is spread over those tokens, and a step pays the share of the ``t_b``
-    tokens it expects from the row. Unpriced, a catch-up cost about a whole plain step that the
-    plan had not foreseen; charged in full to the step that catches up, the lag grew with every
-    plain step until no plan could pay it. A request that stops early (a stop token) leaves part
-    of its share unpaid.
+    tokens it expects from the row. Unpriced, a catch-up costs about a whole plain step the plan
+    did not foresee; charged in full to the step that catches up, the lag grows with every plain
+    step until no plan can pay it. A request that stops early (a stop token) leaves part of its
+    share unpaid.
 
     What drafting adds to a step's cost is charged ``1 + m`` times (``margin``, 0.3 by default).
     Drafting costs more than the step it is planned in: requests that accept drafts run ahead of the
     others, so the batch refills through more and smaller prefill forwards (and a draft model
     catches each newcomer up), and a run ends in a tail of small steps. None of that is in the
-    step's seconds, and with a smaller margin one-draft plans that predicted a small gain per step
-    lost end to end (``benchmarks/engine.py --warm``). A batch of one request has no batch to refill
-    and no tail, so it is charged no margin: with it, the draft model at batch size 1 on the shipped
-    pair was declined in most runs where it pays. Charging the extra cost (not the whole step) keeps
-    cheap bets: a drafter that proposes nothing costs a plain step.
+    step's seconds, so a plan predicting a small gain per step can lose end to end. A batch of one
+    request has no batch to refill and no tail, so it is charged no margin (a margin there would
+    decline a draft model at batch size 1 where it pays). Charging the extra cost (not the whole
+    step) keeps cheap bets: a drafter that proposes nothing costs a plain step.
 
     A plan is run only if it predicts at least ``1 + h`` times plain decoding's goodput (``hurdle``,
     ``HURDLE`` = 0.1 by default): the estimates it is computed from (moving averages of a few steps,
     an acceptance learned from a few rounds) are not better than that, and a bet inside their error
-    is a coin toss that pays the drafter's machinery either way; plans taken with a few per cent
-    predicted lost end to end. The results page ("The engine: goodput control, the default") has the
-    runs behind each of these choices.
+    is a coin toss that pays the drafter's machinery either way. The results page measures the
+    engine with and without this policy.
 
     Args:
         alphas: acceptance estimate of each running request.
@@ -340,16 +332,16 @@ def _line_through(points: list[tuple[int, float]], x: int, floor: float = 1.0) -
 
 class GoodputK:
     """The engine's draft-length policy: learns step costs and acceptance from the steps it runs
-    and picks each step's ``k`` per request with [`choose_ks`][minispec.decoding.goodput.choose_ks].
+    and picks each step's ``k`` per request with [`choose_ks`][minispec.speed.goodput.choose_ks].
 
     Args:
         k_max: the most drafts a request may take (the engine's ``k``).
         hurdle: the least predicted gain a drafting plan needs
-            ([`choose_ks`][minispec.decoding.goodput.choose_ks]).
+            ([`choose_ks`][minispec.speed.goodput.choose_ks]).
 
     Attributes:
-        costs: the measured [`StepCosts`][minispec.decoding.goodput.StepCosts].
-        choices: the latest [`KChoice`][minispec.decoding.goodput.KChoice] records, one per step
+        costs: the measured [`StepCosts`][minispec.speed.goodput.StepCosts].
+        choices: the latest [`KChoice`][minispec.speed.goodput.KChoice] records, one per step
             (a step whose rows may not draft at all included, so that a single sequence has one
             per round).
     """
@@ -371,8 +363,8 @@ class GoodputK:
               ) -> list[list[int]]:
         """Run ``runner.round`` with each row's ``k`` chosen here, and learn from it.
 
-        The round has no clock: it is timed from outside (``time.perf_counter``), its draft phase
-        read from the rows' statistics (``draft_time``). Each request's lag is kept here: the
+        The round has no clock: this policy times it (``time.perf_counter``), the draft phase
+        up to the round's ``mark("draft")``. Each request's lag is kept here: the
         tokens a lazy draft cache (a draft model) must feed before it drafts again -- its context
         at first, then every token of the rounds it did not draft. A seeded sampled row always
         drafts its cap: which random numbers a round draws depends on ``k``, and a ``k`` chosen
@@ -383,11 +375,11 @@ class GoodputK:
                          fixed=[s.sampling.seed is not None and not s.sampling.greedy
                                 for s in seqs],
                          lags=[n / max(1, s.tokens_left) for n, s in zip(lags, seqs, strict=True)])
-        rounds, drafting = [s.stats.rounds for s in seqs], [s.stats.draft_time for s in seqs]
+        rounds, marks = [s.stats.rounds for s in seqs], {}
         start = time.perf_counter()
-        emitted = runner.round(seqs, ks)
-        seconds = time.perf_counter() - start
-        draft_s = max(s.stats.draft_time - d for s, d in zip(seqs, drafting, strict=True))
+        emitted = runner.round(seqs, ks, mark=lambda phase: marks.setdefault(phase,
+                                                                             time.perf_counter()))
+        seconds, draft_s = time.perf_counter() - start, marks["draft"] - start
         verdicts = [(s.stats.drafted_per_round[-1], s.stats.accepted_per_round[-1])
                     if s.stats.rounds > r else (0, None) for s, r in zip(seqs, rounds, strict=True)]
         self.learn([s.request_id for s in seqs], ks, [d for d, _ in verdicts],
@@ -406,7 +398,7 @@ class GoodputK:
         costs at this batch size are unknown, a plain step and a full step measure them. A plain
         plan that no drafting plan beat, hurdle aside, is not searched again while its inputs
         stand: no row has drafted (the records are the same), none has come or gone and no cap
-        moved; a search is a visible share of a step (the results page, "Engines in lockstep").
+        moved; a search is a visible share of a small model's step.
         A plan kept plain by the hurdle alone is searched every step: the costs drift, and it
         may win."""
         self.steps += 1
@@ -491,29 +483,3 @@ class GoodputK:
         """Drop what is kept for a finished request."""
         self.asked.pop(request_id, None)
         self.lag.pop(request_id, None)
-
-
-def policy_for(adaptive: bool | None, k: int, chains: bool) -> GoodputK | None:
-    """Both drivers' draft-length policy: goodput ``k`` (``k`` the upper bound) by default for
-    chains of drafts; ``None`` (every round drafts ``k``) with ``adaptive=False``, without a
-    drafter (``k = 0``) or for trees, whose depth is fixed.
-
-    Raises:
-        ValueError: ``adaptive`` is not ``True``, ``False`` or ``None``, or ``adaptive=True`` has
-            no chain length to choose.
-    """
-    if adaptive is not None and not isinstance(adaptive, bool):
-        raise ValueError(f"adaptive must be True, False or None, got {adaptive!r}")
-    if adaptive and not (k > 0 and chains):
-        raise ValueError("adaptive=True chooses the length of a chain of drafts: it needs a "
-                         "drafter and no branching")
-    return GoodputK(k) if adaptive is not False and k > 0 and chains else None
-
-
-def run_round(policy: GoodputK | None, runner: SpeculativeRunner, seqs: list[Sequence], k: int
-              ) -> list[list[int]]:
-    """Both drivers' round: each row may draft ``k`` (shrunk near its limits), and the policy
-    chooses how many it does (``None``: all of them). The tokens each row emitted."""
-    caps = [seq.round_k(k) for seq in seqs]
-    # the policy chooses each row's k and times the round
-    return runner.round(seqs, caps) if policy is None else policy.round(runner, seqs, caps)

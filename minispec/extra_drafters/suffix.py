@@ -4,15 +4,15 @@ Hu et al. 2024).
 
 Each round the drafter looks for the longest suffix of the context (at most ``max_match``
 tokens) that occurred before -- earlier in the request's own prompt and output, or in a document
-of a [`SuffixStore`][minispec.drafters.suffix.SuffixStore] -- and proposes what followed it. Where
-the match occurred several times, the continuation is the most frequent one, token by token
+of a [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore] -- and proposes what followed it.
+Where the match occurred several times, the continuation is the most frequent one, token by token
 (ties: the most recent occurrence), as SuffixDecoding walks its suffix tree; the walk stops when
 the path's empirical probability falls below ``min_prob``. Drafts are deterministic, so ``q`` is
 one-hot (``Draft.probs is None``) and sampling stays exact.
 
 **The data structure** is an inverted index: documents (lists of token ids) and, per token id,
 the positions where it occurs (why not a suffix trie or automaton:
-[`SuffixStore`][minispec.drafters.suffix.SuffixStore]). A lookup scans the positions of the
+[`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore]). A lookup scans the positions of the
 context's last token, newest first, and measures how far back each occurrence agrees with the
 context: it costs O(``max_candidates`` x match length), and "longest" means longest among the
 ``max_candidates`` most recent occurrences (256 by default: in Python, a small fraction of a real
@@ -21,8 +21,8 @@ model's forward; the results page).
 **Memory**: a request's own index holds its context; a store is bounded (``SuffixStore``).
 
 **Privacy**: a shared store drafts one request's text into another's (outputs stay exact, the
-*drafts* do not): read [`SuffixStore`][minispec.drafters.suffix.SuffixStore]'s note, and give each
-request a ``tenant`` where requests may not see each other's text.
+*drafts* do not): read [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore]'s note, and give
+each request a ``tenant`` where requests may not see each other's text.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from minispec.core.sampling import check_args, is_int, is_real
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal
-from minispec.drafters.ngram import ContextDrafter, NGramDrafter, PromptLookupDrafter
+from minispec.drafters.ngram import ContextDrafter
 from minispec.drafters.trees import grow_tree
 
-__all__ = ["DRAFTERS", "Match", "SuffixDrafter", "SuffixStore"]
+__all__ = ["Match", "SuffixDrafter", "SuffixStore"]
 
 Position = tuple[int, int]            # (document id, index of a token in it)
 
@@ -195,7 +195,7 @@ class SuffixDrafter(ContextDrafter):
     empty index; a request's copy writes and drafts as ``seq.tenant`` when the request has one.
 
     Args:
-        store: a [`SuffixStore`][minispec.drafters.suffix.SuffixStore] shared with other
+        store: a [`SuffixStore`][minispec.extra_drafters.suffix.SuffixStore] shared with other
             requests, or ``None``: the request's own text only. Read its privacy note: a shared
             store drafts one request's text into another's.
         max_match: longest suffix looked up.
@@ -305,9 +305,3 @@ class SuffixDrafter(ContextDrafter):
         if proposal.depth == 0:
             self.last_source = None
         return proposal
-
-
-#: The drafters made by name.
-DRAFTERS: dict[str, type[ContextDrafter]] = {"ngram": NGramDrafter,
-                                             "prompt_lookup": PromptLookupDrafter,
-                                             "suffix": SuffixDrafter}

@@ -4,7 +4,7 @@ A decode step of a small model is hundreds of small kernels; launched one by one
 the host sets the pace and the GPU idles between them. A CUDA graph records the kernels of one
 call -- with the addresses of every tensor they touch -- and replays them all from one launch.
 That is why the step it records reads only preallocated buffers
-([`StaticStep`][minispec.models.static_step.StaticStep]): before each replay the new inputs are
+([`StaticStep`][minispec.speed.static_step.StaticStep]): before each replay the new inputs are
 copied into the same buffers, and the outputs appear in the same output tensors.
 
 One graph per step (a bucket ``(B, T, S)`` of one model: the target's, or a draft model's that

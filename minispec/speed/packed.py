@@ -12,17 +12,16 @@ calls the same primitive torch's own compiler (inductor, ``freezing=True``, dyna
 for a linear layer on CPU: ``torch.ops.mkldnn._linear_pointwise``. Nothing is compiled, so there is
 no start-up beyond the reorder, and every shape is served by the same packed weights; only the
 narrowest products stay on the BLAS, where timing says it is faster (``choose_blas_rows``).
-[`make_fast`][minispec.models.packed.make_fast] says what packing changes about the model.
+[`make_fast`][minispec.speed.packed.make_fast] says what packing changes about the model.
 
 Exactness: the packed GEMM adds the same products in another order than eager's BLAS call, so
-logits differ from eager by float32 rounding only, a few 1e-6 of the logits' scale: 0 on the tiny
-test models, below 1e-4 on the shipped pair (both tested), 1.3e-4 on SmolLM2-135M-Instruct, whose
-logits reach 30 (measured). Nor is it bit-stable across shapes (a k+1-token verify and k+1
-one-token steps differ by ~1e-4 on SmolLM2), so greedy speculative decoding equals greedy decoding
-unless two logits tie within that rounding.
+logits differ from eager by float32 rounding only, a few units in the last places of the logits'
+scale (the tests bound it on the tiny models and the shipped pair). Nor is it bit-stable across
+shapes (a k+1-token verify and k+1 one-token steps round differently), so greedy speculative
+decoding equals greedy decoding unless two logits tie within that rounding.
 
-Packing buys cheap verification, not a fast step: the results page ("The fast path against the
-memory roofline") measures both paths and profiles what is left.
+Packing buys cheap verification (``r`` near 1), not a step below the roofline; the results page
+measures both paths.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minispec.models.llama import Block, Llama
+from minispec.models.llama import MLP, Attention, Block, Llama
 
 #: dtypes whose weights ``make_fast`` packs (bfloat16 only where the CPU has native bf16 support).
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -58,7 +57,7 @@ class _NoBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         raise RuntimeError("the fast (packed) forward has no backward; call "
-                           "minispec.models.packed.make_eager(model) before training")
+                           "minispec.speed.packed.make_eager(model) before training")
 
 
 class PackedLinear(nn.Module):
@@ -73,7 +72,7 @@ class PackedLinear(nn.Module):
         blas_rows: a product of at most this many rows (a one-token step has one) runs on the
             unpacked ``weight`` with the BLAS instead of oneDNN's packed kernel; ``make_fast``
             times both on the model
-            ([`choose_blas_rows`][minispec.models.packed.choose_blas_rows]).
+            ([`choose_blas_rows`][minispec.speed.packed.choose_blas_rows]).
     """
 
     blas_rows = 0
@@ -144,15 +143,40 @@ def _merged(*linears: nn.Linear) -> PackedLinear:
     return PackedLinear(weight, torch.cat(biases) if biases else None)  # bias (sum N_i,) or None
 
 
+class PackedAttention(Attention):
+    """Attention whose q|k|v projections are one packed matrix (``qkv_proj``)."""
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One GEMM reads the three weights: (B, T, (n_h + 2 n_kv) * hd), split as views."""
+        return self.qkv_proj(x).split([self.n_h * self.hd, self.n_kv * self.hd,
+                                       self.n_kv * self.hd], dim=-1)
+
+
+class PackedMLP(MLP):
+    """SwiGLU whose gate|up projections are one packed matrix (``gate_up_proj``)."""
+
+    def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One GEMM reads both weights: (B, T, 2F), split as views."""
+        return self.gate_up_proj(x).chunk(2, dim=-1)
+
+
+class PackedLlama(Llama):
+    """A Llama whose LM head runs from a packed copy (``packed_head``)."""
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, V) through the packed head."""
+        return self.packed_head(x)
+
+
 def is_fast(model: Llama) -> bool:
     """Whether ``model`` runs packed (``make_fast`` succeeded on it)."""
-    return model.packed_head is not None
+    return isinstance(model, PackedLlama)
 
 
 def make_fast(model: Llama, blas_rows: int | None = None) -> Llama:
     """Pack every projection and the LM head of ``model`` once, in place; returns ``model``.
 
-    Every layer is packed by [`pack_block`][minispec.models.packed.pack_block]; the LM head gets a
+    Every layer is packed by [`pack_block`][minispec.speed.packed.pack_block]; the LM head gets a
     packed copy. Logits equal eager's up to float rounding, for any batch size and number of tokens.
     Calling it twice is harmless: on a model that is already fast it does nothing, ``blas_rows``
     included (``set_blas_rows`` changes the kernels of a fast model). Where the fast path is
@@ -171,7 +195,7 @@ def make_fast(model: Llama, blas_rows: int | None = None) -> Llama:
             supports it).
         blas_rows: products of at most this many rows run on the BLAS
             (``PackedLinear.blas_rows``); ``None``: as many as are faster there on this machine,
-            timed once ([`choose_blas_rows`][minispec.models.packed.choose_blas_rows]).
+            timed once ([`choose_blas_rows`][minispec.speed.packed.choose_blas_rows]).
 
     Returns:
         The same model object, now fast (or still eager, with a warning).
@@ -179,13 +203,14 @@ def make_fast(model: Llama, blas_rows: int | None = None) -> Llama:
     if is_fast(model):
         return model
     if (reason := unavailable_reason(model)) is not None:
-        warnings.warn(f"minispec.models.packed: {reason}; running the eager forward",
+        warnings.warn(f"minispec.speed.packed: {reason}; running the eager forward",
                       RuntimeWarning, stacklevel=2)
         return model
     for layer in model.layers:
         pack_block(layer)
     # a plain tensor, not a parameter: the head adds no entry to state_dict() or parameters()
     model.packed_head = PackedLinear(model.output_weight.detach())     # tied: the embedding
+    model.__class__ = PackedLlama       # the same object, its LM head's seam overridden
     set_blas_rows(model, choose_blas_rows(model) if blas_rows is None else blas_rows)
     return model
 
@@ -232,6 +257,7 @@ def pack_block(layer: Block) -> Block:
     attn.o_proj = PackedLinear.from_linear(attn.o_proj)
     mlp.gate_up_proj = _merged(mlp.gate_proj, mlp.up_proj)
     mlp.down_proj = PackedLinear.from_linear(mlp.down_proj)
+    attn.__class__, mlp.__class__ = PackedAttention, PackedMLP     # their seams overridden
     return layer
 
 
@@ -239,12 +265,15 @@ def make_eager(model: Llama) -> Llama:
     """Undo ``make_fast`` in place (drop the packed copies); returns ``model``."""
     for layer in model.layers:  # undo pack_block
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = mlp.gate_up_proj = None
-        if isinstance(attn.o_proj, PackedLinear):
-            attn.o_proj = attn.o_proj.to_linear()
-        if isinstance(mlp.down_proj, PackedLinear):
-            mlp.down_proj = mlp.down_proj.to_linear()
-    model.packed_head = None
+        if isinstance(attn, PackedAttention):
+            del attn.qkv_proj
+            attn.__class__, attn.o_proj = Attention, attn.o_proj.to_linear()
+        if isinstance(mlp, PackedMLP):
+            del mlp.gate_up_proj
+            mlp.__class__, mlp.down_proj = MLP, mlp.down_proj.to_linear()
+    if isinstance(model, PackedLlama):
+        del model.packed_head
+        model.__class__ = Llama
     return model
 
 

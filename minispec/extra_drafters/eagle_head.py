@@ -22,7 +22,7 @@ The head, layer by layer (D the target's hidden size)::
 The draft vocabulary ``V'`` (optional) keeps the LM head's rows of the most frequent tokens (the
 FR-Spec lever: on SmolLM2-135M the full head is 28 M of 135 M parameters); ``q`` is zero outside
 ``V'``, so verification stays exact. Layouts, and EAGLE-3's fused target layers (``aux_layers``):
-[`EagleHead`][minispec.models.eagle_head.EagleHead].
+[`EagleHead`][minispec.extra_drafters.eagle_head.EagleHead].
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from minispec.models import packed
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Block, Llama, ModelConfig, RMSNorm, TreeAttention
+from minispec.speed import packed
 
 __all__ = ["Eagle3Block", "EagleHead", "default_aux_layers", "load_head", "save_head"]
 
@@ -84,7 +84,7 @@ class EagleHead(nn.Module):
     Pair ``j = t - 1`` sits at position ``j`` of the head's cache (positions and RoPE count pairs).
     Only the head's own weights (``fc``, the layer, the vocabulary ids; an ``"eagle3"`` head's
     norm and LM head) are saved; the embedding, norm, LM head and RoPE tables are the target's,
-    bound with [`EagleHead.bind`][minispec.models.eagle_head.EagleHead.bind].
+    bound with [`EagleHead.bind`][minispec.extra_drafters.eagle_head.EagleHead.bind].
 
     Three layouts. ``"minispec"`` (the module docstring's, the shipped head) normalises twice: the
     layer's input norm and the target's final norm on ``f'_t``. ``"eagle1"`` is the layout of
@@ -97,19 +97,19 @@ class EagleHead(nn.Module):
     EAGLE-3 (Li et al., 2025) reads more of the target than its last layer: a head with
     ``aux_layers`` ``(i, j, k)`` gets, in place of the target's ``f_{t-1}``, its residual stream
     entering three layers (low, middle, high; by default EAGLE-3's ``2, L/2, L-3``:
-    [`default_aux_layers`][minispec.models.eagle_head.default_aux_layers]), concatenated, and
-    fuses them first, ``g = fuse([s_i; s_j; s_k])`` (``3D -> D``, no bias), then goes on with
+    [`default_aux_layers`][minispec.extra_drafters.eagle_head.default_aux_layers]), concatenated,
+    and fuses them first, ``g = fuse([s_i; s_j; s_k])`` (``3D -> D``, no bias), then goes on with
     ``g`` for ``f_{t-1}``. Later drafts read the head's own ``f'`` as before (only the pairs of
     real positions read the target's layers).
 
     ``"eagle3"`` is the layout of EAGLE-3's checkpoints in the speculators format, which vLLM
     loads (``llama_eagle3.py``; [`minispec.tools.export`][minispec.tools.export]): ``fc``
     (``3D -> D``, no bias) fuses the three layers into ``g``, one
-    [`Eagle3Block`][minispec.models.eagle_head.Eagle3Block] reads ``[e ; g]``, and the head's
-    own final ``norm`` and ``lm_head`` (``V'`` rows, frozen; both start as the target's:
-    [`init_from_target`][minispec.models.eagle_head.EagleHead.init_from_target]) give the logits.
-    The feature passed on to the next draft is the layer's output before that norm, as vLLM's
-    drafting loop passes it. ``aux_layers`` defaults to EAGLE-3's there.
+    [`Eagle3Block`][minispec.extra_drafters.eagle_head.Eagle3Block] reads ``[e ; g]``, and the
+    head's own final ``norm`` and ``lm_head`` (``V'`` rows, frozen; both start as the target's:
+    [`init_from_target`][minispec.extra_drafters.eagle_head.EagleHead.init_from_target]) give the
+    logits. The feature passed on to the next draft is the layer's output before that norm, as
+    vLLM's drafting loop passes it. ``aux_layers`` defaults to EAGLE-3's there.
 
     Args:
         config: the target's [`ModelConfig`][minispec.models.llama.ModelConfig]; the head uses one
@@ -212,7 +212,7 @@ class EagleHead(nn.Module):
     @property
     def target(self) -> Llama:
         """The bound target (``ValueError`` before
-        [`bind`][minispec.models.eagle_head.EagleHead.bind])."""
+        [`bind`][minispec.extra_drafters.eagle_head.EagleHead.bind])."""
         if not self._target:
             raise ValueError("the head is not bound to a target: call head.bind(target)")
         return self._target[0]
@@ -275,12 +275,12 @@ class EagleHead(nn.Module):
 
     def make_fast(self) -> EagleHead:
         """Pack ``fc``, the layer and the ``V'`` rows for oneDNN
-        ([`minispec.models.packed`][minispec.models.packed]), in place, for inference: the same
+        ([`minispec.speed.packed`][minispec.speed.packed]), in place, for inference: the same
         drafts up to float rounding. Warns and stays eager where the fast path is unavailable;
-        [`bind`][minispec.models.eagle_head.EagleHead.bind] again after it to re-pack the LM head
-        rows."""
+        [`bind`][minispec.extra_drafters.eagle_head.EagleHead.bind] again after it to re-pack the LM
+        head rows."""
         if (reason := packed.unavailable_reason(self.target)) is not None:
-            warnings.warn(f"minispec.models.packed: {reason}; the head runs eager", RuntimeWarning,
+            warnings.warn(f"minispec.speed.packed: {reason}; the head runs eager", RuntimeWarning,
                           stacklevel=2)
             return self
         packed.pack_block(self.layer)
@@ -289,7 +289,7 @@ class EagleHead(nn.Module):
                 setattr(self, name, packed.PackedLinear.from_linear(linear))
         self.packed_logits = packed.PackedLinear(
             self.head_weight if self.lm_head is None else self.lm_head.weight)
-        head = self.target.packed_head           # the fast target's timed choice of kernels
+        head = getattr(self.target, "packed_head", None)   # the fast target's choice of kernels
         packed.set_blas_rows(self, 0 if head is None else head.blas_rows)
         return self
 
@@ -323,7 +323,7 @@ def save_head(head: EagleHead, directory: str | Path, *, dtype: torch.dtype = to
 
 def read_head(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """The saved configuration and tensors of a head written by
-    [`save_head`][minispec.models.eagle_head.save_head], as stored (no model is built).
+    [`save_head`][minispec.extra_drafters.eagle_head.save_head], as stored (no model is built).
 
     Raises:
         FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.
@@ -335,8 +335,8 @@ def read_head(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def load_head(directory: str | Path, target: Llama) -> EagleHead:
-    """A head saved by [`save_head`][minispec.models.eagle_head.save_head], bound to ``target`` on
-    its device and dtype.
+    """A head saved by [`save_head`][minispec.extra_drafters.eagle_head.save_head], bound to
+    ``target`` on its device and dtype.
 
     Raises:
         FileNotFoundError: the directory lacks ``head.safetensors`` or ``eagle_config.json``.

@@ -1,4 +1,4 @@
-"""[`HybridDrafter`][minispec.drafters.hybrid.HybridDrafter]: per round and per request, draft
+"""[`HybridDrafter`][minispec.extra_drafters.hybrid.HybridDrafter]: per round and per request, draft
 from the context (a suffix match) when it can be trusted, from a feature head otherwise (the
 SAM-Decoding recipe: retrieval with an EAGLE fallback).
 
@@ -16,13 +16,13 @@ estimate: ``E <- (1 - decay) * E + decay * accepted``. A source that does badly 
 rounds, and wins them back when the other does worse.
 
 **The numbers** (defaults: ``PRIOR_CONTEXT``, ``PRIOR_HEAD``, ``head_cost = 0.3``,
-``decay = 0.3``) come from a calibration run on SmolLM2-135M-Instruct with the shipped head
-(``benchmarks/suffix.py --calibrate``; its counts and costs are on the results page). With them a
-match of any length is tried first (the context wins while ``E_context[m] >= 0.04``), and the head
-drafts when there is no match, or when matches of that length keep failing (five failures in a
-row take 0.2 below 0.04). ``decay = 0.3`` weighs about the last three rounds of that source. A
-stronger head raises its own estimate as it drafts (at ``E_head = 1`` only matches of 2+ tokens
-still win) -- the rule stays.
+``decay = 0.3``) are what ``benchmarks/suffix.py --calibrate`` measures on SmolLM2-135M-Instruct
+with the shipped head: accepted drafts per round by source and match length, and a head round's
+cost. With them a match of any length is tried first (the context wins while ``E_context[m] >=
+0.04``), and the head drafts when there is no match, or when matches of that length keep failing
+(five failures in a row take 0.2 below 0.04). ``decay = 0.3`` weighs about the last three rounds of
+that source. A stronger head raises its own estimate as it drafts (at ``E_head = 1`` only matches of
+2+ tokens still win) -- the rule stays.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from minispec.core.sampling import check_args, is_int, is_real
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal
 from minispec.drafters.base import Drafter, Shape
-from minispec.drafters.ngram import ContextDrafter
-from minispec.drafters.suffix import DRAFTERS, SuffixDrafter
+from minispec.drafters.ngram import DRAFTERS, ContextDrafter
+from minispec.extra_drafters.suffix import SuffixDrafter
 from minispec.models.kv_cache import KVCache
 from minispec.models.llama import Llama
 
@@ -89,12 +89,13 @@ class HybridDrafter(Drafter):
 
     Args:
         context: the context source: a
-            [`SuffixDrafter`][minispec.drafters.suffix.SuffixDrafter] (default; its state per
+            [`SuffixDrafter`][minispec.extra_drafters.suffix.SuffixDrafter] (default; its state per
             request shares its store) or a
             [`PromptLookupDrafter`][minispec.drafters.ngram.PromptLookupDrafter], an instance, a
             class or a name (``"suffix"``, ``"prompt_lookup"``).
         head: the drafter used otherwise, normally an
-            [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] (a ``ModelDrafter`` works too).
+            [`EagleDrafter`][minispec.extra_drafters.eagle.EagleDrafter] (a ``ModelDrafter`` works
+            too).
         min_match: shortest context match ever used.
         head_cost: a head round's extra time relative to a context round.
         decay: weight of the newest round in the running estimates.
@@ -132,10 +133,17 @@ class HybridDrafter(Drafter):
         """The head's forwards (the context source has no model)."""
         return self.head.forwards
 
-    def attach(self, cache: KVCache) -> None:
+    def attach(self, cache: KVCache, forward: Any = None) -> None:
         """The head keeps its keys and values in ``cache`` (the loops allocate its slots)."""
         self.cache = cache
-        self.head.attach(cache)
+        self.head.attach(cache, forward)
+
+    def rewind(self, seqs: list[Sequence]) -> None:
+        """Both sources forget a failed proposal; so does the rule."""
+        for seq in seqs:
+            self.chosen.pop(seq.request_id, None)
+        self.context.rewind(seqs)
+        self.head.rewind(seqs)
 
     def clone(self) -> HybridDrafter:
         """The same sources and rule, with the head's clone and no request state."""

@@ -10,9 +10,10 @@ A prompt reaches the model as a list of token ids. Three ways of writing one are
   in ``<|im_start|>assistant\\n``), so that the model's next token starts the assistant's answer.
 
 An instruction-tuned model ends its answer with an end-of-turn token (``<|im_end|>`` for ChatML);
-``end_of_turn_ids`` finds it so that decoding can stop there.
-
-This module is machinery (layer 2): it knows tokenizers, not models or drafting.
+[`end_of_turn_ids`][minispec.loading.prompts.end_of_turn_ids] finds it so that decoding can stop
+there. The package installs this module as the drivers' ``DEFAULTS.prompts``: the core takes token
+ids, and hands text and chat messages here
+([`prompt_ids`][minispec.decoding.request.prompt_ids]).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+__all__ = ["END_OF_TURN_TOKENS", "ROLES", "apply_chat_template", "check_ids", "check_messages",
+           "encode_prompt", "end_of_turn_ids", "is_chat"]
 
 #: Tokens that end an assistant turn in the common chat templates (ChatML, Llama 3, Gemma, Phi-3).
 END_OF_TURN_TOKENS: tuple[str, ...] = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
@@ -141,7 +145,3 @@ def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
     ids = [getattr(tokenizer, "eos_token_id", None)]
     ids += [vocab[token] for token in END_OF_TURN_TOKENS if token in vocab]
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))  # in order, no repeats
-
-
-__all__ = ["END_OF_TURN_TOKENS", "ROLES", "apply_chat_template", "check_ids", "check_messages",
-           "encode_prompt", "end_of_turn_ids", "is_chat"]

@@ -16,6 +16,7 @@ Only safetensors are read; pickle checkpoints (``pytorch_model.bin``) can run co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from minispec.models.llama import Llama, ModelConfig, rope_inv_freq, rope_tables
-from minispec.models.packed import make_fast
+from minispec.speed.packed import make_fast
 from minispec.zoo import REGISTERED
 from minispec.zoo import path as zoo_path
 
@@ -54,11 +55,35 @@ MAX_POSITIONS = 2**22
 #: for more is refused, with the size it would need, before anything is allocated.
 MAX_ROPE_BYTES = 2**30
 
+#: The dtypes a model runs in, CPU and GPU alike (a forward adds and multiplies in them); the
+#: float8 and float4 types only store numbers (``"add_stub" not implemented for 'Float8_e4m3fn'``).
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
 #: Optional keys whose ``null`` means "derive it" or "none"; no other key may be ``null``.
 NULLABLE_KEYS = ("num_key_value_heads", "head_dim", "bos_token_id", "eos_token_id")
 
 #: The check of one config value: (test, what is allowed -- said by the error message).
 Rule = tuple[Callable[[Any], bool], str]
+
+
+def config_from_hf(config: dict[str, Any]) -> ModelConfig:
+    """A [`ModelConfig`][minispec.models.llama.ModelConfig] from a Hugging Face Llama
+    ``config.json`` (already parsed into a dict).
+
+    Understands both spellings of the RoPE settings: transformers 4's top-level ``rope_theta``
+    plus ``rope_scaling``, and transformers 5's ``rope_parameters`` (which holds both).
+    """
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"only hidden_act='silu' is supported, got {config['hidden_act']!r}")
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    rope_theta = rope.pop("rope_theta", config.get("rope_theta", 10000.0))
+    if "type" in rope and "rope_type" not in rope:  # older spelling
+        rope["rope_type"] = rope.pop("type")
+    rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
+    # every other field is the config.json key of the same name (absent: the default here)
+    names = {f.name for f in dataclasses.fields(ModelConfig)} - {"rope_theta", "rope_scaling"}
+    return ModelConfig(**{name: config[name] for name in names if name in config},
+                       rope_theta=float(rope_theta), rope_scaling=rope_scaling)
 
 
 def _integer(low: int, high: int) -> Rule:
@@ -116,7 +141,7 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
             there), the checkpoint's own ``dtype``/``torch_dtype`` on other devices.
         local_files_only: never download a hub id (``HF_HUB_OFFLINE=1`` does the same).
         fast: pack the weights once for oneDNN's GEMM kernels
-            ([`minispec.models.packed.make_fast`][minispec.models.packed.make_fast]): the same model
+            ([`minispec.speed.packed.make_fast`][minispec.speed.packed.make_fast]): the same model
             and, up to float rounding, the same logits, with verifying ``k + 1`` tokens nearly as
             cheap as one on CPU; warns once and stays eager where unavailable.
 
@@ -125,12 +150,13 @@ def load(name_or_path: str | Path, device: torch.device | str | None = None,
 
     Raises:
         FileNotFoundError: the name is neither registered, a directory, nor a reachable hub id.
-        ValueError: an unsupported architecture, a config without a required key or with a
-            value outside what is allowed (``build_config``), pickle-only or unreadable
-            (truncated, corrupt) weights, a missing, extra, misshapen or integer-typed tensor
-            (named), an index without ``weight_map`` or with a shard outside the checkpoint folder,
-            an unusable ``device`` -- each message names the file, field or tensor. All of it is
-            checked before any weight is read or any table computed.
+        ValueError: a name longer than a path may be, a ``dtype`` no model runs in (not one of
+            ``DTYPES``: float8 only stores numbers), an unsupported architecture, a config without a
+            required key or with a value outside what is allowed (``build_config``), pickle-only or
+            unreadable (truncated, corrupt) weights, a missing, extra, misshapen or integer-typed
+            tensor (named), an index without ``weight_map`` or with a shard outside the checkpoint
+            folder, an unusable ``device`` -- each message names the file, field or tensor. All of
+            it is checked before any weight is read or any table computed.
     """
     directory = resolve(name_or_path, local_files_only=local_files_only)
     config_dict = read_json_object(directory / "config.json")
@@ -165,12 +191,18 @@ def resolve(name_or_path: str | Path, local_files_only: bool = False) -> Path:
 
     Raises:
         FileNotFoundError: nothing found (the message says what to do instead).
+        ValueError: a file, not a directory; a name longer than a path may be.
     """
     name = str(name_or_path)
     if name in REGISTERED:
         return Path(zoo_path(name))  # shipped, or fetched once and cached; clear errors either way
     local = Path(name).expanduser()
-    if local.exists():
+    try:
+        exists = local.exists()
+    except OSError as error:  # ENAMETOOLONG: no path, and no hub id either
+        raise ValueError(f"name_or_path is {len(name):,} characters long: no path this system "
+                         f"can look up ({error.strerror}), nor a hub id") from None
+    if exists:
         if local.is_file():
             raise ValueError(f"{local} is a file; pass the checkpoint directory instead")
         if not (local / "config.json").is_file():
@@ -223,7 +255,7 @@ def build_config(config: dict[str, Any], path: Path | str = "config.json") -> Mo
     for key in ("rope_scaling", "rope_parameters"):
         check_rope(config.get(key), f"{path}: {key}")
     try:
-        c = ModelConfig.from_hf_config(config)
+        c = config_from_hf(config)
     except ValueError as error:  # hidden_act not silu, or heads not a multiple of kv heads
         raise ValueError(f"{path}: {error}") from error
     if config.get("head_dim") is None and c.hidden_size % c.num_attention_heads:
@@ -424,11 +456,11 @@ def _pick_dtype(dtype: torch.dtype | str | None, config: dict[str, Any], device:
         if device.type == "cpu":
             return torch.float32
         dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"not a floating-point torch dtype: {dtype!r}")
-    return dtype
+    picked = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else dtype
+    if picked not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not a floating-point dtype a model runs in: use "
+                         "float32, float64, float16 or bfloat16")                 # DTYPES
+    return picked
 
 
 def from_hub(name: str, local_files_only: bool = False) -> Path:

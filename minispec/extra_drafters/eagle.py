@@ -1,18 +1,19 @@
-"""[`EagleDrafter`][minispec.drafters.eagle.EagleDrafter]: draft from the target's features with an
-EAGLE-style head, all rows batched.
+"""[`EagleDrafter`][minispec.extra_drafters.eagle.EagleDrafter]: draft from the target's features
+with an EAGLE-style head, all rows batched.
 
-The head ([`minispec.models.eagle_head`][minispec.models.eagle_head]) reads pairs
+The head ([`minispec.extra_drafters.eagle_head`][minispec.extra_drafters.eagle_head]) reads pairs
 ``(f_{t-1}, x_t)``: the target's feature at ``t - 1`` and the token at ``t``. Which features exist
 when:
 
 * after the target's **prefill** of ``context[:-1]`` (positions ``0..n-2``), the runner hands the
   drafter ``f_0..f_{n-2}``
-  ([`EagleDrafter.observe_prefill`][minispec.drafters.eagle.EagleDrafter.observe_prefill]); the
-  pairs ``(f_j, x_{j+1})``, ``j = 0..n-2``, are all known;
+  ([`EagleDrafter.observe_prefill`][minispec.extra_drafters.eagle.EagleDrafter.observe_prefill]);
+  the pairs ``(f_j, x_{j+1})``, ``j = 0..n-2``, are all known;
 * after a **verify** that accepted ``a`` drafts, the runner hands the features at the accepted
   positions only, ``[last, d_1..d_a]``
-  ([`EagleDrafter.observe`][minispec.drafters.eagle.EagleDrafter.observe]): ``a + 1`` new pairs,
-  whose tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next round.
+  ([`EagleDrafter.observe`][minispec.extra_drafters.eagle.EagleDrafter.observe]): ``a + 1`` new
+  pairs, whose tokens (``d_1..d_a`` and the target's bonus token) are in the context by the next
+  round.
 
 A round of chains ([`Drafter.propose`][minispec.drafters.base.Drafter.propose]) feeds
 each row's pending real pairs into the head's cache, then drafts ``k`` tokens: ``d_1`` from the
@@ -32,17 +33,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minispec.core.sequence import Sequence
-from minispec.core.tree import Proposal
-from minispec.drafters.base import Drafter, choose_drafts
-from minispec.models.eagle_head import EagleHead, load_head
+from minispec.drafters.model import ModelBackedDrafter, choose_drafts
+from minispec.extra_drafters.eagle_head import EagleHead, load_head
 from minispec.models.llama import Llama, TreeAttention
-from minispec.models.packed import is_fast
+from minispec.speed.packed import is_fast
 
 __all__ = ["EagleDrafter", "full_vocab", "load_drafter"]
 
 
-class EagleDrafter(Drafter):
-    """Drafts with an [`EagleHead`][minispec.models.eagle_head.EagleHead] bound to the target.
+class EagleDrafter(ModelBackedDrafter):
+    """Drafts with an [`EagleHead`][minispec.extra_drafters.eagle_head.EagleHead] bound to the
+    target.
 
     The head's KV cache is the decoding loop's draft cache, exactly as for a draft model: slot
     ``seq.draft_slot``, ``seq.draft_len`` pairs held, created by the loop from ``drafter.model``
@@ -70,6 +71,7 @@ class EagleDrafter(Drafter):
     dynamic_trees = True
 
     def __init__(self, head: EagleHead, max_seq_len: int | None = None) -> None:
+        super().__init__()
         self.model = head                       # shapes the draft cache, like a draft model
         self.feature_layers = head.aux_layers   # EAGLE-3: the runner hands over these layers
         self.max_seq_len = min(max_seq_len or head.config.max_position_embeddings,
@@ -77,7 +79,7 @@ class EagleDrafter(Drafter):
         self.pending: dict[str, Tensor] = {}    # request -> (m, D or 3D) real features not fed
         self.features: dict[int, Tensor] = {}   # the tree being drawn: node -> its feature (D,)
         self.chain_features: dict[str, Tensor] = {}    # request -> f' of its last chain draft
-        self.trees: dict[str, tuple[Proposal, dict[int, int]]] = {}   # dropped in observe
+        self.fed: dict[str, Tensor] = {}        # request -> features this round's propose fed
 
     def clone(self) -> EagleDrafter:
         """The same head with no cache and no request state (an engine owns its own)."""
@@ -111,6 +113,7 @@ class EagleDrafter(Drafter):
         accepted positions."""
         for seq, a, h in zip(seqs, num_accepted, hidden, strict=True):
             self.trees.pop(seq.request_id, None)             # every tree pair is dropped
+            self.fed.pop(seq.request_id, None)
             real = min(seq.draft_len, seq.num_tokens - 1)    # real pairs: j = 0..n-2 at most
             self.cache.truncate_to(seq.draft_slot, real)     # a tree's pairs sit past draft_len
             seq.draft_len = real
@@ -118,8 +121,24 @@ class EagleDrafter(Drafter):
             self.pending[seq.request_id] = torch.cat([kept, h[: a + 1]])        # (m + a + 1, D)
 
     def release(self, seq: Sequence) -> None:
-        for state in (self.pending, self.trees):
+        for state in (self.pending, self.trees, self.fed):
             state.pop(seq.request_id, None)
+
+    def attach(self, cache, forward=None) -> None:
+        """The head's cache; its steps read features, so they always run the head itself."""
+        super().attach(cache)
+
+    def rewind(self, seqs: list[Sequence]) -> None:
+        """Forget a failed ``propose``: back to the real pairs, with the features it fed pending
+        again."""
+        for seq in seqs:
+            real = min(seq.draft_len, seq.num_tokens - 1)
+            fed = self.fed.pop(seq.request_id, None)
+            if fed is not None:                        # catch-up fed them: put them back
+                real = seq.num_tokens - 1 - len(fed)
+                self.pending[seq.request_id] = torch.cat([fed, self.pending[seq.request_id]])
+            self._truncate(seq, real)
+            self.trees.pop(seq.request_id, None)
 
     # ------------------------------------------------------------------ drafting
 
@@ -186,6 +205,7 @@ class EagleDrafter(Drafter):
         out = self._feed(seqs, [seq.context[seq.draft_len + 1:] for seq in seqs], features)
         for seq, f in zip(seqs, pending, strict=True):
             self.pending[seq.request_id] = f[:0]
+            self.fed[seq.request_id] = f                       # until observe: rewind needs it
         return out
 
     def _choose(self, seqs: list[Sequence], logits: Tensor, drafts: list[list[int]]):
@@ -207,17 +227,17 @@ def full_vocab(head: EagleHead, logits: Tensor) -> Tensor:
 
 def load_drafter(name_or_path: str | Path, target: Llama, max_seq_len: int | None = None,
                  fast: bool | None = None) -> EagleDrafter:
-    """An [`EagleDrafter`][minispec.drafters.eagle.EagleDrafter] for ``target`` from a shipped
+    """An [`EagleDrafter`][minispec.extra_drafters.eagle.EagleDrafter] for ``target`` from a shipped
     head's name or a directory.
 
     Args:
         name_or_path: ``"smollm2-135m-instruct-eagle"`` or a directory written by
-            [`save_head`][minispec.models.eagle_head.save_head].
+            [`save_head`][minispec.extra_drafters.eagle_head.save_head].
         target: the target the head drafts for (its embedding, norm and LM head are used).
         max_seq_len: longest context (default: the target's).
         fast: pack the head for oneDNN
-            ([`EagleHead.make_fast`][minispec.models.eagle_head.EagleHead.make_fast]); default:
-            when the target runs packed (``ms.load(..., fast=True)``).
+            ([`EagleHead.make_fast`][minispec.extra_drafters.eagle_head.EagleHead.make_fast]);
+            default: when the target runs packed (``ms.load(..., fast=True)``).
 
     Raises:
         FileNotFoundError: neither a shipped head nor a directory holding one.
