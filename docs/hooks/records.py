@@ -181,7 +181,24 @@ def render_table(table: dict) -> str:
     return "\n".join(lines)
 
 
+def render_grammar(record: dict) -> str:
+    """The grammar benchmark (``minispec.grammar.bench``): tokens per target forward, the paired
+    speed ratio over constrained greedy with its spread, the grammar's share of the time."""
+    rows = [[name, _num(m["tokens_per_forward"]),
+             f"{m['ratio']:.2f}x [{m['ratios'][0]:.2f}-{m['ratios'][-1]:.2f}]",
+             f"{100 * m['grammar_share']:.1f} %", "yes" if m["identical"] and m["valid"] else "NO"]
+            for name, m in record["methods"].items()]
+    machine = record["machine"]
+    return (f"*Machine:* {machine.get('cpu', machine)}, {machine.get('threads', '?')} thread(s), "
+            f"{record['clock']}, {record['repeats']} interleaved repeats, {record['date']}. "
+            f"*Command:* `{record['command']}`\n\n"
+            + _table(["method", "tokens per target forward", "speed over constrained greedy "
+                      "[spread]", "grammar's share", "identical and valid"], rows))
+
+
 def _render(name: str) -> str:
+    if name == "grammar":
+        return render_grammar(load("grammar"))
     if "/" in name:
         run, table = name.split("/")
         return render_table(load("cpu")["runs"][run]["tables"][table])
