@@ -67,3 +67,13 @@ def test_good_stops_still_run(model):
     outs = ms.Engine(model, tokenizer=Tokenizer()).generate([[1, 2, 3]], max_new_tokens=4,
                                                             progress=False, stop=["x", "y"])
     assert outs[0].finish_reason == "length"
+
+
+def test_a_draft_model_is_checked_where_it_enters(model):
+    """``ModelDrafter(None)`` and a ``max_seq_len`` that is no positive integer are refused by the
+    constructor, naming the argument, not later by a forward or a prompt check."""
+    with pytest.raises(TypeError, match="ModelDrafter needs a draft Llama"):
+        ms.ModelDrafter(None)
+    for bad in (-5, 0, 2.5):
+        with pytest.raises(ValueError, match="max_seq_len must be a positive integer"):
+            ms.ModelDrafter(model, max_seq_len=bad)

@@ -26,7 +26,7 @@ MAX_FUNCTION = 40
 GOAL = 2_400
 #: The core's code lines when the core and its wings were split, with the grammar's hooks (a
 #: mask on p and q, forced drafts, a state committed on accept: 101 lines): a ceiling.
-CORE_BUDGET = 2_553
+CORE_BUDGET = 2_558
 #: Each wing's and the graders' code lines when the core and its wings were split: ceilings.
 CEILINGS = {"speed": 553, "extra_drafters": 623, "loading": 349, "zoo": 145, "grammar": 230,
             "check": 1_369}

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from minispec.core.constraint import ask
-from minispec.core.sampling import non_finite, probs_for_rows, sample
+from minispec.core.sampling import check_args, is_int, non_finite, probs_for_rows, sample
 from minispec.core.sequence import Sequence
 from minispec.core.tree import Proposal, TreeShape
 from minispec.drafters.base import Drafter, Shape
@@ -185,6 +185,11 @@ class ModelDrafter(ModelBackedDrafter):
     dynamic_trees = True
 
     def __init__(self, model: Llama, max_seq_len: int | None = None) -> None:
+        if not isinstance(model, Llama):
+            raise TypeError(f"ModelDrafter needs a draft Llama (from ms.load), got "
+                            f"{type(model).__name__}")
+        check_args("ModelDrafter", [("max_seq_len", max_seq_len, max_seq_len is None or (
+            is_int(max_seq_len) and max_seq_len >= 1), "a positive integer or None")])
         super().__init__()
         self.model = model
         self.max_seq_len = min(max_seq_len or model.config.max_position_embeddings,
