@@ -3,7 +3,7 @@
 The core runs eagerly with a fixed ``k``; this wing provides the two collaborators it can be given
 instead ([`defaults`][minispec.speed.defaults] names them for ``adaptive=`` and ``graphs=``, and
 ``minispec``'s ``__init__`` installs it as the core's
-[`DEFAULTS`][minispec.decoding.runner.DEFAULTS]):
+[`DEFAULTS`][minispec.decoding.runner.Defaults]):
 
 * ``policy`` -- [`goodput`][minispec.speed.goodput]: the draft-length policy that chooses each
   round's ``k`` per request from measured step costs and running acceptance; it wraps the round
